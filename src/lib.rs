@@ -1,0 +1,10 @@
+//! criguard: a CRI proxy that guards a node against resource pressure.
+//!
+//! The kubelet talks to criguard's socket as if it were containerd's; criguard
+//! forwards every call to containerd ([`cri`]) and, standing in that path,
+//! handles memory, disk and pid pressure at the runtime layer.
+
+pub mod cri;
+pub mod kubelet;
+pub mod listen;
+pub mod runtime;

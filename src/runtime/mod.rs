@@ -1,0 +1,128 @@
+//! Clients to the container runtime that criguard stands in front of.
+//!
+//! One [`Upstream`] holds a single lazily connected HTTP/2 channel to the
+//! runtime's unix socket. The proxy forwards raw requests over it and
+//! criguard's own CRI calls (see [`Upstream::runtime`]) share it. The channel
+//! reconnects by itself: while the runtime is down every call fails at once
+//! with `UNAVAILABLE`, and the first call after it is back opens a new
+//! connection. Nothing is locked per call; HTTP/2 multiplexes concurrent calls.
+
+use std::path::{Path, PathBuf};
+
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint};
+
+/// Errors from naming or reaching the runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The endpoint is not `unix:///path` or an absolute path.
+    #[error("runtime endpoint {endpoint:?}: expected unix:///absolute/path or an absolute path")]
+    BadEndpoint {
+        /// The endpoint as given.
+        endpoint: String,
+    },
+}
+
+/// Where the runtime listens: a unix socket path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeEndpoint {
+    path: PathBuf,
+}
+
+impl RuntimeEndpoint {
+    /// Parses `unix:///run/containerd/containerd.sock` or a bare absolute path,
+    /// the two spellings the kubelet accepts for `--container-runtime-endpoint`.
+    pub fn parse(endpoint: &str) -> Result<Self, RuntimeError> {
+        let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
+        if !path.starts_with('/') {
+            return Err(RuntimeError::BadEndpoint {
+                endpoint: endpoint.to_owned(),
+            });
+        }
+        Ok(Self {
+            path: PathBuf::from(path),
+        })
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl std::fmt::Display for RuntimeEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unix://{}", self.path.display())
+    }
+}
+
+/// A shared, lazily connected channel to the runtime.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    endpoint: RuntimeEndpoint,
+    channel: Channel,
+}
+
+impl Upstream {
+    /// Makes the channel without connecting; the first call connects.
+    /// Must be called inside a tokio runtime.
+    pub fn new(endpoint: RuntimeEndpoint) -> Self {
+        let path = endpoint.path.clone();
+        // The URI is a placeholder: the connector below ignores it, and the
+        // channel uses only its authority for the `:authority` header.
+        let channel = Endpoint::from_static("http://localhost")
+            .connect_with_connector_lazy(tower::service_fn(move |_| {
+                let path = path.clone();
+                async move { UnixStream::connect(path).await.map(TokioIo::new) }
+            }));
+        Self { endpoint, channel }
+    }
+
+    /// The endpoint this channel dials.
+    pub fn endpoint(&self) -> &RuntimeEndpoint {
+        &self.endpoint
+    }
+
+    /// The raw channel, for forwarding `http::Request`s.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// A CRI v1 runtime client over the shared channel.
+    pub fn runtime(&self) -> RuntimeServiceClient<Channel> {
+        RuntimeServiceClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE)
+    }
+
+    /// A CRI v1 image client over the shared channel.
+    pub fn images(&self) -> ImageServiceClient<Channel> {
+        ImageServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_MESSAGE)
+    }
+}
+
+/// The largest message criguard's own clients decode: the kubelet's limit (16 MiB).
+pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_accepts_both_kubelet_spellings() {
+        let a = RuntimeEndpoint::parse("unix:///run/containerd/containerd.sock").unwrap();
+        let b = RuntimeEndpoint::parse("/run/containerd/containerd.sock").unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.to_string(), "unix:///run/containerd/containerd.sock");
+    }
+
+    #[test]
+    fn endpoint_refuses_tcp_and_relative_paths() {
+        for bad in ["tcp://127.0.0.1:1234", "relative.sock", "unix://relative"] {
+            let err = RuntimeEndpoint::parse(bad).unwrap_err();
+            assert!(err.to_string().contains(bad), "{err}");
+        }
+    }
+}
