@@ -1,31 +1,37 @@
 //! Forwarding one call.
 //!
-//! The handler takes the kubelet's `http::Request`, points it at the shared
-//! upstream channel and returns the runtime's `http::Response` with its body
+//! The handler takes the kubelet's `http::Request`, sends it over the shared
+//! raw connection and returns the runtime's `http::Response` with its body
 //! still streaming. No message is decoded and nothing is buffered, so the
 //! cost per call is one extra HTTP/2 hop over a unix socket.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
-use tonic::body::Body;
-use tonic::transport::Channel;
-use tower::ServiceExt;
+use bytes::Bytes;
+use http_body_util::{Either, Empty};
+use hyper::body::Incoming;
 
 use crate::runtime::Upstream;
+use crate::runtime::raw::RawUpstream;
 
-/// Forwards calls to the runtime. Cheap to clone; clones share the channel.
+/// Response bodies: the runtime's stream, or nothing for an answer criguard
+/// makes itself (a trailers-only gRPC status).
+pub type ProxyBody = Either<Incoming, Empty<Bytes>>;
+
+/// Forwards calls to the runtime. Cheap to clone; clones share the connection.
 #[derive(Clone, Debug)]
 pub struct Proxy {
-    channel: Channel,
-    endpoint: String,
+    upstream: Arc<RawUpstream>,
+    endpoint: Arc<str>,
 }
 
 impl Proxy {
     /// A proxy that forwards to `upstream`.
     pub fn new(upstream: &Upstream) -> Self {
         Self {
-            channel: upstream.channel(),
-            endpoint: upstream.endpoint().to_string(),
+            upstream: upstream.raw(),
+            endpoint: upstream.endpoint().to_string().into(),
         }
     }
 
@@ -33,15 +39,13 @@ impl Proxy {
     /// When the runtime cannot be reached the answer is a gRPC `UNAVAILABLE`
     /// status naming the endpoint, never an HTTP error, so gRPC clients see
     /// the same code as when the runtime itself is down.
-    pub async fn forward<B>(&self, req: http::Request<B>) -> Result<http::Response<Body>, Infallible>
-    where
-        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-        B::Error: Into<tonic::codegen::StdError>,
-    {
+    pub async fn forward(
+        &self,
+        req: http::Request<Incoming>,
+    ) -> Result<http::Response<ProxyBody>, Infallible> {
         let path = req.uri().path().to_owned();
-        let req = req.map(Body::new);
-        match self.channel.clone().oneshot(req).await {
-            Ok(resp) => Ok(resp),
+        match self.upstream.send(req.map(Either::Left)).await {
+            Ok(resp) => Ok(resp.map(Either::Left)),
             Err(err) => {
                 let msg = format!(
                     "criguard: runtime {} unavailable: {}",
@@ -49,7 +53,8 @@ impl Proxy {
                     error_chain(&err)
                 );
                 tracing::debug!(%path, %msg, "upstream call failed");
-                Ok(tonic::Status::unavailable(msg).into_http())
+                let resp: http::Response<Empty<Bytes>> = tonic::Status::unavailable(msg).into_http();
+                Ok(resp.map(Either::Right))
             }
         }
     }

@@ -1,13 +1,17 @@
 //! Clients to the container runtime that criguard stands in front of.
 //!
-//! One [`Upstream`] holds a single lazily connected HTTP/2 channel to the
-//! runtime's unix socket. The proxy forwards raw requests over it and
-//! criguard's own CRI calls (see [`Upstream::runtime`]) share it. The channel
-//! reconnects by itself: while the runtime is down every call fails at once
-//! with `UNAVAILABLE`, and the first call after it is back opens a new
-//! connection. Nothing is locked per call; HTTP/2 multiplexes concurrent calls.
+//! One [`Upstream`] holds two lazily dialled HTTP/2 connections to the
+//! runtime's unix socket: a bare one the proxy forwards raw requests over
+//! ([`raw`]), and a tonic channel for criguard's own CRI calls
+//! ([`Upstream::runtime`]). Both reconnect by themselves: while the runtime is
+//! down every call fails at once, and the first call after it is back opens a
+//! new connection. Nothing is locked per call; HTTP/2 multiplexes concurrent
+//! calls.
+
+pub mod raw;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
@@ -64,6 +68,7 @@ impl std::fmt::Display for RuntimeEndpoint {
 pub struct Upstream {
     endpoint: RuntimeEndpoint,
     channel: Channel,
+    raw: Arc<raw::RawUpstream>,
 }
 
 impl Upstream {
@@ -78,17 +83,22 @@ impl Upstream {
                 let path = path.clone();
                 async move { UnixStream::connect(path).await.map(TokioIo::new) }
             }));
-        Self { endpoint, channel }
+        let raw = Arc::new(raw::RawUpstream::new(endpoint.path()));
+        Self {
+            endpoint,
+            channel,
+            raw,
+        }
+    }
+
+    /// The bare connection the proxy forwards over.
+    pub fn raw(&self) -> Arc<raw::RawUpstream> {
+        self.raw.clone()
     }
 
     /// The endpoint this channel dials.
     pub fn endpoint(&self) -> &RuntimeEndpoint {
         &self.endpoint
-    }
-
-    /// The raw channel, for forwarding `http::Request`s.
-    pub fn channel(&self) -> Channel {
-        self.channel.clone()
     }
 
     /// A CRI v1 runtime client over the shared channel.

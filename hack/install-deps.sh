@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Install the system packages the criguard integration tests need.
+#
+# Usage: hack/install-deps.sh
+#
+# Idempotent: apt is only touched when something is missing. The Rust
+# toolchain is not installed here; it has to come with the machine.
+set -euo pipefail
+
+missing=()
+
+# Plain commands that must be on PATH.
+for cmd in containerd runc ctr protoc skopeo; do
+    if ! command -v "$cmd" >/dev/null 2>&1; then
+        missing+=("$cmd")
+    fi
+done
+
+# The images are built from the *static* busybox (package busybox-static);
+# the dynamically linked one from package "busybox" would not run inside an
+# image that carries no libc.
+if [[ ! -x /bin/busybox ]] ||
+    [[ "$(dpkg-query -W -f='${Status}' busybox-static 2>/dev/null || true)" != "install ok installed" ]]; then
+    missing+=("busybox-static")
+fi
+
+if ((${#missing[@]} > 0)); then
+    echo "install-deps: missing: ${missing[*]}; installing with apt-get" >&2
+    if [[ "$(id -u)" -ne 0 ]]; then
+        echo "install-deps: need root to run apt-get" >&2
+        exit 1
+    fi
+    # One update, then a single install of everything (already installed
+    # packages are simply kept).
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        containerd runc busybox-static protobuf-compiler skopeo ca-certificates
+else
+    echo "install-deps: containerd, runc, ctr, busybox-static, protoc, skopeo present" >&2
+fi
+
+# cargo is not ours to install: say so clearly instead of failing later.
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "install-deps: ERROR: cargo not found on PATH. The Rust toolchain must be" \
+        "provided by the machine (e.g. rustup; try: source \"\$HOME/.cargo/env\")." >&2
+    exit 1
+fi
