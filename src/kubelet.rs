@@ -127,7 +127,10 @@ impl PodSpec {
     /// CPU and memory limits and requests equal to them; else Burstable.
     pub fn qos(&self) -> QosClass {
         let any = self.containers.iter().any(|c| {
-            c.memory_request > 0 || c.memory_limit > 0 || c.cpu_request_milli > 0 || c.cpu_limit_milli > 0
+            c.memory_request > 0
+                || c.memory_limit > 0
+                || c.cpu_request_milli > 0
+                || c.cpu_limit_milli > 0
         });
         if !any {
             return QosClass::BestEffort;
@@ -170,7 +173,10 @@ impl PodSpec {
 
     /// The pod's log directory: `<log_root>/<namespace>_<name>_<uid>`.
     pub fn log_directory(&self) -> String {
-        format!("{}/{}_{}_{}", self.log_root, self.namespace, self.name, self.uid)
+        format!(
+            "{}/{}_{}_{}",
+            self.log_root, self.namespace, self.name, self.uid
+        )
     }
 
     fn pod_labels(&self) -> HashMap<String, String> {
@@ -217,7 +223,11 @@ impl PodSpec {
     /// and node-critical −997, BestEffort 1000, Burstable
     /// `1000 − 1000·request/capacity` kept within [3, 999].
     pub fn oom_score_adj(&self, c: &ContainerSpec) -> i64 {
-        if self.annotations.get(ANNOTATION_CONFIG_SOURCE).is_some_and(|s| s != "api") {
+        if self
+            .annotations
+            .get(ANNOTATION_CONFIG_SOURCE)
+            .is_some_and(|s| s != "api")
+        {
             return -997;
         }
         match self.qos() {
@@ -249,10 +259,18 @@ impl PodSpec {
                 "/dev/termination-log".to_owned(),
             ),
         ]);
-        let cpu_request = if c.cpu_request_milli > 0 { c.cpu_request_milli } else { c.cpu_limit_milli };
+        let cpu_request = if c.cpu_request_milli > 0 {
+            c.cpu_request_milli
+        } else {
+            c.cpu_limit_milli
+        };
         // kubelet: shares = milli * 1024 / 1000, at least 2.
         let cpu_shares = (cpu_request * 1024 / 1000).max(2);
-        let cpu_quota = if c.cpu_limit_milli > 0 { c.cpu_limit_milli * CPU_PERIOD_US / 1000 } else { 0 };
+        let cpu_quota = if c.cpu_limit_milli > 0 {
+            c.cpu_limit_milli * CPU_PERIOD_US / 1000
+        } else {
+            0
+        };
         cri::ContainerConfig {
             metadata: Some(cri::ContainerMetadata {
                 name: c.name.clone(),

@@ -27,7 +27,9 @@ pub const DIR_MODE: u32 = 0o750;
 #[derive(Debug, thiserror::Error)]
 pub enum ListenError {
     /// The path exists and is not a unix socket; criguard never deletes it.
-    #[error("listen path {path}: exists and is not a socket; remove it or choose another --listen path")]
+    #[error(
+        "listen path {path}: exists and is not a socket; remove it or choose another --listen path"
+    )]
     NotASocket {
         /// The offending path.
         path: PathBuf,
@@ -67,14 +69,14 @@ fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> Lis
 /// Binds a unix socket at `path` as described in the module docs.
 /// Must be called inside a tokio runtime.
 pub fn bind(path: &Path) -> Result<UnixListener, ListenError> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(DIR_MODE)
-                .create(dir)
-                .map_err(io_err(dir, "create directory"))?;
-        }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.exists()
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(dir)
+            .map_err(io_err(dir, "create directory"))?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
@@ -88,7 +90,7 @@ pub fn bind(path: &Path) -> Result<UnixListener, ListenError> {
         Ok(_) => {
             return Err(ListenError::NotASocket {
                 path: path.to_owned(),
-            })
+            });
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(io_err(path, "stat")(e)),
@@ -108,10 +110,10 @@ pub fn from_systemd() -> Result<Option<std::os::unix::net::UnixListener>, Listen
     let fds = std::env::var("LISTEN_FDS").ok();
     let pid = std::env::var("LISTEN_PID").ok();
     let Some(fds) = fds else { return Ok(None) };
-    if let Some(pid) = &pid {
-        if pid.parse::<u32>().ok() != Some(std::process::id()) {
-            return Ok(None);
-        }
+    if let Some(pid) = &pid
+        && pid.parse::<u32>().ok() != Some(std::process::id())
+    {
+        return Ok(None);
     }
     let count: u32 = fds.parse().map_err(|_| ListenError::Activation {
         reason: format!("LISTEN_FDS={fds:?} is not a number"),
@@ -160,10 +162,8 @@ mod tests {
         drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
         assert!(path.exists(), "a dropped listener leaves its socket file");
         let listener = bind(&path).unwrap();
-        let (accepted, connected) = tokio::join!(
-            listener.accept(),
-            tokio::net::UnixStream::connect(&path)
-        );
+        let (accepted, connected) =
+            tokio::join!(listener.accept(), tokio::net::UnixStream::connect(&path));
         accepted.unwrap();
         connected.unwrap();
     }

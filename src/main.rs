@@ -99,8 +99,7 @@ async fn serve(
     let proxy = cri::Proxy::new(&upstream);
     cri::serve(listener, proxy, shutdown_signal(), drain).await;
     if let Some(path) = owned_path {
-        std::fs::remove_file(&path)
-            .with_context(|| format!("remove socket {}", path.display()))?;
+        std::fs::remove_file(&path).with_context(|| format!("remove socket {}", path.display()))?;
     }
     tracing::info!("stopped");
     Ok(())

@@ -43,18 +43,30 @@ async fn unknown_fields_metadata_and_trailers_pass_byte_for_byte() {
     let upstream_sock = dir.path().join("runtime.sock");
     let resp_msg = rawgrpc::frame(&version_response_bytes());
     let reply_body = resp_msg.clone();
-    let mut upstream = RecordingUpstream::start(&upstream_sock, move |_| ok_reply(reply_body.clone()));
+    let mut upstream =
+        RecordingUpstream::start(&upstream_sock, move |_| ok_reply(reply_body.clone()));
     let proxy = InProcessProxy::start(&dir.path().join("criguard/criguard.sock"), &upstream_sock);
 
-    let req_msg = k8s_cri::v1::VersionRequest { version: "v1".into() }.encode_to_vec();
-    let req_body = rawgrpc::frame(&rawgrpc::with_unknown_field(&req_msg, 9999, b"newer-kubelet"));
+    let req_msg = k8s_cri::v1::VersionRequest {
+        version: "v1".into(),
+    }
+    .encode_to_vec();
+    let req_body = rawgrpc::frame(&rawgrpc::with_unknown_field(
+        &req_msg,
+        9999,
+        b"newer-kubelet",
+    ));
     let mut client = rawgrpc::connect(&proxy.socket).await;
     let resp = rawgrpc::call(
         &mut client,
         rawgrpc::request(
             VERSION,
             req_body.clone(),
-            &[("grpc-timeout", "5S"), ("x-kubelet-meta", "m-value"), ("user-agent", "kubelet/test")],
+            &[
+                ("grpc-timeout", "5S"),
+                ("x-kubelet-meta", "m-value"),
+                ("user-agent", "kubelet/test"),
+            ],
         ),
     )
     .await;
@@ -68,6 +80,13 @@ async fn unknown_fields_metadata_and_trailers_pass_byte_for_byte() {
 
     assert_eq!(resp.body, resp_msg, "response bytes changed on the way");
     assert_eq!(resp.headers["x-runtime-header"], "h-value");
+    let mut names: Vec<&str> = resp.headers.keys().map(|k| k.as_str()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["content-type", "x-runtime-header"],
+        "headers added or lost"
+    );
     assert_eq!(resp.trailers["x-runtime-trailer"], "t-value");
     assert_eq!(resp.grpc_status().as_deref(), Some("0"));
     proxy.stop().await;
@@ -81,13 +100,20 @@ async fn error_status_and_message_pass_unchanged() {
     let _upstream = RecordingUpstream::start(&upstream_sock, move |_| Reply::Unary {
         headers: vec![],
         body: Bytes::new(),
-        trailers: vec![("grpc-status", "5".into()), ("grpc-message", message.replace(' ', "%20"))],
+        trailers: vec![
+            ("grpc-status", "5".into()),
+            ("grpc-message", message.replace(' ', "%20")),
+        ],
     });
     let proxy = InProcessProxy::start(&dir.path().join("c.sock"), &upstream_sock);
     let mut client = rawgrpc::connect(&proxy.socket).await;
     let resp = rawgrpc::call(
         &mut client,
-        rawgrpc::request("/runtime.v1.RuntimeService/ContainerStatus", rawgrpc::frame(b""), &[]),
+        rawgrpc::request(
+            "/runtime.v1.RuntimeService/ContainerStatus",
+            rawgrpc::frame(b""),
+            &[],
+        ),
     )
     .await;
     assert_eq!(resp.grpc_status().as_deref(), Some("5"));
@@ -98,7 +124,8 @@ async fn error_status_and_message_pass_unchanged() {
 async fn paths_criguard_does_not_know_are_forwarded() {
     let dir = tempfile::tempdir().unwrap();
     let upstream_sock = dir.path().join("runtime.sock");
-    let mut upstream = RecordingUpstream::start(&upstream_sock, |_| ok_reply(rawgrpc::frame(b"\x0a\x01x")));
+    let mut upstream =
+        RecordingUpstream::start(&upstream_sock, |_| ok_reply(rawgrpc::frame(b"\x0a\x01x")));
     let proxy = InProcessProxy::start(&dir.path().join("c.sock"), &upstream_sock);
     let mut client = rawgrpc::connect(&proxy.socket).await;
     for path in [
@@ -106,7 +133,11 @@ async fn paths_criguard_does_not_know_are_forwarded() {
         "/containerd.services.version.v1.Version/Version",
         "/runtime.v2.FutureService/Anything",
     ] {
-        let resp = rawgrpc::call(&mut client, rawgrpc::request(path, rawgrpc::frame(b"abc"), &[])).await;
+        let resp = rawgrpc::call(
+            &mut client,
+            rawgrpc::request(path, rawgrpc::frame(b"abc"), &[]),
+        )
+        .await;
         assert_eq!(resp.body, rawgrpc::frame(b"\x0a\x01x"));
         assert_eq!(upstream.seen.recv().await.unwrap().path, path);
     }
@@ -165,7 +196,11 @@ async fn concurrent_calls_do_not_wait_for_each_other() {
     let socket = proxy.socket.clone();
     let one = |socket: std::path::PathBuf| async move {
         let mut client = rawgrpc::connect(&socket).await;
-        rawgrpc::call(&mut client, rawgrpc::request(VERSION, rawgrpc::frame(b""), &[])).await
+        rawgrpc::call(
+            &mut client,
+            rawgrpc::request(VERSION, rawgrpc::frame(b""), &[]),
+        )
+        .await
     };
     let (a, b) = tokio::time::timeout(
         Duration::from_secs(20),
@@ -189,20 +224,29 @@ async fn runtime_down_fails_fast_unavailable_then_reconnects() {
 
     let resp = tokio::time::timeout(
         Duration::from_secs(5),
-        rawgrpc::call(&mut client, rawgrpc::request(VERSION, rawgrpc::frame(b""), &[])),
+        rawgrpc::call(
+            &mut client,
+            rawgrpc::request(VERSION, rawgrpc::frame(b""), &[]),
+        ),
     )
     .await
     .expect("a call to a missing runtime must fail fast, not hang");
     assert_eq!(resp.grpc_status().as_deref(), Some("14"), "{resp:?}");
-    assert!(resp.grpc_message().unwrap().contains("runtime.sock"), "{resp:?}");
+    assert!(
+        resp.grpc_message().unwrap().contains("runtime.sock"),
+        "{resp:?}"
+    );
 
     // The runtime comes up: the same kubelet connection starts working.
     let _upstream = RecordingUpstream::start(&upstream_sock, |_| ok_reply(rawgrpc::frame(b"up")));
     let resp = poll_until(Duration::from_secs(10), "criguard to reconnect", || {
         let mut client = client.clone();
         async move {
-            let resp =
-                rawgrpc::call(&mut client, rawgrpc::request(VERSION, rawgrpc::frame(b""), &[])).await;
+            let resp = rawgrpc::call(
+                &mut client,
+                rawgrpc::request(VERSION, rawgrpc::frame(b""), &[]),
+            )
+            .await;
             (resp.grpc_status().as_deref() == Some("0")).then_some(resp)
         }
     })

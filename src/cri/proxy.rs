@@ -9,7 +9,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::{Either, Empty};
+use http_body_util::{BodyExt, Either, Empty, Full};
 use hyper::body::Incoming;
 
 use crate::runtime::Upstream;
@@ -44,7 +44,25 @@ impl Proxy {
         req: http::Request<Incoming>,
     ) -> Result<http::Response<ProxyBody>, Infallible> {
         let path = req.uri().path().to_owned();
-        match self.upstream.send(req.map(Either::Left)).await {
+        let req = if has_unary_request(&path) {
+            // Collected, the request goes out as HEADERS and DATA in one
+            // write instead of a second wake-up to pump the body.
+            let (parts, body) = req.into_parts();
+            match body.collect().await {
+                Ok(body) => {
+                    http::Request::from_parts(parts, Either::Right(Full::new(body.to_bytes())))
+                }
+                Err(err) => {
+                    let msg = format!("criguard: reading the request body: {err}");
+                    let resp: http::Response<Empty<Bytes>> =
+                        tonic::Status::cancelled(msg).into_http();
+                    return Ok(resp.map(Either::Right));
+                }
+            }
+        } else {
+            req.map(Either::Left)
+        };
+        match self.upstream.send(req).await {
             Ok(resp) => Ok(resp.map(Either::Left)),
             Err(err) => {
                 let msg = format!(
@@ -53,11 +71,26 @@ impl Proxy {
                     error_chain(&err)
                 );
                 tracing::debug!(%path, %msg, "upstream call failed");
-                let resp: http::Response<Empty<Bytes>> = tonic::Status::unavailable(msg).into_http();
+                let resp: http::Response<Empty<Bytes>> =
+                    tonic::Status::unavailable(msg).into_http();
                 Ok(resp.map(Either::Right))
             }
         }
     }
+}
+
+/// Whether every method under `path`'s service takes a single request
+/// message: true for the CRI services (no CRI method streams its request),
+/// false for paths criguard does not know, which may stream.
+pub fn has_unary_request(path: &str) -> bool {
+    [
+        "/runtime.v1.RuntimeService/",
+        "/runtime.v1.ImageService/",
+        "/runtime.v1alpha2.RuntimeService/",
+        "/runtime.v1alpha2.ImageService/",
+    ]
+    .iter()
+    .any(|service| path.starts_with(service))
 }
 
 /// An error and its sources joined by `: `.

@@ -26,6 +26,8 @@ pub async fn serve(
     // grpc-go (containerd) sets no stream limit; neither do we, so that the
     // proxy never queues calls the runtime would have taken.
     builder.max_concurrent_streams(None);
+    // The runtime's response headers pass as they are; add none of our own.
+    builder.auto_date_header(false);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -57,7 +59,13 @@ pub async fn serve(
         }
     }
     drop(listener);
-    if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
-        tracing::warn!(?drain, "calls still in flight after the drain period; dropping them");
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?drain,
+            "calls still in flight after the drain period; dropping them"
+        );
     }
 }

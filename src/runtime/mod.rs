@@ -78,11 +78,12 @@ impl Upstream {
         let path = endpoint.path.clone();
         // The URI is a placeholder: the connector below ignores it, and the
         // channel uses only its authority for the `:authority` header.
-        let channel = Endpoint::from_static("http://localhost")
-            .connect_with_connector_lazy(tower::service_fn(move |_| {
+        let channel = Endpoint::from_static("http://localhost").connect_with_connector_lazy(
+            tower::service_fn(move |_| {
                 let path = path.clone();
                 async move { UnixStream::connect(path).await.map(TokioIo::new) }
-            }));
+            }),
+        );
         let raw = Arc::new(raw::RawUpstream::new(endpoint.path()));
         Self {
             endpoint,
@@ -103,8 +104,7 @@ impl Upstream {
 
     /// A CRI v1 runtime client over the shared channel.
     pub fn runtime(&self) -> RuntimeServiceClient<Channel> {
-        RuntimeServiceClient::new(self.channel.clone())
-            .max_decoding_message_size(MAX_MESSAGE)
+        RuntimeServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_MESSAGE)
     }
 
     /// A CRI v1 image client over the shared channel.

@@ -67,12 +67,13 @@ impl RawUpstream {
         if let Some(s) = self.current() {
             return Ok(s);
         }
-        let stream = UnixStream::connect(&self.path)
-            .await
-            .map_err(|source| ForwardError::Dial {
-                path: self.path.clone(),
-                source,
-            })?;
+        let stream =
+            UnixStream::connect(&self.path)
+                .await
+                .map_err(|source| ForwardError::Dial {
+                    path: self.path.clone(),
+                    source,
+                })?;
         let (send, conn) =
             hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
                 .await?;

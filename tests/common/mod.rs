@@ -2,6 +2,7 @@
 //! containerd, and criguard itself.
 #![allow(dead_code)]
 
+pub mod containerd;
 pub mod rawgrpc;
 
 use std::path::{Path, PathBuf};

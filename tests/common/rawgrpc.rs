@@ -60,9 +60,7 @@ impl RawResponse {
 }
 
 /// An HTTP/2 connection to a unix socket.
-pub async fn connect(
-    path: &Path,
-) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+pub async fn connect(path: &Path) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
     let io = TokioIo::new(UnixStream::connect(path).await.expect("connect"));
     let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
         .await
@@ -146,31 +144,35 @@ impl RecordingUpstream {
         let respond: Arc<Responder> = Arc::new(respond);
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 let tx = tx.clone();
                 let respond = respond.clone();
-                let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let tx = tx.clone();
-                    let respond = respond.clone();
-                    async move {
-                        let (parts, body) = req.into_parts();
-                        let body = body.collect().await.unwrap().to_bytes();
-                        let rec = Recorded {
-                            path: parts.uri.path().to_owned(),
-                            headers: parts.headers,
-                            body,
-                        };
-                        let mut reply = respond(&rec);
-                        let _ = tx.send(rec);
-                        while let Reply::AfterBarrier(barrier, inner) = reply {
-                            barrier.wait().await;
-                            reply = *inner;
+                let service =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let tx = tx.clone();
+                        let respond = respond.clone();
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = body.collect().await.unwrap().to_bytes();
+                            let rec = Recorded {
+                                path: parts.uri.path().to_owned(),
+                                headers: parts.headers,
+                                body,
+                            };
+                            let mut reply = respond(&rec);
+                            let _ = tx.send(rec);
+                            while let Reply::AfterBarrier(barrier, inner) = reply {
+                                barrier.wait().await;
+                                reply = *inner;
+                            }
+                            Ok::<_, std::convert::Infallible>(reply_to_response(reply))
                         }
-                        Ok::<_, std::convert::Infallible>(reply_to_response(reply))
-                    }
-                });
+                    });
                 tokio::spawn(async move {
                     let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .auto_date_header(false)
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
                 });
@@ -185,7 +187,11 @@ type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infalli
 fn reply_to_response(reply: Reply) -> http::Response<BoxBody> {
     match reply {
         Reply::AfterBarrier(..) => unreachable!("awaited before"),
-        Reply::Unary { headers, body, trailers } => {
+        Reply::Unary {
+            headers,
+            body,
+            trailers,
+        } => {
             let mut b = http::Response::builder().header("content-type", "application/grpc");
             for (k, v) in headers {
                 b = b.header(k, v);

@@ -1,0 +1,219 @@
+//! A private containerd and a criguard process in front of it, started with
+//! the same `hack/` scripts a user runs, and torn down by PID on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use criguard::runtime::{RuntimeEndpoint, Upstream};
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::Channel;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A unique, readable suffix for names in one test run.
+pub fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{prefix}-{}-{nanos:x}", std::process::id())
+}
+
+/// A containerd with its own root, state and socket under a temp directory.
+pub struct PrivateContainerd {
+    /// Everything of this instance lives here; `stop --purge` removes it.
+    pub dir: PathBuf,
+    /// Its gRPC (and CRI) socket.
+    pub socket: PathBuf,
+    /// Set `CRIGUARD_KEEP=1` to leave it running for a post-mortem.
+    keep: bool,
+}
+
+impl PrivateContainerd {
+    /// Starts one; panics with containerd's log if it does not come up.
+    pub fn start() -> Self {
+        assert!(
+            nix_is_root(),
+            "integration tests need root and containerd: run them with hack/test.sh"
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("criguard-ctrd-")
+            .tempdir()
+            .unwrap()
+            .keep();
+        let out = Command::new(repo().join("hack/containerd.sh"))
+            .arg("start")
+            .arg(&dir)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run hack/containerd.sh");
+        let keep = std::env::var_os("CRIGUARD_KEEP").is_some();
+        let me = Self {
+            socket: dir.join("containerd.sock"),
+            dir,
+            keep,
+        };
+        if !out.status.success() {
+            panic!(
+                "private containerd did not start:\n{}",
+                std::fs::read_to_string(me.dir.join("containerd.log")).unwrap_or_default()
+            );
+        }
+        me
+    }
+
+    /// CRI clients straight to containerd (the "direct" side of comparisons).
+    pub fn direct(&self) -> Clients {
+        Clients::new(&self.socket)
+    }
+
+    /// The tail of containerd's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for PrivateContainerd {
+    fn drop(&mut self) {
+        if self.keep {
+            eprintln!(
+                "CRIGUARD_KEEP: containerd left running in {}",
+                self.dir.display()
+            );
+            return;
+        }
+        let status = Command::new(repo().join("hack/containerd.sh"))
+            .arg("stop")
+            .arg(&self.dir)
+            .arg("--purge")
+            .status();
+        if !matches!(status, Ok(s) if s.success()) {
+            eprintln!(
+                "hack/containerd.sh stop {} failed: {status:?}",
+                self.dir.display()
+            );
+        }
+    }
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// CRI v1 clients to one socket.
+pub struct Clients {
+    /// RuntimeService.
+    pub rt: RuntimeServiceClient<Channel>,
+    /// ImageService.
+    pub img: ImageServiceClient<Channel>,
+}
+
+impl Clients {
+    /// Clients over a lazily dialled channel to `socket`.
+    pub fn new(socket: &Path) -> Self {
+        let up = Upstream::new(RuntimeEndpoint::parse(socket.to_str().unwrap()).unwrap());
+        Self {
+            rt: up.runtime(),
+            img: up.images(),
+        }
+    }
+}
+
+/// The `criguard` binary serving in front of a runtime.
+pub struct CriguardProcess {
+    /// The socket the "kubelet" dials.
+    pub socket: PathBuf,
+    child: Child,
+}
+
+impl CriguardProcess {
+    /// Starts `criguard serve` and waits until its socket accepts.
+    pub async fn start(listen: &Path, runtime: &Path, extra: &[&str]) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_criguard"))
+            .arg("serve")
+            .arg("--listen")
+            .arg(listen)
+            .arg("--runtime-endpoint")
+            .arg(format!("unix://{}", runtime.display()))
+            .args(extra)
+            .env("CRIGUARD_LOG", "criguard=debug,info")
+            .spawn()
+            .expect("spawn criguard");
+        let me = Self {
+            socket: listen.to_owned(),
+            child,
+        };
+        super::poll_until(Duration::from_secs(20), "criguard's socket", || async {
+            tokio::net::UnixStream::connect(listen)
+                .await
+                .ok()
+                .map(|_| ())
+        })
+        .await;
+        me
+    }
+
+    /// CRI clients through criguard.
+    pub fn clients(&self) -> Clients {
+        Clients::new(&self.socket)
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` and waits for the exit status.
+    pub fn signal_and_wait(mut self, signal: i32) -> std::process::ExitStatus {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for CriguardProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Removes a cgroup subtree (relative to each v1 hierarchy and the v2 root),
+/// deepest directories first. Test pods live under a unique root, so this
+/// never touches cgroups the test did not cause.
+pub fn remove_cgroup_tree(relative: &str) {
+    let relative = relative.trim_start_matches('/');
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    for h in hierarchies.flatten() {
+        let top = h.path().join(relative);
+        let mut dirs = Vec::new();
+        collect_dirs(&top, &mut dirs);
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for d in dirs {
+            let _ = std::fs::remove_dir(&d);
+        }
+    }
+}
+
+fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
+    if !dir.is_dir() {
+        return;
+    }
+    out.push(dir.to_owned());
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                collect_dirs(&e.path(), out);
+            }
+        }
+    }
+}

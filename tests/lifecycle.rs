@@ -1,0 +1,359 @@
+//! The kubelet's whole pod lifecycle through criguard against a real, private
+//! containerd, every answer compared with the same call made directly.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::containerd::{Clients, CriguardProcess, PrivateContainerd, remove_cgroup_tree, unique};
+use criguard::kubelet::{ContainerSpec, PodSpec};
+use k8s_cri::v1 as cri;
+
+const BUSYBOX: &str = "docker.io/library/busybox:criguard";
+
+/// Removes the test's cgroup root when the test ends, pass or fail.
+struct CgroupRoot(String);
+impl Drop for CgroupRoot {
+    fn drop(&mut self) {
+        remove_cgroup_tree(&self.0);
+    }
+}
+
+fn sorted_images(mut l: Vec<cri::Image>) -> Vec<cri::Image> {
+    l.sort_by(|a, b| a.id.cmp(&b.id));
+    l
+}
+
+fn assert_same_error(direct: tonic::Status, proxied: tonic::Status) {
+    assert_eq!(direct.code(), proxied.code(), "{direct:?} vs {proxied:?}");
+    assert_eq!(direct.message(), proxied.message());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_lifecycle_through_criguard_matches_direct() {
+    let ctrd = PrivateContainerd::start();
+    let guard =
+        CriguardProcess::start(&ctrd.dir.join("criguard/criguard.sock"), &ctrd.socket, &[]).await;
+    let Clients {
+        rt: mut d,
+        img: mut di,
+    } = ctrd.direct();
+    let Clients {
+        rt: mut p,
+        img: mut pi,
+    } = guard.clients();
+
+    // Runtime identity and health.
+    let vreq = cri::VersionRequest {
+        version: "v1".into(),
+    };
+    assert_eq!(
+        d.version(vreq.clone()).await.unwrap().into_inner(),
+        p.version(vreq).await.unwrap().into_inner()
+    );
+    let status = p
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .unwrap()
+        .into_inner();
+    let direct_status = d
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status, direct_status);
+    let runtime_ready = status
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.r#type == "RuntimeReady");
+    assert!(
+        runtime_ready.is_some_and(|c| c.status),
+        "containerd must report RuntimeReady"
+    );
+    // containerd 1.6 does not implement RuntimeConfig: the error must be the same.
+    match (
+        d.runtime_config(cri::RuntimeConfigRequest {}).await,
+        p.runtime_config(cri::RuntimeConfigRequest {}).await,
+    ) {
+        (Ok(a), Ok(b)) => assert_eq!(a.into_inner(), b.into_inner()),
+        (Err(a), Err(b)) => assert_same_error(a, b),
+        (a, b) => panic!("direct {a:?} but through criguard {b:?}"),
+    }
+
+    // Images.
+    let fs_d = di
+        .image_fs_info(cri::ImageFsInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let fs_p = pi
+        .image_fs_info(cri::ImageFsInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mounts = |r: &cri::ImageFsInfoResponse| -> Vec<String> {
+        r.image_filesystems
+            .iter()
+            .map(|f| f.fs_id.clone().unwrap().mountpoint)
+            .collect()
+    };
+    assert_eq!(mounts(&fs_d), mounts(&fs_p));
+    assert!(
+        mounts(&fs_p)[0].starts_with(ctrd.dir.to_str().unwrap()),
+        "imagefs must be the private root"
+    );
+    let list = cri::ListImagesRequest { filter: None };
+    let images = sorted_images(
+        pi.list_images(list.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .images,
+    );
+    assert_eq!(
+        sorted_images(di.list_images(list).await.unwrap().into_inner().images),
+        images
+    );
+    assert!(
+        images
+            .iter()
+            .any(|i| i.repo_tags.iter().any(|t| t == BUSYBOX)),
+        "{images:?}"
+    );
+    let istatus = cri::ImageStatusRequest {
+        image: Some(cri::ImageSpec {
+            image: BUSYBOX.into(),
+            ..Default::default()
+        }),
+        verbose: false,
+    };
+    assert_eq!(
+        di.image_status(istatus.clone()).await.unwrap().into_inner(),
+        pi.image_status(istatus).await.unwrap().into_inner()
+    );
+
+    // A Burstable pod, created the kubelet's way, through criguard.
+    let root = format!("/{}", unique("criguard-test"));
+    let _cg = CgroupRoot(root.clone());
+    let mut pod = PodSpec::new("web", &unique("uid")).container(ContainerSpec {
+        name: "app".into(),
+        image: BUSYBOX.into(),
+        command: vec!["sleep".into(), "3600".into()],
+        memory_request: 32 << 20,
+        memory_limit: 64 << 20,
+        cpu_request_milli: 100,
+        ..Default::default()
+    });
+    pod.cgroup_root = format!("{root}/kubepods");
+    pod.log_root = ctrd.dir.join("pods").to_str().unwrap().to_owned();
+    pod.annotations = HashMap::from([("kubernetes.io/config.source".into(), "api".into())]);
+    std::fs::create_dir_all(pod.log_directory()).unwrap();
+    let sandbox_config = pod.sandbox_config();
+    let sandbox_id = p
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sandbox_config.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .pod_sandbox_id;
+    let ps = cri::PodSandboxStatusRequest {
+        pod_sandbox_id: sandbox_id.clone(),
+        verbose: false,
+    };
+    let sandbox_status = p.pod_sandbox_status(ps.clone()).await.unwrap().into_inner();
+    assert_eq!(
+        d.pod_sandbox_status(ps).await.unwrap().into_inner(),
+        sandbox_status
+    );
+    let st = sandbox_status.status.unwrap();
+    assert_eq!(st.state, cri::PodSandboxState::SandboxReady as i32);
+    assert_eq!(st.labels["io.kubernetes.pod.uid"], pod.uid);
+    assert_eq!(st.metadata.unwrap().name, "web");
+
+    // A container in it.
+    let created = p
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.clone(),
+            config: Some(pod.container_config(0)),
+            sandbox_config: Some(sandbox_config.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .container_id;
+    p.start_container(cri::StartContainerRequest {
+        container_id: created.clone(),
+    })
+    .await
+    .unwrap();
+    let cs = cri::ContainerStatusRequest {
+        container_id: created.clone(),
+        verbose: false,
+    };
+    let cstatus = p.container_status(cs.clone()).await.unwrap().into_inner();
+    assert_eq!(d.container_status(cs).await.unwrap().into_inner(), cstatus);
+    assert_eq!(
+        cstatus.status.unwrap().state,
+        cri::ContainerState::ContainerRunning as i32
+    );
+    let lc = cri::ListContainersRequest { filter: None };
+    let listed = p.list_containers(lc.clone()).await.unwrap().into_inner();
+    assert_eq!(d.list_containers(lc).await.unwrap().into_inner(), listed);
+    assert_eq!(listed.containers.len(), 1);
+
+    // Stats: the same objects (values move between two calls).
+    let stats = p
+        .container_stats(cri::ContainerStatsRequest {
+            container_id: created.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.stats.unwrap().attributes.unwrap().id, created);
+    let all = p
+        .list_container_stats(cri::ListContainerStatsRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner();
+    let direct_all = d
+        .list_container_stats(cri::ListContainerStatsRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner();
+    let ids = |r: &cri::ListContainerStatsResponse| -> Vec<String> {
+        r.stats
+            .iter()
+            .map(|s| s.attributes.clone().unwrap().id)
+            .collect()
+    };
+    assert_eq!(ids(&all), ids(&direct_all));
+    let pod_stats = p
+        .list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(pod_stats.stats.len(), 1);
+    assert_eq!(
+        pod_stats.stats[0].attributes.clone().unwrap().id,
+        sandbox_id
+    );
+
+    // Exec.
+    let exec = cri::ExecSyncRequest {
+        container_id: created.clone(),
+        cmd: vec![
+            "sh".into(),
+            "-c".into(),
+            "echo hello; echo oops >&2; exit 3".into(),
+        ],
+        timeout: 10,
+    };
+    let via = p.exec_sync(exec.clone()).await.unwrap().into_inner();
+    assert_eq!(d.exec_sync(exec).await.unwrap().into_inner(), via);
+    assert_eq!(
+        (via.stdout.as_slice(), via.stderr.as_slice(), via.exit_code),
+        (&b"hello\n"[..], &b"oops\n"[..], 3)
+    );
+
+    // Resource update reaches the container's real cgroup.
+    p.update_container_resources(cri::UpdateContainerResourcesRequest {
+        container_id: created.clone(),
+        linux: Some(cri::LinuxContainerResources {
+            cpu_shares: 512,
+            cpu_period: 100_000,
+            memory_limit_in_bytes: 96 << 20,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let cg = format!("{}/{created}", pod.cgroup_parent());
+    let read = |ctl: &str, file: &str| {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/{ctl}{cg}/{file}"))
+            .unwrap_or_else(|e| panic!("{ctl}{cg}/{file}: {e}"))
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(read("cpu", "cpu.shares"), "512");
+    assert_eq!(
+        read("memory", "memory.limit_in_bytes"),
+        (96u64 << 20).to_string()
+    );
+
+    // Errors arrive with the same code and message.
+    let missing = cri::ContainerStatusRequest {
+        container_id: "does-not-exist".into(),
+        verbose: false,
+    };
+    assert_same_error(
+        d.container_status(missing.clone()).await.unwrap_err(),
+        p.container_status(missing).await.unwrap_err(),
+    );
+    // containerd 1.6 has no GetContainerEvents: both sides must fail alike
+    // (streaming itself is proven against a recording upstream).
+    let ev = |c: &mut k8s_cri::v1::runtime_service_client::RuntimeServiceClient<_>| {
+        let mut c = c.clone();
+        async move {
+            c.get_container_events(cri::GetEventsRequest {})
+                .await
+                .map(|_| ())
+        }
+    };
+    match (ev(&mut d).await, ev(&mut p).await) {
+        (Err(a), Err(b)) => assert_same_error(a, b),
+        (Ok(()), Ok(())) => {}
+        (a, b) => panic!("GetContainerEvents: direct {a:?}, through criguard {b:?}"),
+    }
+
+    // Teardown, the kubelet's order.
+    p.stop_container(cri::StopContainerRequest {
+        container_id: created.clone(),
+        timeout: 0,
+    })
+    .await
+    .unwrap();
+    let stopped = p
+        .container_status(cri::ContainerStatusRequest {
+            container_id: created.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        stopped.status.unwrap().state,
+        cri::ContainerState::ContainerExited as i32
+    );
+    p.remove_container(cri::RemoveContainerRequest {
+        container_id: created.clone(),
+    })
+    .await
+    .unwrap();
+    p.stop_pod_sandbox(cri::StopPodSandboxRequest {
+        pod_sandbox_id: sandbox_id.clone(),
+    })
+    .await
+    .unwrap();
+    p.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: sandbox_id.clone(),
+    })
+    .await
+    .unwrap();
+    let left = d
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(left.items.is_empty(), "{left:?}");
+    let left = d
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(left.containers.is_empty(), "{left:?}");
+}
