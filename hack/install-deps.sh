@@ -10,7 +10,7 @@ set -euo pipefail
 missing=()
 
 # Plain commands that must be on PATH.
-for cmd in containerd runc ctr protoc skopeo; do
+for cmd in containerd runc ctr protoc skopeo systemd-socket-activate; do
     if ! command -v "$cmd" >/dev/null 2>&1; then
         missing+=("$cmd")
     fi
@@ -34,9 +34,9 @@ if ((${#missing[@]} > 0)); then
     # packages are simply kept).
     apt-get update
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        containerd runc busybox-static protobuf-compiler skopeo ca-certificates
+        containerd runc busybox-static protobuf-compiler skopeo systemd ca-certificates
 else
-    echo "install-deps: containerd, runc, ctr, busybox-static, protoc, skopeo present" >&2
+    echo "install-deps: containerd, runc, ctr, busybox-static, protoc, skopeo, systemd-socket-activate present" >&2
 fi
 
 # cargo is not ours to install: say so clearly instead of failing later.
