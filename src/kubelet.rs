@@ -31,16 +31,7 @@ pub const ANNOTATION_CONFIG_SOURCE: &str = "kubernetes.io/config.source";
 /// The kubelet's CPU CFS period in microseconds.
 pub const CPU_PERIOD_US: i64 = 100_000;
 
-/// A pod's quality-of-service class, as the kubelet computes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum QosClass {
-    /// Every container has equal requests and limits for CPU and memory.
-    Guaranteed,
-    /// Some request or limit is set, not Guaranteed.
-    Burstable,
-    /// No requests or limits at all.
-    BestEffort,
-}
+pub use crate::model::QosClass;
 
 /// Which cgroup driver names the kubelet's cgroups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -219,31 +210,26 @@ impl PodSpec {
     }
 
     /// The kubelet's `oom_score_adj` for a container of this pod
-    /// (`pkg/kubelet/qos/policy.go`, GetContainerOOMScoreAdjust): Guaranteed
-    /// and node-critical −997, BestEffort 1000, Burstable
-    /// `1000 − 1000·request/capacity` kept within [3, 999].
+    /// (`pkg/kubelet/qos/policy.go`, GetContainerOOMScoreAdjust). Node-critical
+    /// pods (static with priority class system-node-critical, which CRI does
+    /// not carry) are modelled by the annotation `criguard.io/test-node-critical`
+    /// on a static pod.
     pub fn oom_score_adj(&self, c: &ContainerSpec) -> i64 {
-        if self
+        let source = self
             .annotations
             .get(ANNOTATION_CONFIG_SOURCE)
-            .is_some_and(|s| s != "api")
-        {
-            return -997;
-        }
-        match self.qos() {
-            QosClass::Guaranteed => -997,
-            QosClass::BestEffort => 1000,
-            QosClass::Burstable => {
-                let adj = 1000 - (1000 * c.memory_request) / self.node_memory.max(1);
-                if adj < 3 {
-                    3
-                } else if adj == 1000 {
-                    999
-                } else {
-                    adj
-                }
-            }
-        }
+            .map(String::as_str);
+        let node_critical = crate::model::derive::is_static(source)
+            && self
+                .annotations
+                .get("criguard.io/test-node-critical")
+                .is_some();
+        crate::model::derive::kubelet_oom_score_adj(
+            self.qos(),
+            node_critical,
+            c.memory_request,
+            self.node_memory,
+        )
     }
 
     /// The `ContainerConfig` of CreateContainer for container `index`.

@@ -7,4 +7,5 @@
 pub mod cri;
 pub mod kubelet;
 pub mod listen;
+pub mod model;
 pub mod runtime;

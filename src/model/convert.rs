@@ -1,0 +1,245 @@
+//! CRI messages to model inputs, in one place.
+//!
+//! Two sources feed the model: the kubelet's requests (RunPodSandbox,
+//! CreateContainer) as criguard forwards them, and the runtime's status
+//! answers, whose verbose `info` holds the original config as Go's
+//! `encoding/json` wrote it (proto field names, zero values omitted), so
+//! it is read field by field with defaults rather than deserialised whole.
+
+use k8s_cri::v1 as cri;
+use serde_json::Value;
+
+use super::{ContainerInfo, ContainerState, SandboxInfo, SandboxState};
+
+/// Model inputs from a RunPodSandbox request and the id the runtime gave.
+pub fn sandbox_from_request(id: &str, config: &cri::PodSandboxConfig) -> SandboxInfo {
+    let meta = config.metadata.clone().unwrap_or_default();
+    SandboxInfo {
+        id: id.to_owned(),
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        attempt: meta.attempt,
+        annotations: config.annotations.clone(),
+        cgroup_parent: config
+            .linux
+            .as_ref()
+            .map(|l| l.cgroup_parent.clone())
+            .unwrap_or_default(),
+        log_directory: config.log_directory.clone(),
+        created_at_ns: 0,
+        state: Some(SandboxState::Ready),
+    }
+}
+
+/// Model inputs from a CreateContainer request and the id the runtime gave.
+pub fn container_from_request(
+    id: &str,
+    sandbox_id: &str,
+    config: &cri::ContainerConfig,
+) -> ContainerInfo {
+    let meta = config.metadata.clone().unwrap_or_default();
+    let res = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.resources.clone())
+        .unwrap_or_default();
+    ContainerInfo {
+        id: id.to_owned(),
+        sandbox_id: sandbox_id.to_owned(),
+        name: meta.name,
+        attempt: meta.attempt,
+        image: config
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .unwrap_or_default(),
+        annotations: config.annotations.clone(),
+        cpu_shares: res.cpu_shares,
+        cpu_quota: res.cpu_quota,
+        cpu_period: res.cpu_period,
+        memory_limit: res.memory_limit_in_bytes,
+        oom_score_adj: res.oom_score_adj,
+        created_at_ns: 0,
+        state: Some(ContainerState::Created),
+    }
+}
+
+/// Sandbox state from CRI's enum value.
+pub fn sandbox_state(v: i32) -> SandboxState {
+    if v == cri::PodSandboxState::SandboxReady as i32 {
+        SandboxState::Ready
+    } else {
+        SandboxState::NotReady
+    }
+}
+
+/// Container state from CRI's enum value.
+pub fn container_state(v: i32) -> ContainerState {
+    match cri::ContainerState::try_from(v) {
+        Ok(cri::ContainerState::ContainerCreated) => ContainerState::Created,
+        Ok(cri::ContainerState::ContainerRunning) => ContainerState::Running,
+        Ok(cri::ContainerState::ContainerExited) => ContainerState::Exited,
+        _ => ContainerState::Unknown,
+    }
+}
+
+/// Why a verbose status could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum InfoError {
+    /// No `info` key: the runtime was not asked verbosely or does not say.
+    #[error("{kind} {id}: the runtime's verbose status has no \"info\"")]
+    Missing {
+        /// `sandbox` or `container`.
+        kind: &'static str,
+        /// Object id.
+        id: String,
+    },
+    /// `info` is not JSON.
+    #[error("{kind} {id}: verbose \"info\" is not JSON: {source}")]
+    Json {
+        /// `sandbox` or `container`.
+        kind: &'static str,
+        /// Object id.
+        id: String,
+        /// Parser error.
+        source: serde_json::Error,
+    },
+}
+
+fn info_json(
+    kind: &'static str,
+    id: &str,
+    info: &std::collections::HashMap<String, String>,
+) -> Result<Value, InfoError> {
+    let raw = info.get("info").ok_or_else(|| InfoError::Missing {
+        kind,
+        id: id.to_owned(),
+    })?;
+    serde_json::from_str(raw).map_err(|source| InfoError::Json {
+        kind,
+        id: id.to_owned(),
+        source,
+    })
+}
+
+fn str_at<'a>(v: &'a Value, path: &[&str]) -> &'a str {
+    path.iter()
+        .try_fold(v, |v, k| v.get(k))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+fn i64_at(v: &Value, path: &[&str]) -> i64 {
+    path.iter()
+        .try_fold(v, |v, k| v.get(k))
+        .and_then(Value::as_i64)
+        .unwrap_or(0)
+}
+
+/// Model inputs from a verbose PodSandboxStatus answer.
+pub fn sandbox_from_status(resp: &cri::PodSandboxStatusResponse) -> Result<SandboxInfo, InfoError> {
+    let status = resp.status.clone().unwrap_or_default();
+    let info = info_json("sandbox", &status.id, &resp.info)?;
+    let config = info.get("config").cloned().unwrap_or(Value::Null);
+    let meta = status.metadata.unwrap_or_default();
+    Ok(SandboxInfo {
+        id: status.id,
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        attempt: meta.attempt,
+        annotations: status.annotations,
+        cgroup_parent: str_at(&config, &["linux", "cgroup_parent"]).to_owned(),
+        log_directory: str_at(&config, &["log_directory"]).to_owned(),
+        created_at_ns: status.created_at,
+        state: Some(sandbox_state(status.state)),
+    })
+}
+
+/// Model inputs from a verbose ContainerStatus answer.
+pub fn container_from_status(
+    resp: &cri::ContainerStatusResponse,
+) -> Result<ContainerInfo, InfoError> {
+    let status = resp.status.clone().unwrap_or_default();
+    let info = info_json("container", &status.id, &resp.info)?;
+    let config = info.get("config").cloned().unwrap_or(Value::Null);
+    let res = |k: &str| i64_at(&config, &["linux", "resources", k]);
+    let meta = status.metadata.unwrap_or_default();
+    Ok(ContainerInfo {
+        id: status.id,
+        sandbox_id: str_at(&info, &["sandboxID"]).to_owned(),
+        name: meta.name,
+        attempt: meta.attempt,
+        image: str_at(&config, &["image", "image"]).to_owned(),
+        annotations: status.annotations,
+        cpu_shares: res("cpu_shares"),
+        cpu_quota: res("cpu_quota"),
+        cpu_period: res("cpu_period"),
+        memory_limit: res("memory_limit_in_bytes"),
+        oom_score_adj: res("oom_score_adj"),
+        created_at_ns: status.created_at,
+        state: Some(container_state(status.state)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn verbose_container_info_is_read_with_omitted_zero_fields() {
+        // As containerd writes it: snake_case proto names, zero values left out.
+        let info = r#"{"sandboxID":"sb1","pid":42,"config":{"metadata":{"name":"app"},
+            "image":{"image":"busybox"},"linux":{"resources":{"cpu_shares":102,
+            "memory_limit_in_bytes":67108864,"oom_score_adj":750}}}}"#;
+        let resp = cri::ContainerStatusResponse {
+            status: Some(cri::ContainerStatus {
+                id: "c1".into(),
+                state: cri::ContainerState::ContainerRunning as i32,
+                created_at: 7,
+                ..Default::default()
+            }),
+            info: HashMap::from([("info".into(), info.into())]),
+            ..Default::default()
+        };
+        let c = container_from_status(&resp).unwrap();
+        assert_eq!(
+            (c.sandbox_id.as_str(), c.image.as_str()),
+            ("sb1", "busybox")
+        );
+        assert_eq!(
+            (c.cpu_shares, c.cpu_quota, c.memory_limit, c.oom_score_adj),
+            (102, 0, 64 << 20, 750)
+        );
+        assert_eq!(
+            (c.created_at_ns, c.state),
+            (7, Some(ContainerState::Running))
+        );
+    }
+
+    #[test]
+    fn missing_or_broken_info_names_the_object() {
+        let mut resp = cri::PodSandboxStatusResponse {
+            status: Some(cri::PodSandboxStatus {
+                id: "sb9".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(
+            sandbox_from_status(&resp)
+                .unwrap_err()
+                .to_string()
+                .contains("sb9")
+        );
+        resp.info.insert("info".into(), "{not json".into());
+        assert!(
+            sandbox_from_status(&resp)
+                .unwrap_err()
+                .to_string()
+                .contains("sb9")
+        );
+    }
+}

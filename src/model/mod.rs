@@ -1,0 +1,476 @@
+//! The node model: every pod and container on the node, as the kubelet's
+//! eviction manager would know them.
+//!
+//! Plain data with pure updates. criguard feeds it from two sides: the CRI
+//! calls it forwards (immediately, see `cri::observe`) and the runtime's own
+//! lists (at start and on every sync, see [`sync`]), so the model is rebuilt
+//! from containerd after a restart and needs no state file of its own.
+//! Derived fields (QoS class, memory requests, criticality) are recomputed
+//! from the stored inputs whenever those change, never patched by hand.
+
+pub mod convert;
+pub mod derive;
+pub mod sync;
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+/// A pod's quality-of-service class, as the kubelet computes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum QosClass {
+    /// Every container has equal requests and limits for CPU and memory.
+    Guaranteed,
+    /// Some request or limit is set, not Guaranteed.
+    Burstable,
+    /// No requests or limits at all.
+    BestEffort,
+}
+
+/// A sandbox's state, as CRI reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SandboxState {
+    /// Running.
+    Ready,
+    /// Stopped (or not yet started).
+    NotReady,
+}
+
+/// A container's state, as CRI reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ContainerState {
+    /// Created, not started.
+    Created,
+    /// Running.
+    Running,
+    /// Exited.
+    Exited,
+    /// The runtime does not know.
+    Unknown,
+}
+
+/// A sandbox as learned from RunPodSandbox or the runtime: inputs only.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct SandboxInfo {
+    /// Sandbox id.
+    pub id: String,
+    /// Pod name.
+    pub name: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod UID.
+    pub uid: String,
+    /// Sandbox attempt.
+    pub attempt: u32,
+    /// Pod annotations.
+    pub annotations: HashMap<String, String>,
+    /// `LinuxPodSandboxConfig.cgroup_parent`.
+    pub cgroup_parent: String,
+    /// Pod log directory.
+    pub log_directory: String,
+    /// Creation time, ns since the epoch (0 until the runtime tells).
+    pub created_at_ns: i64,
+    /// State (None until the runtime tells; RunPodSandbox success means Ready).
+    pub state: Option<SandboxState>,
+}
+
+/// A container as learned from CreateContainer or the runtime: inputs only.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct ContainerInfo {
+    /// Container id.
+    pub id: String,
+    /// Its sandbox.
+    pub sandbox_id: String,
+    /// Container name.
+    pub name: String,
+    /// Container attempt (restart count).
+    pub attempt: u32,
+    /// Image reference as the kubelet asked for it.
+    pub image: String,
+    /// Container annotations.
+    pub annotations: HashMap<String, String>,
+    /// CPU shares.
+    pub cpu_shares: i64,
+    /// CPU CFS quota (µs per period; 0 or −1: none).
+    pub cpu_quota: i64,
+    /// CPU CFS period (µs).
+    pub cpu_period: i64,
+    /// Memory limit in bytes (0: none).
+    pub memory_limit: i64,
+    /// The `oom_score_adj` the kubelet asked for.
+    pub oom_score_adj: i64,
+    /// Creation time, ns since the epoch (0 until the runtime tells).
+    pub created_at_ns: i64,
+    /// State (None until the runtime tells).
+    pub state: Option<ContainerState>,
+}
+
+/// A container in the model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Container {
+    /// Container id.
+    pub id: String,
+    /// Container name.
+    pub name: String,
+    /// Attempt.
+    pub attempt: u32,
+    /// Image reference.
+    pub image: String,
+    /// Cgroup path relative to the hierarchy root (cgroupfs driver:
+    /// `<cgroup parent>/<id>`).
+    pub cgroup_path: String,
+    /// CPU shares.
+    pub cpu_shares: i64,
+    /// CPU quota.
+    pub cpu_quota: i64,
+    /// CPU period.
+    pub cpu_period: i64,
+    /// Memory limit in bytes (0: none).
+    pub memory_limit: i64,
+    /// The kubelet's `oom_score_adj`.
+    pub oom_score_adj: i64,
+    /// Derived memory request in bytes (see [`derive::memory_request`]).
+    pub memory_request: i64,
+    /// State.
+    pub state: ContainerState,
+    /// Creation time, ns since the epoch.
+    pub created_at_ns: i64,
+}
+
+/// A pod in the model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pod {
+    /// Pod UID.
+    pub uid: String,
+    /// Pod name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Sandbox id.
+    pub sandbox_id: String,
+    /// Sandbox attempt.
+    pub attempt: u32,
+    /// Cgroup parent.
+    pub cgroup_parent: String,
+    /// Log directory.
+    pub log_directory: String,
+    /// QoS class.
+    pub qos: QosClass,
+    /// Priority (see [`derive::PRIORITY_ANNOTATION`]).
+    pub priority: i32,
+    /// Static pod (config source other than the API server).
+    pub static_pod: bool,
+    /// Critical: never chosen for eviction.
+    pub critical: bool,
+    /// Termination grace period in seconds, from the containers' annotation.
+    pub grace_period_s: Option<i64>,
+    /// Sandbox state.
+    pub state: SandboxState,
+    /// Creation time, ns since the epoch.
+    pub created_at_ns: i64,
+    /// Containers by id.
+    pub containers: BTreeMap<String, Container>,
+}
+
+impl Pod {
+    /// Sum of the containers' memory requests.
+    pub fn memory_request(&self) -> i64 {
+        self.containers.values().map(|c| c.memory_request).sum()
+    }
+}
+
+/// Where containerd puts a container's cgroup (`pkg/cri` getCgroupsPath):
+/// `<parent>/<id>` with the cgroupfs driver; with the systemd driver (a
+/// parent ending in `.slice`) the scope `<parent>/cri-containerd-<id>.scope`.
+pub fn container_cgroup(parent: &str, id: &str) -> String {
+    let parent = parent.trim_end_matches('/');
+    if parent.ends_with(".slice") {
+        format!("{parent}/cri-containerd-{id}.scope")
+    } else {
+        format!("{parent}/{id}")
+    }
+}
+
+/// All pods on the node, by sandbox id.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeModel {
+    memory_capacity: i64,
+    sandboxes: BTreeMap<String, SandboxInfo>,
+    containers: BTreeMap<String, ContainerInfo>,
+}
+
+impl NodeModel {
+    /// An empty model for a node with `memory_capacity` bytes (used to
+    /// recover Burstable memory requests).
+    pub fn new(memory_capacity: i64) -> Self {
+        Self {
+            memory_capacity,
+            ..Default::default()
+        }
+    }
+
+    /// The node memory capacity the model derives requests with.
+    pub fn memory_capacity(&self) -> i64 {
+        self.memory_capacity
+    }
+
+    /// Adds or replaces a sandbox. Runtime-owned fields that `info` leaves
+    /// unset (creation time, state) keep what the model knew.
+    pub fn upsert_sandbox(&mut self, mut info: SandboxInfo) {
+        if let Some(old) = self.sandboxes.get(&info.id) {
+            if info.created_at_ns == 0 {
+                info.created_at_ns = old.created_at_ns;
+            }
+            info.state = info.state.or(old.state);
+        }
+        self.sandboxes.insert(info.id.clone(), info);
+    }
+
+    /// Adds or replaces a container, keeping runtime-owned fields as above.
+    pub fn upsert_container(&mut self, mut info: ContainerInfo) {
+        if let Some(old) = self.containers.get(&info.id) {
+            if info.created_at_ns == 0 {
+                info.created_at_ns = old.created_at_ns;
+            }
+            info.state = info.state.or(old.state);
+        }
+        self.containers.insert(info.id.clone(), info);
+    }
+
+    /// Sets a sandbox's state; stopping a sandbox stops its containers.
+    pub fn set_sandbox_state(&mut self, id: &str, state: SandboxState) {
+        if let Some(s) = self.sandboxes.get_mut(id) {
+            s.state = Some(state);
+        }
+        if state == SandboxState::NotReady {
+            for c in self.containers.values_mut().filter(|c| c.sandbox_id == id) {
+                if c.state != Some(ContainerState::Created) {
+                    c.state = Some(ContainerState::Exited);
+                }
+            }
+        }
+    }
+
+    /// Sets a container's state.
+    pub fn set_container_state(&mut self, id: &str, state: ContainerState) {
+        if let Some(c) = self.containers.get_mut(id) {
+            c.state = Some(state);
+        }
+    }
+
+    /// Records the runtime's view of a sandbox's state and creation time.
+    pub fn refresh_sandbox(&mut self, id: &str, state: SandboxState, created_at_ns: i64) {
+        if let Some(s) = self.sandboxes.get_mut(id) {
+            s.state = Some(state);
+            s.created_at_ns = created_at_ns;
+        }
+    }
+
+    /// Records the runtime's view of a container's state and creation time.
+    pub fn refresh_container(&mut self, id: &str, state: ContainerState, created_at_ns: i64) {
+        if let Some(c) = self.containers.get_mut(id) {
+            c.state = Some(state);
+            c.created_at_ns = created_at_ns;
+        }
+    }
+
+    /// Forgets a container.
+    pub fn remove_container(&mut self, id: &str) {
+        self.containers.remove(id);
+    }
+
+    /// Forgets a sandbox and its containers.
+    pub fn remove_sandbox(&mut self, id: &str) {
+        self.sandboxes.remove(id);
+        self.containers.retain(|_, c| c.sandbox_id != id);
+    }
+
+    /// The sandbox ids and container ids the model holds.
+    pub fn ids(&self) -> (Vec<String>, Vec<String>) {
+        (
+            self.sandboxes.keys().cloned().collect(),
+            self.containers.keys().cloned().collect(),
+        )
+    }
+
+    /// The inputs known for a sandbox.
+    pub fn sandbox_info(&self, id: &str) -> Option<&SandboxInfo> {
+        self.sandboxes.get(id)
+    }
+
+    /// One pod with everything derived.
+    pub fn pod(&self, sandbox_id: &str) -> Option<Pod> {
+        let s = self.sandboxes.get(sandbox_id)?;
+        let infos: Vec<&ContainerInfo> = self
+            .containers
+            .values()
+            .filter(|c| c.sandbox_id == s.id)
+            .collect();
+        let adjs: Vec<i64> = infos.iter().map(|c| c.oom_score_adj).collect();
+        let qos = derive::qos_from_cgroup_parent(&s.cgroup_parent).unwrap_or_else(|| {
+            // No kubelet cgroup parent: the most telling container decides.
+            adjs.iter()
+                .map(|a| derive::qos_from_oom_score_adj(*a))
+                .min_by_key(|q| match q {
+                    QosClass::Burstable => 0,
+                    QosClass::BestEffort => 1,
+                    QosClass::Guaranteed => 2,
+                })
+                .unwrap_or(QosClass::BestEffort)
+        });
+        let priority = derive::priority(
+            s.annotations
+                .get(derive::PRIORITY_ANNOTATION)
+                .map(String::as_str),
+        )
+        .unwrap_or(0);
+        let static_pod = derive::is_static(
+            s.annotations
+                .get(derive::CONFIG_SOURCE_ANNOTATION)
+                .map(String::as_str),
+        );
+        let critical = derive::is_critical(static_pod, priority, qos, &adjs);
+        let grace_period_s = infos.iter().find_map(|c| {
+            c.annotations
+                .get(crate::kubelet::ANNOTATION_GRACE)
+                .and_then(|g| g.parse().ok())
+        });
+        let containers = infos
+            .iter()
+            .map(|c| {
+                let container = Container {
+                    id: c.id.clone(),
+                    name: c.name.clone(),
+                    attempt: c.attempt,
+                    image: c.image.clone(),
+                    cgroup_path: container_cgroup(&s.cgroup_parent, &c.id),
+                    cpu_shares: c.cpu_shares,
+                    cpu_quota: c.cpu_quota,
+                    cpu_period: c.cpu_period,
+                    memory_limit: c.memory_limit,
+                    oom_score_adj: c.oom_score_adj,
+                    memory_request: derive::memory_request(
+                        qos,
+                        c.oom_score_adj,
+                        c.memory_limit,
+                        self.memory_capacity,
+                    ),
+                    state: c.state.unwrap_or(ContainerState::Unknown),
+                    created_at_ns: c.created_at_ns,
+                };
+                (c.id.clone(), container)
+            })
+            .collect();
+        Some(Pod {
+            uid: s.uid.clone(),
+            name: s.name.clone(),
+            namespace: s.namespace.clone(),
+            sandbox_id: s.id.clone(),
+            attempt: s.attempt,
+            cgroup_parent: s.cgroup_parent.clone(),
+            log_directory: s.log_directory.clone(),
+            qos,
+            priority,
+            static_pod,
+            critical,
+            grace_period_s,
+            state: s.state.unwrap_or(SandboxState::NotReady),
+            created_at_ns: s.created_at_ns,
+            containers,
+        })
+    }
+
+    /// Every pod, ordered by sandbox id.
+    pub fn pods(&self) -> Vec<Pod> {
+        self.sandboxes
+            .keys()
+            .filter_map(|id| self.pod(id))
+            .collect()
+    }
+
+    /// The pod a container belongs to, derived, and the container's id.
+    pub fn pod_of_container(&self, container_id: &str) -> Option<Pod> {
+        let c = self.containers.get(container_id)?;
+        self.pod(&c.sandbox_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sandbox(id: &str, parent: &str) -> SandboxInfo {
+        SandboxInfo {
+            id: id.into(),
+            name: format!("pod-{id}"),
+            namespace: "default".into(),
+            uid: format!("uid-{id}"),
+            cgroup_parent: parent.into(),
+            state: Some(SandboxState::Ready),
+            ..Default::default()
+        }
+    }
+
+    fn container(id: &str, sandbox: &str, adj: i64, limit: i64) -> ContainerInfo {
+        ContainerInfo {
+            id: id.into(),
+            sandbox_id: sandbox.into(),
+            name: format!("c-{id}"),
+            oom_score_adj: adj,
+            memory_limit: limit,
+            state: Some(ContainerState::Running),
+            annotations: HashMap::from([(crate::kubelet::ANNOTATION_GRACE.into(), "45".into())]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn burstable_pod_gets_requests_from_oom_score_adj() {
+        let mut m = NodeModel::new(1000 << 20);
+        m.upsert_sandbox(sandbox("s1", "/kubepods/burstable/poduid-s1"));
+        m.upsert_container(container("c1", "s1", 750, 0));
+        let pod = m.pod("s1").unwrap();
+        assert_eq!(pod.qos, QosClass::Burstable);
+        assert_eq!(pod.memory_request(), 250 << 20);
+        assert_eq!(pod.grace_period_s, Some(45));
+        assert_eq!(
+            pod.containers["c1"].cgroup_path,
+            "/kubepods/burstable/poduid-s1/c1"
+        );
+        assert!(!pod.critical);
+    }
+
+    #[test]
+    fn stopping_a_sandbox_exits_its_running_containers() {
+        let mut m = NodeModel::new(1 << 30);
+        m.upsert_sandbox(sandbox("s1", "/kubepods/pods1"));
+        m.upsert_container(container("c1", "s1", -997, 64 << 20));
+        m.set_sandbox_state("s1", SandboxState::NotReady);
+        let pod = m.pod("s1").unwrap();
+        assert_eq!(pod.state, SandboxState::NotReady);
+        assert_eq!(pod.containers["c1"].state, ContainerState::Exited);
+        assert_eq!(pod.containers["c1"].memory_request, 64 << 20);
+    }
+
+    #[test]
+    fn upsert_keeps_runtime_owned_fields_it_was_not_given() {
+        let mut m = NodeModel::new(1 << 30);
+        let mut s = sandbox("s1", "/kubepods/pods1");
+        s.created_at_ns = 42;
+        m.upsert_sandbox(s);
+        let mut again = sandbox("s1", "/kubepods/pods1");
+        again.state = None;
+        m.upsert_sandbox(again);
+        let pod = m.pod("s1").unwrap();
+        assert_eq!((pod.created_at_ns, pod.state), (42, SandboxState::Ready));
+    }
+
+    #[test]
+    fn removing_a_sandbox_removes_its_containers() {
+        let mut m = NodeModel::new(1 << 30);
+        m.upsert_sandbox(sandbox("s1", "/kubepods/pods1"));
+        m.upsert_container(container("c1", "s1", -997, 1));
+        m.remove_sandbox("s1");
+        assert_eq!(m.ids(), (vec![], vec![]));
+    }
+}
