@@ -38,12 +38,15 @@ async fn main() -> anyhow::Result<()> {
             "-c".into(),
             "while true; do echo hello from the demo pod; sleep 5; done".into(),
         ],
-        memory_request: 16 << 20,
-        memory_limit: 64 << 20,
+        memory_request: 256 << 20,
+        memory_limit: 512 << 20,
         cpu_request_milli: 100,
         ..Default::default()
     });
     pod.cgroup_root = "/criguard-demo/kubepods".into();
+    // The kubelet's oom_score_adj formula divides by the node's memory.
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    pod.node_memory = criguard::model::sync::mem_total(&meminfo).unwrap_or(pod.node_memory);
     pod.log_root = log_root.clone();
     std::fs::create_dir_all(pod.log_directory())?;
     let config = pod.sandbox_config();
@@ -108,10 +111,6 @@ async fn main() -> anyhow::Result<()> {
     println!("cgroup parent:     {}", pod.cgroup_parent());
     println!("container log:     {}/hello/0.log", pod.log_directory());
 
-    if keep {
-        println!("\n--keep: the pod stays up; the log grows every 5 s");
-        return Ok(());
-    }
     // Show the first log line once the runtime has written it (2 s at most).
     let log_path = format!("{}/hello/0.log", pod.log_directory());
     for _ in 0..100 {
@@ -121,6 +120,10 @@ async fn main() -> anyhow::Result<()> {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if keep {
+        println!("\nthe pod stays up (--keep); its log grows every 5 s");
+        return Ok(());
     }
     rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
         pod_sandbox_id: sandbox.clone(),

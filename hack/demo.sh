@@ -31,7 +31,7 @@ cleanup() {
 
 hack/containerd.sh stop "$dir" --purge >/dev/null 2>&1 || true   # a previous --keep run
 hack/containerd.sh start "$dir" >/dev/null
-target/debug/criguard serve --listen "$dir/criguard.sock" \
+target/debug/criguard serve --listen "$dir/criguard.sock" --admin-socket "$dir/admin.sock" \
     --runtime-endpoint "unix://$dir/containerd.sock" 2>"$dir/criguard.log" &
 criguard_pid=$!
 echo "$criguard_pid" >"$dir/criguard.pid"
@@ -39,9 +39,15 @@ for _ in $(seq 100); do [[ -S "$dir/criguard.sock" ]] && break; sleep 0.1; done
 [[ -S "$dir/criguard.sock" ]] || { cat "$dir/criguard.log" >&2; exit 1; }
 echo "criguard (pid $criguard_pid) listens on $dir/criguard.sock, forwarding to $dir/containerd.sock"
 
-target/debug/examples/demo_pod "$dir/criguard.sock" "$dir/pods" $keep
+target/debug/examples/demo_pod "$dir/criguard.sock" "$dir/pods" --keep
+echo
+echo "what criguard knows (criguard pods):"
+target/debug/criguard pods --admin-socket "$dir/admin.sock"
 
-if [[ -n "$keep" ]]; then
+if [[ -z "$keep" ]]; then
+    echo
+    echo "stopping: pod, criguard, containerd"
+else
     cat <<MSG
 
 Still running. Point a CRI client at unix://$dir/criguard.sock.

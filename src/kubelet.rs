@@ -222,8 +222,7 @@ impl PodSpec {
         let node_critical = crate::model::derive::is_static(source)
             && self
                 .annotations
-                .get("criguard.io/test-node-critical")
-                .is_some();
+                .contains_key("criguard.io/test-node-critical");
         crate::model::derive::kubelet_oom_score_adj(
             self.qos(),
             node_critical,

@@ -4,6 +4,7 @@
 //! forwards every call to containerd ([`cri`]) and, standing in that path,
 //! handles memory, disk and pid pressure at the runtime layer.
 
+pub mod admin;
 pub mod cri;
 pub mod kubelet;
 pub mod listen;

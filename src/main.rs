@@ -2,11 +2,12 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use criguard::{cri, listen, runtime};
+use criguard::{admin, cri, listen, model, runtime};
 
 /// A CRI proxy that guards the node against resource pressure.
 #[derive(Parser, Debug)]
@@ -40,10 +41,31 @@ enum Command {
         /// How long calls in flight may finish after SIGTERM.
         #[arg(long, default_value = "10s", value_parser = parse_seconds)]
         drain: Duration,
+        /// criguard's admin socket (`criguard pods` reads it).
+        #[arg(long, default_value = DEFAULT_ADMIN)]
+        admin_socket: PathBuf,
+        /// Node memory capacity in bytes for the kubelet's oom_score_adj
+        /// formula [default: MemTotal of /proc/meminfo].
+        #[arg(long)]
+        node_memory_capacity: Option<i64>,
+        /// How often the node model is re-synced with the runtime.
+        #[arg(long, default_value = "10s", value_parser = parse_seconds)]
+        sync_interval: Duration,
+    },
+    /// Print the node model of a running criguard.
+    Pods {
+        /// criguard's admin socket.
+        #[arg(long, default_value = DEFAULT_ADMIN)]
+        admin_socket: PathBuf,
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Print criguard's version.
     Version,
 }
+
+const DEFAULT_ADMIN: &str = "/run/criguard/admin.sock";
 
 fn parse_seconds(s: &str) -> Result<Duration, String> {
     let n = s.strip_suffix('s').unwrap_or(s);
@@ -74,13 +96,29 @@ async fn shutdown_signal() {
     }
 }
 
+/// What `serve` needs besides the listener.
+struct ServeArgs {
+    listen: PathBuf,
+    runtime_endpoint: String,
+    drain: Duration,
+    admin_socket: PathBuf,
+    node_memory_capacity: Option<i64>,
+    sync_interval: Duration,
+}
+
 async fn serve(
     activated: Option<std::os::unix::net::UnixListener>,
-    listen_path: PathBuf,
-    endpoint: &str,
-    drain: Duration,
+    args: ServeArgs,
 ) -> anyhow::Result<()> {
-    let endpoint = runtime::RuntimeEndpoint::parse(endpoint)?;
+    let ServeArgs {
+        listen: listen_path,
+        runtime_endpoint,
+        drain,
+        admin_socket,
+        node_memory_capacity,
+        sync_interval,
+    } = args;
+    let endpoint = runtime::RuntimeEndpoint::parse(&runtime_endpoint)?;
     let (listener, owned_path) = match activated {
         Some(l) => {
             tracing::info!("listening on the socket passed by systemd");
@@ -94,14 +132,94 @@ async fn serve(
             (l, Some(listen_path))
         }
     };
+    let admin_listener = listen::bind(&admin_socket)?;
     let upstream = runtime::Upstream::new(endpoint);
+    let capacity = match node_memory_capacity {
+        Some(c) => c,
+        None => std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .as_deref()
+            .and_then(model::sync::mem_total)
+            .context("read MemTotal from /proc/meminfo (or pass --node-memory-capacity)")?,
+    };
+    // The model is rebuilt from the runtime before the first call is served.
+    // A runtime that is down must not keep the kubelet out: criguard then
+    // serves anyway and the sync loop fills the model once the runtime is up.
+    let node = match model::sync::rebuild(&upstream, capacity).await {
+        Ok(m) => {
+            let (s, c) = m.ids();
+            tracing::info!(
+                sandboxes = s.len(),
+                containers = c.len(),
+                "node model rebuilt from the runtime"
+            );
+            m
+        }
+        Err(err) => {
+            tracing::warn!(%err, "node model not rebuilt yet; serving, the sync loop retries");
+            model::NodeModel::new(capacity)
+        }
+    };
+    let node = Arc::new(RwLock::new(node));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let admin_state = admin::AdminState {
+        model: node.clone(),
+        upstream: upstream.clone(),
+    };
+    let admin_task = tokio::spawn(admin::serve(admin_listener, admin_state, stopped()));
+    let sync_task = tokio::spawn(sync_loop(
+        node.clone(),
+        upstream.clone(),
+        sync_interval,
+        stopped(),
+    ));
+
     tracing::info!(runtime = %upstream.endpoint(), "forwarding CRI calls");
-    let proxy = cri::Proxy::new(&upstream);
+    let proxy = cri::Proxy::new(&upstream).with_observer(cri::observe::Observer::new(node));
     cri::serve(listener, proxy, shutdown_signal(), drain).await;
-    if let Some(path) = owned_path {
-        std::fs::remove_file(&path).with_context(|| format!("remove socket {}", path.display()))?;
+    let _ = stop_tx.send(true);
+    let _ = tokio::join!(admin_task, sync_task);
+    for path in owned_path.iter().chain([&admin_socket]) {
+        std::fs::remove_file(path).with_context(|| format!("remove socket {}", path.display()))?;
     }
     tracing::info!("stopped");
+    Ok(())
+}
+
+async fn sync_loop(
+    node: Arc<RwLock<model::NodeModel>>,
+    upstream: runtime::Upstream,
+    every: Duration,
+    stopped: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(stopped);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if let Err(err) = model::sync::sync(&node, &upstream).await {
+                    tracing::warn!(%err, "node model sync failed");
+                }
+            }
+            () = &mut stopped => return,
+        }
+    }
+}
+
+async fn pods(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
+    let pods = admin::get_pods(&admin_socket).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&pods)?);
+    } else {
+        print!("{}", admin::pods_table(&pods));
+    }
     Ok(())
 }
 
@@ -113,15 +231,39 @@ fn main() -> ExitCode {
             println!("criguard {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
+        Command::Pods { admin_socket, json } => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            match rt.block_on(pods(admin_socket, json)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("criguard: {err:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Serve {
             listen,
             runtime_endpoint,
             drain,
+            admin_socket,
+            node_memory_capacity,
+            sync_interval,
         } => {
+            let args = ServeArgs {
+                listen,
+                runtime_endpoint,
+                drain,
+                admin_socket,
+                node_memory_capacity,
+                sync_interval,
+            };
             let run = || -> anyhow::Result<()> {
                 let activated = listen::from_systemd()?;
                 let rt = tokio::runtime::Runtime::new().context("start tokio runtime")?;
-                rt.block_on(serve(activated, listen, &runtime_endpoint, drain))
+                rt.block_on(serve(activated, args))
             };
             match run() {
                 Ok(()) => ExitCode::SUCCESS,

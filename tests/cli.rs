@@ -33,6 +33,8 @@ async fn socket_activation_serves_on_the_passed_socket() {
             .arg("serve")
             .arg("--listen")
             .arg(dir.path().join("never-bound.sock"))
+            .arg("--admin-socket")
+            .arg(dir.path().join("admin.sock"))
             .arg("--runtime-endpoint")
             .arg(&upstream_sock)
             .stderr(Stdio::inherit())
@@ -84,6 +86,10 @@ async fn sigterm_drains_and_removes_the_socket() {
     let status = guard.signal_and_wait(libc::SIGTERM);
     assert!(status.success(), "{status:?}");
     assert!(!listen.exists(), "socket left behind after a clean exit");
+    assert!(
+        !listen.with_extension("admin.sock").exists(),
+        "admin socket left behind"
+    );
 }
 
 #[test]
@@ -94,6 +100,8 @@ fn a_listen_path_that_is_not_a_socket_is_refused_by_name() {
     let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
         .args(["serve", "--listen"])
         .arg(&path)
+        .arg("--admin-socket")
+        .arg(dir.path().join("admin.sock"))
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -253,3 +253,79 @@ async fn runtime_down_fails_fast_unavailable_then_reconnects() {
     .await;
     assert_eq!(resp.body, rawgrpc::frame(b"up"));
 }
+
+#[tokio::test]
+async fn patched_create_container_keeps_unknown_fields_and_replays_the_answer() {
+    use k8s_cri::v1 as cri;
+    let dir = tempfile::tempdir().unwrap();
+    let upstream_sock = dir.path().join("runtime.sock");
+    let resp_msg = rawgrpc::with_unknown_field(
+        &cri::CreateContainerResponse {
+            container_id: "c1".into(),
+        }
+        .encode_to_vec(),
+        777,
+        b"runtime-extra",
+    );
+    let reply = rawgrpc::frame(&resp_msg);
+    let reply_body = reply.clone();
+    let mut upstream =
+        RecordingUpstream::start(&upstream_sock, move |_| ok_reply(reply_body.clone()));
+    let proxy = InProcessProxy::start(&dir.path().join("c.sock"), &upstream_sock);
+
+    // A BestEffort pod whose kubelet sent 500: criguard patches it to 1000.
+    let pod =
+        criguard::kubelet::PodSpec::new("p", "u1").container(criguard::kubelet::ContainerSpec {
+            name: "app".into(),
+            image: "busybox".into(),
+            ..Default::default()
+        });
+    let mut config = pod.container_config(0);
+    config
+        .linux
+        .as_mut()
+        .unwrap()
+        .resources
+        .as_mut()
+        .unwrap()
+        .oom_score_adj = 500;
+    let req = cri::CreateContainerRequest {
+        pod_sandbox_id: "sb1".into(),
+        config: Some(config),
+        sandbox_config: Some(pod.sandbox_config()),
+    };
+    let original = rawgrpc::with_unknown_field(&req.encode_to_vec(), 5150, b"newer-kubelet-field");
+    let mut client = rawgrpc::connect(&proxy.socket).await;
+    let resp = rawgrpc::call(
+        &mut client,
+        rawgrpc::request(
+            "/runtime.v1.RuntimeService/CreateContainer",
+            rawgrpc::frame(&original),
+            &[],
+        ),
+    )
+    .await;
+
+    let seen = upstream.seen.recv().await.unwrap();
+    let seen_msg = &seen.body[5..];
+    assert!(
+        seen_msg.starts_with(&original),
+        "the original bytes, unknown field included, must lead"
+    );
+    assert!(seen_msg.len() > original.len(), "no patch appended");
+    let merged = cri::CreateContainerRequest::decode(seen_msg).unwrap();
+    let adj = merged
+        .config
+        .unwrap()
+        .linux
+        .unwrap()
+        .resources
+        .unwrap()
+        .oom_score_adj;
+    assert_eq!(adj, 1000);
+    assert_eq!(
+        resp.body, reply,
+        "observed answers are replayed byte for byte"
+    );
+    assert_eq!(resp.trailers["x-runtime-trailer"], "t-value");
+}

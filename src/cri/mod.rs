@@ -6,6 +6,7 @@
 //! directions and streaming methods stream. The only header that changes is
 //! `:authority`, which names the upstream socket's placeholder host.
 
+pub mod observe;
 pub mod proxy;
 pub mod server;
 

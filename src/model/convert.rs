@@ -202,7 +202,6 @@ mod tests {
                 ..Default::default()
             }),
             info: HashMap::from([("info".into(), info.into())]),
-            ..Default::default()
         };
         let c = container_from_status(&resp).unwrap();
         assert_eq!(

@@ -97,7 +97,8 @@ pub struct ContainerInfo {
     pub cpu_period: i64,
     /// Memory limit in bytes (0: none).
     pub memory_limit: i64,
-    /// The `oom_score_adj` the kubelet asked for.
+    /// The `oom_score_adj` the container was created with (the kubelet's,
+    /// after criguard's patch; what containerd stores).
     pub oom_score_adj: i64,
     /// Creation time, ns since the epoch (0 until the runtime tells).
     pub created_at_ns: i64,
@@ -127,7 +128,7 @@ pub struct Container {
     pub cpu_period: i64,
     /// Memory limit in bytes (0: none).
     pub memory_limit: i64,
-    /// The kubelet's `oom_score_adj`.
+    /// The `oom_score_adj` it was created with (after criguard's patch).
     pub oom_score_adj: i64,
     /// Derived memory request in bytes (see [`derive::memory_request`]).
     pub memory_request: i64,

@@ -130,16 +130,21 @@ impl Clients {
 pub struct CriguardProcess {
     /// The socket the "kubelet" dials.
     pub socket: PathBuf,
+    /// criguard's admin socket (next to `socket`).
+    pub admin: PathBuf,
     child: Child,
 }
 
 impl CriguardProcess {
     /// Starts `criguard serve` and waits until its socket accepts.
     pub async fn start(listen: &Path, runtime: &Path, extra: &[&str]) -> Self {
+        let admin = listen.with_extension("admin.sock");
         let child = Command::new(env!("CARGO_BIN_EXE_criguard"))
             .arg("serve")
             .arg("--listen")
             .arg(listen)
+            .arg("--admin-socket")
+            .arg(&admin)
             .arg("--runtime-endpoint")
             .arg(format!("unix://{}", runtime.display()))
             .args(extra)
@@ -148,6 +153,7 @@ impl CriguardProcess {
             .expect("spawn criguard");
         let me = Self {
             socket: listen.to_owned(),
+            admin,
             child,
         };
         super::poll_until(Duration::from_secs(20), "criguard's socket", || async {
@@ -163,6 +169,13 @@ impl CriguardProcess {
     /// CRI clients through criguard.
     pub fn clients(&self) -> Clients {
         Clients::new(&self.socket)
+    }
+
+    /// The live node model, as `criguard pods --json` prints it.
+    pub async fn pods(&self) -> Vec<criguard::model::Pod> {
+        criguard::admin::get_pods(&self.admin)
+            .await
+            .expect("criguard admin socket")
     }
 
     /// The process id.

@@ -25,7 +25,10 @@ impl InProcessProxy {
     pub fn start(listen: &Path, upstream: &Path) -> Self {
         let listener = criguard::listen::bind(listen).expect("bind criguard socket");
         let endpoint = RuntimeEndpoint::parse(upstream.to_str().unwrap()).unwrap();
-        let proxy = cri::Proxy::new(&Upstream::new(endpoint));
+        let model = criguard::model::NodeModel::new(8 << 30);
+        let observer =
+            cri::observe::Observer::new(std::sync::Arc::new(std::sync::RwLock::new(model)));
+        let proxy = cri::Proxy::new(&Upstream::new(endpoint)).with_observer(observer);
         let (tx, rx) = oneshot::channel();
         let task = tokio::spawn(cri::serve(
             listener,

@@ -1,0 +1,179 @@
+//! criguard's admin endpoint: what it knows, for `criguard pods` and scripts.
+//!
+//! HTTP/1.1 with JSON bodies on a unix socket of its own (mode 0660, like the
+//! CRI socket), so that reading criguard's state never competes with the
+//! kubelet's calls and needs no gRPC tooling:
+//!
+//! | path | answer |
+//! | --- | --- |
+//! | `GET /v1/pods` | the node model, synced with the runtime first |
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::model::{NodeModel, Pod, sync};
+use crate::runtime::Upstream;
+
+/// What the admin endpoint serves from.
+#[derive(Clone, Debug)]
+pub struct AdminState {
+    /// The live model.
+    pub model: Arc<RwLock<NodeModel>>,
+    /// The runtime, to sync before answering.
+    pub upstream: Upstream,
+}
+
+fn json<T: serde::Serialize>(status: http::StatusCode, value: &T) -> http::Response<Full<Bytes>> {
+    let body = serde_json::to_vec_pretty(value)
+        .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}").into_bytes());
+    http::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("static response parts")
+}
+
+async fn handle(
+    state: AdminState,
+    req: http::Request<hyper::body::Incoming>,
+) -> Result<http::Response<Full<Bytes>>, Infallible> {
+    Ok(match (req.method(), req.uri().path()) {
+        (&http::Method::GET, "/v1/pods") => {
+            // Fresh: states change without passing criguard (a container exits).
+            if let Err(err) = sync::sync(&state.model, &state.upstream).await {
+                tracing::warn!(%err, "sync before /v1/pods failed; answering from the model as it is");
+            }
+            let pods = state.model.read().unwrap_or_else(|e| e.into_inner()).pods();
+            json(http::StatusCode::OK, &pods)
+        }
+        (_, path) => json(
+            http::StatusCode::NOT_FOUND,
+            &serde_json::json!({ "error": format!("no such path {path}") }),
+        ),
+    })
+}
+
+/// Serves the admin endpoint on `listener` until `shutdown` resolves.
+pub async fn serve(listener: UnixListener, state: AdminState, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| handle(state.clone(), req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+            () = &mut shutdown => return,
+        }
+    }
+}
+
+/// Errors from asking a running criguard.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The socket could not be reached.
+    #[error("admin socket {path}: {source} (is `criguard serve` running?)")]
+    Connect {
+        /// The socket path.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The HTTP exchange failed.
+    #[error("admin socket: {0}")]
+    Http(#[from] hyper::Error),
+    /// The answer was not the JSON expected.
+    #[error("admin socket: unexpected answer: {0}")]
+    Decode(#[from] serde_json::Error),
+}
+
+/// `GET /v1/pods` from a running criguard.
+pub async fn get_pods(socket: &Path) -> Result<Vec<Pod>, ClientError> {
+    let stream = UnixStream::connect(socket)
+        .await
+        .map_err(|source| ClientError::Connect {
+            path: socket.display().to_string(),
+            source,
+        })?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let req = http::Request::get("/v1/pods")
+        .header("host", "criguard")
+        .body(Full::new(Bytes::new()))
+        .expect("static request parts");
+    let body = send
+        .send_request(req)
+        .await?
+        .into_body()
+        .collect()
+        .await?
+        .to_bytes();
+    Ok(serde_json::from_slice(&body)?)
+}
+
+/// The model as a table for people.
+pub fn pods_table(pods: &[Pod]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<30} {:<11} {:>9} {:<8} {:<9} {:<13} {:<16} {:<9} {:>9} {:>9} {:>5}",
+        "NAMESPACE/POD",
+        "QOS",
+        "PRIORITY",
+        "CRITICAL",
+        "STATE",
+        "SANDBOX",
+        "CONTAINER",
+        "C-STATE",
+        "MEM-REQ",
+        "MEM-LIM",
+        "OOM"
+    );
+    for p in pods {
+        let pod = format!("{}/{}", p.namespace, p.name);
+        let crit = if p.critical { "yes" } else { "no" };
+        let head = format!(
+            "{pod:<30} {:<11} {:>9} {crit:<8} {:<9} {:<13}",
+            format!("{:?}", p.qos),
+            p.priority,
+            format!("{:?}", p.state),
+            p.sandbox_id.get(..12).unwrap_or(&p.sandbox_id),
+        );
+        if p.containers.is_empty() {
+            let _ = writeln!(out, "{head}");
+        }
+        for c in p.containers.values() {
+            let _ = writeln!(
+                out,
+                "{head} {:<16} {:<9} {:>9} {:>9} {:>5}",
+                c.name,
+                format!("{:?}", c.state),
+                mib(c.memory_request),
+                mib(c.memory_limit),
+                c.oom_score_adj
+            );
+        }
+    }
+    out
+}
+
+fn mib(bytes: i64) -> String {
+    if bytes <= 0 {
+        "-".into()
+    } else {
+        format!("{}Mi", bytes >> 20)
+    }
+}

@@ -1,0 +1,306 @@
+//! The calls criguard looks at while forwarding them.
+//!
+//! A handful of lifecycle methods are decoded, as a copy, to keep the node
+//! model current; CreateContainer is also patched to carry criguard's
+//! `oom_score_adj`. Decoding never changes what is forwarded: the only change
+//! to any request is the appended patch (see [`patch`]). If a message cannot
+//! be decoded the call passes through untouched and criguard logs why.
+
+use std::sync::{Arc, RwLock};
+
+use bytes::{Bytes, BytesMut};
+use k8s_cri::v1 as cri;
+use prost::Message;
+
+use crate::model::{ContainerState, NodeModel, SandboxState, convert, derive};
+
+/// The lifecycle methods criguard observes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// RunPodSandbox.
+    RunPodSandbox,
+    /// CreateContainer (also patched).
+    CreateContainer,
+    /// StartContainer.
+    StartContainer,
+    /// StopContainer.
+    StopContainer,
+    /// RemoveContainer.
+    RemoveContainer,
+    /// StopPodSandbox.
+    StopPodSandbox,
+    /// RemovePodSandbox.
+    RemovePodSandbox,
+}
+
+impl Method {
+    /// The observed method at a gRPC path, if it is one (CRI v1 only).
+    pub fn from_path(path: &str) -> Option<Self> {
+        Some(match path.strip_prefix("/runtime.v1.RuntimeService/")? {
+            "RunPodSandbox" => Self::RunPodSandbox,
+            "CreateContainer" => Self::CreateContainer,
+            "StartContainer" => Self::StartContainer,
+            "StopContainer" => Self::StopContainer,
+            "RemoveContainer" => Self::RemoveContainer,
+            "StopPodSandbox" => Self::StopPodSandbox,
+            "RemovePodSandbox" => Self::RemovePodSandbox,
+            _ => return None,
+        })
+    }
+}
+
+/// Wire-level merge patches.
+///
+/// Protobuf parses two concatenated messages as their merge: a scalar set in
+/// the second wins, nested messages merge field by field, and every other
+/// field of the first, known to criguard or not, survives untouched. So a
+/// patch is a tiny message holding only the fields to set, appended to the
+/// original bytes. It is encoded by hand because prost omits zero scalars,
+/// and a patch to 0 must still be written.
+pub mod patch {
+    use prost::encoding::{WireType, encode_key, encode_varint};
+
+    fn nested(field: u32, inner: &[u8], out: &mut Vec<u8>) {
+        encode_key(field, WireType::LengthDelimited, out);
+        encode_varint(inner.len() as u64, out);
+        out.extend_from_slice(inner);
+    }
+
+    /// A `CreateContainerRequest` that sets only
+    /// `config.linux.resources.oom_score_adj` (fields 2 → 15 → 1 → 5).
+    pub fn create_container_oom_score_adj(adj: i64) -> Vec<u8> {
+        let mut resources = Vec::new();
+        encode_key(5, WireType::Varint, &mut resources);
+        encode_varint(adj as u64, &mut resources);
+        let mut linux = Vec::new();
+        nested(1, &resources, &mut linux);
+        let mut config = Vec::new();
+        nested(15, &linux, &mut config);
+        let mut request = Vec::new();
+        nested(2, &config, &mut request);
+        request
+    }
+}
+
+/// What the observer decided about a request.
+#[derive(Debug)]
+pub struct RequestPlan {
+    /// Bytes to append to the request message, if any.
+    pub patch: Option<Vec<u8>>,
+}
+
+/// Decodes observed calls into the node model and patches CreateContainer.
+#[derive(Debug, Clone)]
+pub struct Observer {
+    model: Arc<RwLock<NodeModel>>,
+}
+
+impl Observer {
+    /// An observer that keeps `model` current.
+    pub fn new(model: Arc<RwLock<NodeModel>>) -> Self {
+        Self { model }
+    }
+
+    /// The model this observer feeds.
+    pub fn model(&self) -> &Arc<RwLock<NodeModel>> {
+        &self.model
+    }
+
+    /// Looks at a request message before it is forwarded.
+    pub fn on_request(&self, method: Method, msg: &[u8]) -> RequestPlan {
+        if method != Method::CreateContainer {
+            return RequestPlan { patch: None };
+        }
+        match cri::CreateContainerRequest::decode(msg) {
+            Ok(req) => RequestPlan {
+                patch: self
+                    .oom_score_adj_for(&req)
+                    .map(patch::create_container_oom_score_adj),
+            },
+            Err(err) => {
+                tracing::warn!(%err, "CreateContainer request not decodable; forwarded unpatched");
+                RequestPlan { patch: None }
+            }
+        }
+    }
+
+    /// The `oom_score_adj` criguard gives a container about to be created:
+    /// the kubelet's own rule applied to what the model knows of the pod.
+    fn oom_score_adj_for(&self, req: &cri::CreateContainerRequest) -> Option<i64> {
+        let config = req.config.as_ref()?;
+        let mut model = self.model.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if model.sandbox_info(&req.pod_sandbox_id).is_none() {
+            // Not seen through criguard (e.g. created before a restart and
+            // not yet synced): the kubelet sends the sandbox config along.
+            let sandbox = req.sandbox_config.as_ref()?;
+            model.upsert_sandbox(convert::sandbox_from_request(&req.pod_sandbox_id, sandbox));
+        }
+        const PROBE: &str = "\0criguard-probe";
+        model.upsert_container(convert::container_from_request(
+            PROBE,
+            &req.pod_sandbox_id,
+            config,
+        ));
+        let pod = model.pod(&req.pod_sandbox_id)?;
+        let container = pod.containers.get(PROBE)?;
+        Some(derive::kubelet_oom_score_adj(
+            pod.qos,
+            pod.critical && container.oom_score_adj == derive::GUARANTEED_OOM_SCORE_ADJ,
+            container.memory_request,
+            model.memory_capacity(),
+        ))
+    }
+
+    /// Looks at a successful answer (gRPC status OK) and updates the model.
+    pub fn on_response(&self, method: Method, req: &[u8], resp: &[u8]) {
+        if let Err(err) = self.apply(method, req, resp) {
+            tracing::warn!(?method, %err, "observed call not decodable; model not updated");
+        }
+    }
+
+    fn apply(&self, method: Method, req: &[u8], resp: &[u8]) -> Result<(), prost::DecodeError> {
+        let mut m = self.model.write().unwrap_or_else(|e| e.into_inner());
+        match method {
+            Method::RunPodSandbox => {
+                let r = cri::RunPodSandboxRequest::decode(req)?;
+                let id = cri::RunPodSandboxResponse::decode(resp)?.pod_sandbox_id;
+                let config = r.config.unwrap_or_default();
+                m.upsert_sandbox(convert::sandbox_from_request(&id, &config));
+                tracing::debug!(sandbox = %id, pod = ?config.metadata, "pod sandbox started");
+            }
+            Method::CreateContainer => {
+                let r = cri::CreateContainerRequest::decode(req)?;
+                let id = cri::CreateContainerResponse::decode(resp)?.container_id;
+                if m.sandbox_info(&r.pod_sandbox_id).is_none()
+                    && let Some(sandbox) = &r.sandbox_config
+                {
+                    m.upsert_sandbox(convert::sandbox_from_request(&r.pod_sandbox_id, sandbox));
+                }
+                let config = r.config.unwrap_or_default();
+                m.upsert_container(convert::container_from_request(
+                    &id,
+                    &r.pod_sandbox_id,
+                    &config,
+                ));
+            }
+            Method::StartContainer => {
+                let r = cri::StartContainerRequest::decode(req)?;
+                m.set_container_state(&r.container_id, ContainerState::Running);
+            }
+            Method::StopContainer => {
+                let r = cri::StopContainerRequest::decode(req)?;
+                m.set_container_state(&r.container_id, ContainerState::Exited);
+            }
+            Method::RemoveContainer => {
+                let r = cri::RemoveContainerRequest::decode(req)?;
+                m.remove_container(&r.container_id);
+            }
+            Method::StopPodSandbox => {
+                let r = cri::StopPodSandboxRequest::decode(req)?;
+                m.set_sandbox_state(&r.pod_sandbox_id, SandboxState::NotReady);
+            }
+            Method::RemovePodSandbox => {
+                let r = cri::RemovePodSandboxRequest::decode(req)?;
+                m.remove_sandbox(&r.pod_sandbox_id);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Splits a gRPC body holding exactly one uncompressed message into that
+/// message; `None` for anything else (compressed, several, truncated).
+pub fn single_message(body: &[u8]) -> Option<&[u8]> {
+    let (&flag, rest) = body.split_first()?;
+    if flag != 0 || rest.len() < 4 {
+        return None;
+    }
+    let len = u32::from_be_bytes(rest[..4].try_into().ok()?) as usize;
+    (rest.len() - 4 == len).then(|| &rest[4..])
+}
+
+/// Frames a message (and an optional appended patch) as one gRPC message.
+pub fn frame(msg: &[u8], patch: Option<&[u8]>) -> Bytes {
+    let len = msg.len() + patch.map_or(0, <[u8]>::len);
+    let mut out = BytesMut::with_capacity(len + 5);
+    out.extend_from_slice(&[0]);
+    out.extend_from_slice(&(len as u32).to_be_bytes());
+    out.extend_from_slice(msg);
+    if let Some(p) = patch {
+        out.extend_from_slice(p);
+    }
+    out.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patch_merges_into_a_full_request_and_keeps_every_other_field() {
+        let original = cri::CreateContainerRequest {
+            pod_sandbox_id: "sb".into(),
+            config: Some(cri::ContainerConfig {
+                metadata: Some(cri::ContainerMetadata {
+                    name: "app".into(),
+                    attempt: 2,
+                }),
+                linux: Some(cri::LinuxContainerConfig {
+                    resources: Some(cri::LinuxContainerResources {
+                        cpu_shares: 512,
+                        memory_limit_in_bytes: 1 << 30,
+                        oom_score_adj: 500,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            sandbox_config: None,
+        };
+        for adj in [-998i64, -997, 0, 3, 999, 1000] {
+            let mut bytes = original.encode_to_vec();
+            bytes.extend(patch::create_container_oom_score_adj(adj));
+            let merged = cri::CreateContainerRequest::decode(bytes.as_slice()).unwrap();
+            let mut want = original.clone();
+            want.config
+                .as_mut()
+                .unwrap()
+                .linux
+                .as_mut()
+                .unwrap()
+                .resources
+                .as_mut()
+                .unwrap()
+                .oom_score_adj = adj;
+            assert_eq!(merged, want, "adj {adj}");
+        }
+    }
+
+    #[test]
+    fn single_message_refuses_compressed_and_truncated_bodies() {
+        let framed = frame(b"abc", Some(b"de"));
+        assert_eq!(single_message(&framed), Some(&b"abcde"[..]));
+        let mut compressed = framed.to_vec();
+        compressed[0] = 1;
+        assert_eq!(single_message(&compressed), None);
+        assert_eq!(single_message(&framed[..6]), None);
+        assert_eq!(single_message(b""), None);
+    }
+
+    #[test]
+    fn observed_methods_are_v1_lifecycle_calls_only() {
+        assert_eq!(
+            Method::from_path("/runtime.v1.RuntimeService/CreateContainer"),
+            Some(Method::CreateContainer)
+        );
+        assert_eq!(
+            Method::from_path("/runtime.v1alpha2.RuntimeService/CreateContainer"),
+            None
+        );
+        assert_eq!(
+            Method::from_path("/runtime.v1.RuntimeService/ListContainers"),
+            None
+        );
+    }
+}
