@@ -148,7 +148,10 @@ impl CriguardProcess {
             .arg("--runtime-endpoint")
             .arg(format!("unix://{}", runtime.display()))
             .args(extra)
-            .env("CRIGUARD_LOG", "criguard=debug,info")
+            .env(
+                "CRIGUARD_LOG",
+                std::env::var("CRIGUARD_LOG").unwrap_or_else(|_| "criguard=debug,info".into()),
+            )
             .spawn()
             .expect("spawn criguard");
         let me = Self {
