@@ -9,4 +9,7 @@ pub mod cri;
 pub mod kubelet;
 pub mod listen;
 pub mod model;
+pub mod policy;
+pub mod reclaim;
 pub mod runtime;
+pub mod signals;

@@ -51,6 +51,17 @@ enum Command {
         /// How often the node model is re-synced with the runtime.
         #[arg(long, default_value = "10s", value_parser = parse_seconds)]
         sync_interval: Duration,
+        /// Re-adjust running containers' oom_score_adj so that the kernel's
+        /// OOM victim is criguard's first-ranked pod (false: the kubelet's
+        /// static scores only).
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        dynamic_oom_score_adj: bool,
+        /// How often the dynamic oom_score_adj round runs.
+        #[arg(long, default_value = "1s", value_parser = parse_seconds)]
+        oom_adjust_interval: Duration,
+        /// Root of the cgroup filesystem.
+        #[arg(long, default_value = "/sys/fs/cgroup")]
+        cgroup_root: PathBuf,
     },
     /// Print the node model of a running criguard.
     Pods {
@@ -104,6 +115,9 @@ struct ServeArgs {
     admin_socket: PathBuf,
     node_memory_capacity: Option<i64>,
     sync_interval: Duration,
+    dynamic_oom_score_adj: bool,
+    oom_adjust_interval: Duration,
+    cgroup_root: PathBuf,
 }
 
 async fn serve(
@@ -117,6 +131,9 @@ async fn serve(
         admin_socket,
         node_memory_capacity,
         sync_interval,
+        dynamic_oom_score_adj,
+        oom_adjust_interval,
+        cgroup_root,
     } = args;
     let endpoint = runtime::RuntimeEndpoint::parse(&runtime_endpoint)?;
     let (listener, owned_path) = match activated {
@@ -173,6 +190,17 @@ async fn serve(
         upstream: upstream.clone(),
     };
     let admin_task = tokio::spawn(admin::serve(admin_listener, admin_state, stopped()));
+    let oom_task = tokio::spawn(oom_loop(
+        dynamic_oom_score_adj.then(|| {
+            criguard::reclaim::oom_adjust::OomAdjuster::new(
+                node.clone(),
+                cgroup_root,
+                PathBuf::from("/proc"),
+            )
+        }),
+        oom_adjust_interval,
+        stopped(),
+    ));
     let sync_task = tokio::spawn(sync_loop(
         node.clone(),
         upstream.clone(),
@@ -184,7 +212,7 @@ async fn serve(
     let proxy = cri::Proxy::new(&upstream).with_observer(cri::observe::Observer::new(node));
     cri::serve(listener, proxy, shutdown_signal(), drain).await;
     let _ = stop_tx.send(true);
-    let _ = tokio::join!(admin_task, sync_task);
+    let _ = tokio::join!(admin_task, sync_task, oom_task);
     for path in owned_path.iter().chain([&admin_socket]) {
         std::fs::remove_file(path).with_context(|| format!("remove socket {}", path.display()))?;
     }
@@ -207,6 +235,28 @@ async fn sync_loop(
                 if let Err(err) = model::sync::sync(&node, &upstream).await {
                     tracing::warn!(%err, "node model sync failed");
                 }
+            }
+            () = &mut stopped => return,
+        }
+    }
+}
+
+async fn oom_loop(
+    adjuster: Option<criguard::reclaim::oom_adjust::OomAdjuster>,
+    every: Duration,
+    stopped: impl std::future::Future<Output = ()>,
+) {
+    let Some(adjuster) = adjuster else { return };
+    let adjuster = Arc::new(std::sync::Mutex::new(adjuster));
+    tokio::pin!(stopped);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                // cgroupfs and procfs reads block briefly: off the proxy's thread.
+                let a = adjuster.clone();
+                let _ = tokio::task::spawn_blocking(move || a.lock().unwrap_or_else(|e| e.into_inner()).round()).await;
             }
             () = &mut stopped => return,
         }
@@ -251,6 +301,9 @@ fn main() -> ExitCode {
             admin_socket,
             node_memory_capacity,
             sync_interval,
+            dynamic_oom_score_adj,
+            oom_adjust_interval,
+            cgroup_root,
         } => {
             let args = ServeArgs {
                 listen,
@@ -259,6 +312,9 @@ fn main() -> ExitCode {
                 admin_socket,
                 node_memory_capacity,
                 sync_interval,
+                dynamic_oom_score_adj,
+                oom_adjust_interval,
+                cgroup_root,
             };
             let run = || -> anyhow::Result<()> {
                 let activated = listen::from_systemd()?;

@@ -5,19 +5,10 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::containerd::{Clients, CriguardProcess, PrivateContainerd, remove_cgroup_tree, unique};
+use common::containerd::{Clients, CriguardProcess, PrivateContainerd, unique};
+use common::pods::{BUSYBOX, CgroupRoot};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
-
-const BUSYBOX: &str = "docker.io/library/busybox:criguard";
-
-/// Removes the test's cgroup root when the test ends, pass or fail.
-struct CgroupRoot(String);
-impl Drop for CgroupRoot {
-    fn drop(&mut self) {
-        remove_cgroup_tree(&self.0);
-    }
-}
 
 fn sorted_images(mut l: Vec<cri::Image>) -> Vec<cri::Image> {
     l.sort_by(|a, b| a.id.cmp(&b.id));
@@ -31,6 +22,10 @@ fn assert_same_error(direct: tonic::Status, proxied: tonic::Status) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_lifecycle_through_criguard_matches_direct() {
+    // Declared first so that it is dropped last, after containerd has
+    // stopped the containers whose cgroups live under it.
+    let root = format!("/{}", unique("criguard-test"));
+    let _cg = CgroupRoot(root.clone());
     let ctrd = PrivateContainerd::start();
     let guard =
         CriguardProcess::start(&ctrd.dir.join("criguard/criguard.sock"), &ctrd.socket, &[]).await;
@@ -135,8 +130,6 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
     );
 
     // A Burstable pod, created the kubelet's way, through criguard.
-    let root = format!("/{}", unique("criguard-test"));
-    let _cg = CgroupRoot(root.clone());
     let mut pod = PodSpec::new("web", &unique("uid")).container(ContainerSpec {
         name: "app".into(),
         image: BUSYBOX.into(),

@@ -7,120 +7,11 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::containerd::{Clients, CriguardProcess, PrivateContainerd, remove_cgroup_tree, unique};
+use common::containerd::{CriguardProcess, PrivateContainerd, unique};
+use common::pods::{CgroupRoot, mem_total, proc_oom_score_adj, run_pod, sleeper};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::model::{ContainerState, Pod, QosClass, SandboxState};
 use k8s_cri::v1 as cri;
-
-const BUSYBOX: &str = "docker.io/library/busybox:criguard";
-
-struct CgroupRoot(String);
-impl Drop for CgroupRoot {
-    fn drop(&mut self) {
-        remove_cgroup_tree(&self.0);
-    }
-}
-
-fn mem_total() -> i64 {
-    criguard::model::sync::mem_total(&std::fs::read_to_string("/proc/meminfo").unwrap()).unwrap()
-}
-
-fn sleeper(name: &str) -> ContainerSpec {
-    ContainerSpec {
-        name: name.into(),
-        image: BUSYBOX.into(),
-        command: vec!["sleep".into(), "3600".into()],
-        ..Default::default()
-    }
-}
-
-/// Runs `pod` through `rt` the kubelet's way; `adj_override` replaces the
-/// kubelet's `oom_score_adj` in the request (a kubelet criguard disagrees with).
-async fn run_pod(
-    rt: &mut k8s_cri::v1::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
-    pod: &PodSpec,
-    adj_override: Option<i64>,
-) -> (String, Vec<String>) {
-    std::fs::create_dir_all(pod.log_directory()).unwrap();
-    let config = pod.sandbox_config();
-    let sandbox = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .pod_sandbox_id;
-    let mut ids = Vec::new();
-    for i in 0..pod.containers.len() {
-        let mut cc = pod.container_config(i);
-        if let Some(adj) = adj_override {
-            cc.linux
-                .as_mut()
-                .unwrap()
-                .resources
-                .as_mut()
-                .unwrap()
-                .oom_score_adj = adj;
-        }
-        let id = rt
-            .create_container(cri::CreateContainerRequest {
-                pod_sandbox_id: sandbox.clone(),
-                config: Some(cc),
-                sandbox_config: Some(config.clone()),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .container_id;
-        rt.start_container(cri::StartContainerRequest {
-            container_id: id.clone(),
-        })
-        .await
-        .unwrap();
-        ids.push(id);
-    }
-    (sandbox, ids)
-}
-
-/// The real `oom_score_adj` of a container's (or sandbox's) init process.
-async fn proc_oom_score_adj(
-    c: &mut Clients,
-    container: Option<&str>,
-    sandbox: Option<&str>,
-) -> i64 {
-    let info = match (container, sandbox) {
-        (Some(id), _) => {
-            c.rt.container_status(cri::ContainerStatusRequest {
-                container_id: id.into(),
-                verbose: true,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .info
-        }
-        (_, Some(id)) => {
-            c.rt.pod_sandbox_status(cri::PodSandboxStatusRequest {
-                pod_sandbox_id: id.into(),
-                verbose: true,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .info
-        }
-        _ => unreachable!(),
-    };
-    let info: serde_json::Value = serde_json::from_str(&info["info"]).unwrap();
-    let pid = info["pid"].as_i64().unwrap();
-    std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
 
 fn by_name(pods: &[Pod]) -> HashMap<String, Pod> {
     pods.iter().map(|p| (p.name.clone(), p.clone())).collect()
@@ -128,13 +19,18 @@ fn by_name(pods: &[Pod]) -> HashMap<String, Pod> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_and_oom_scores_follow_the_kubelet_and_survive_sigkill() {
-    let ctrd = PrivateContainerd::start();
-    let listen = ctrd.dir.join("criguard.sock");
-    let guard = CriguardProcess::start(&listen, &ctrd.socket, &[]).await;
-    let mut direct = ctrd.direct();
-    let mut rt = guard.clients().rt;
+    // Declared first so that it is dropped last, after containerd has
+    // stopped the containers whose cgroups live under it.
     let root = format!("/{}", unique("criguard-model"));
     let _cg = CgroupRoot(root.clone());
+    let ctrd = PrivateContainerd::start();
+    let listen = ctrd.dir.join("criguard.sock");
+    // Static scores only: this test checks the kubelet's values and the
+    // patch (tests/oom.rs covers the dynamic adjustment).
+    let static_only = ["--dynamic-oom-score-adj=false"];
+    let guard = CriguardProcess::start(&listen, &ctrd.socket, &static_only).await;
+    let mut direct = ctrd.direct();
+    let mut rt = guard.clients().rt;
     let cap = mem_total();
     let spec = |name: &str, containers: Vec<ContainerSpec>| {
         let mut p = PodSpec::new(name, &unique(name));
@@ -292,7 +188,7 @@ async fn model_and_oom_scores_follow_the_kubelet_and_survive_sigkill() {
     // SIGKILL, start again: the rebuilt model is the same model.
     let status = guard.signal_and_wait(libc::SIGKILL);
     assert!(!status.success());
-    let guard = CriguardProcess::start(&listen, &ctrd.socket, &[]).await;
+    let guard = CriguardProcess::start(&listen, &ctrd.socket, &static_only).await;
     let after = guard.pods().await;
     assert_eq!(before, after, "model changed across a SIGKILL restart");
 

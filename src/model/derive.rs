@@ -93,7 +93,9 @@ pub fn memory_request(qos: QosClass, adj: i64, limit: i64, capacity: i64) -> i64
                 return 0;
             }
             let permille = 1000 - adj.max(3);
-            let request = (permille as i128 * capacity as i128 / 1000) as i64;
+            // The smallest request that gives `adj`: rounding up keeps the
+            // round trip exact (this request gives back the same score).
+            let request = (permille as u128 * capacity.max(0) as u128).div_ceil(1000) as i64;
             if limit > 0 {
                 request.min(limit)
             } else {
@@ -197,6 +199,20 @@ mod tests {
                 back <= request && request - back <= step,
                 "{request} -> {adj} -> {back}"
             );
+        }
+    }
+
+    #[test]
+    fn derived_request_gives_back_the_same_score() {
+        for cap in [1000i64, 8 << 30, 25_276_923_904, 24_105 << 20] {
+            for adj in 3..999 {
+                let request = memory_request(Burstable, adj, 0, cap);
+                assert_eq!(
+                    kubelet_oom_score_adj(Burstable, false, request, cap),
+                    adj,
+                    "cap {cap} adj {adj}"
+                );
+            }
         }
     }
 

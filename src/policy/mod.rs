@@ -1,0 +1,8 @@
+//! criguard's decisions, as pure functions over plain data.
+//!
+//! Nothing here reads a clock, a file or the runtime: callers pass in what
+//! they observed and get back what to do, so every rule is tested with plain
+//! tables.
+
+pub mod oom;
+pub mod rank;

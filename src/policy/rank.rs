@@ -1,0 +1,104 @@
+//! The kubelet's eviction ranking (`pkg/kubelet/eviction/helpers.go`).
+
+use std::cmp::Ordering;
+
+/// What memory ranking needs to know of a pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodMemory {
+    /// Sandbox id.
+    pub sandbox_id: String,
+    /// Priority (lower is evicted first).
+    pub priority: i32,
+    /// Sum of the containers' memory requests, bytes.
+    pub request: i64,
+    /// Working set, bytes; `None` when it could not be read.
+    pub usage: Option<i64>,
+    /// Critical pods are never ranked.
+    pub critical: bool,
+}
+
+/// Orders pods for memory pressure, first victim first, as the kubelet's
+/// rankMemoryPressure does: a pod without stats before one with; pods whose
+/// usage exceeds their request first; then lower priority first; then the
+/// larger `usage − request` first. Critical pods are left out. Ties keep
+/// input order.
+pub fn rank_memory(pods: &[PodMemory]) -> Vec<&PodMemory> {
+    let mut ranked: Vec<&PodMemory> = pods.iter().filter(|p| !p.critical).collect();
+    ranked.sort_by(|a, b| compare_memory(a, b));
+    ranked
+}
+
+fn compare_memory(a: &PodMemory, b: &PodMemory) -> Ordering {
+    match (a.usage, b.usage) {
+        (None, Some(_)) => Ordering::Less,
+        (Some(_), None) => Ordering::Greater,
+        (None, None) => a.priority.cmp(&b.priority),
+        (Some(ua), Some(ub)) => (ub > b.request)
+            .cmp(&(ua > a.request))
+            .then(a.priority.cmp(&b.priority))
+            .then((ub - b.request).cmp(&(ua - a.request))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MI: i64 = 1 << 20;
+
+    fn pod(id: &str, priority: i32, request: i64, usage: i64) -> PodMemory {
+        PodMemory {
+            sandbox_id: id.into(),
+            priority,
+            request,
+            usage: Some(usage),
+            critical: false,
+        }
+    }
+
+    fn order(pods: &[PodMemory]) -> Vec<&str> {
+        rank_memory(pods)
+            .iter()
+            .map(|p| p.sandbox_id.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn burstable_over_request_ranks_before_guaranteed_under_request() {
+        let pods = [
+            pod("guaranteed", 0, 512 * MI, 500 * MI),
+            pod("burstable-over", 0, 100 * MI, 150 * MI),
+        ];
+        assert_eq!(order(&pods), ["burstable-over", "guaranteed"]);
+    }
+
+    #[test]
+    fn among_pods_over_request_lower_priority_goes_first_whatever_the_usage() {
+        // Seed (priority proposal): priority outranks usage once both exceed requests.
+        let pods = [
+            pod("big-important", 1000, 0, 900 * MI),
+            pod("small-unimportant", 0, 0, 10 * MI),
+        ];
+        assert_eq!(order(&pods), ["small-unimportant", "big-important"]);
+    }
+
+    #[test]
+    fn equal_priority_orders_by_usage_above_request() {
+        let pods = [
+            pod("a", 0, 100 * MI, 150 * MI),
+            pod("b", 0, 0, 40 * MI),
+            pod("c", 0, 10 * MI, 200 * MI),
+        ];
+        assert_eq!(order(&pods), ["c", "a", "b"]);
+    }
+
+    #[test]
+    fn pods_without_stats_go_first_and_critical_pods_never() {
+        let mut unknown = pod("unknown", 10, 0, 0);
+        unknown.usage = None;
+        let mut critical = pod("critical", -1, 0, 999 * MI);
+        critical.critical = true;
+        let pods = [pod("over", 0, 0, 50 * MI), unknown, critical];
+        assert_eq!(order(&pods), ["unknown", "over"]);
+    }
+}

@@ -1,0 +1,3 @@
+//! Acting on decisions: adjusting the kernel, reclaiming, evicting.
+
+pub mod oom_adjust;

@@ -1,0 +1,216 @@
+//! Memory usage of a cgroup, cgroup v1 or v2, read from cgroupfs.
+//!
+//! Working set is the kubelet's measure (`usage − inactive_file`, cAdvisor's
+//! `container_memory_working_set_bytes`): v1 `memory.usage_in_bytes` minus
+//! `total_inactive_file` of `memory.stat`; v2 `memory.current` minus
+//! `inactive_file`. The layout is detected per root: a v2 (unified) root has
+//! `cgroup.controllers`; a v1 root has one directory per controller and
+//! memory lives under `memory/`.
+
+use std::path::{Path, PathBuf};
+
+use super::{ReadError, read};
+
+/// Which cgroup layout a root uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// cgroup v1: `<root>/memory/<cgroup>/memory.*`.
+    V1,
+    /// cgroup v2: `<root>/<cgroup>/memory.*`.
+    V2,
+}
+
+/// Memory figures of one cgroup, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Total usage (page cache included).
+    pub usage: u64,
+    /// `usage − inactive_file`, floored at 0.
+    pub working_set: u64,
+    /// The hard limit, `None` when unlimited.
+    pub limit: Option<u64>,
+}
+
+/// A cgroup hierarchy at a root.
+#[derive(Clone, Debug)]
+pub struct CgroupFs {
+    root: PathBuf,
+    layout: Layout,
+}
+
+/// v1 reports "no limit" as a huge page-aligned number; anything above this is unlimited.
+const V1_UNLIMITED: u64 = 1 << 62;
+
+/// A value of a `key value` line in `memory.stat`.
+pub fn stat_value(stat: &str, key: &str) -> Option<u64> {
+    stat.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+fn parse_u64(path: &Path, text: &str) -> Result<u64, ReadError> {
+    text.trim().parse().map_err(|_| ReadError {
+        path: path.to_owned(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not a number: {:?}", text.trim()),
+        ),
+    })
+}
+
+impl CgroupFs {
+    /// The hierarchy at `root` (normally `/sys/fs/cgroup`), layout detected.
+    pub fn detect(root: &Path) -> Self {
+        let layout = if root.join("cgroup.controllers").exists() {
+            Layout::V2
+        } else {
+            Layout::V1
+        };
+        Self {
+            root: root.to_owned(),
+            layout,
+        }
+    }
+
+    /// The layout in use.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The directory of `cgroup` (a path like `/kubepods/burstable/pod…`) for memory.
+    pub fn memory_dir(&self, cgroup: &str) -> PathBuf {
+        let rel = cgroup.trim_start_matches('/');
+        match self.layout {
+            Layout::V1 => self.root.join("memory").join(rel),
+            Layout::V2 => self.root.join(rel),
+        }
+    }
+
+    /// Usage, working set and limit of `cgroup`.
+    pub fn memory(&self, cgroup: &str) -> Result<MemoryUsage, ReadError> {
+        let dir = self.memory_dir(cgroup);
+        let (usage_file, limit_file, inactive_key) = match self.layout {
+            Layout::V1 => (
+                "memory.usage_in_bytes",
+                "memory.limit_in_bytes",
+                "total_inactive_file",
+            ),
+            Layout::V2 => ("memory.current", "memory.max", "inactive_file"),
+        };
+        let usage_path = dir.join(usage_file);
+        let usage = parse_u64(&usage_path, &read(&usage_path)?)?;
+        let stat = read(&dir.join("memory.stat"))?;
+        let inactive = stat_value(&stat, inactive_key).unwrap_or(0);
+        let limit_path = dir.join(limit_file);
+        let limit_text = read(&limit_path)?;
+        let limit = match limit_text.trim() {
+            "max" => None,
+            t => Some(parse_u64(&limit_path, t)?).filter(|l| *l < V1_UNLIMITED),
+        };
+        Ok(MemoryUsage {
+            usage,
+            working_set: usage.saturating_sub(inactive),
+            limit,
+        })
+    }
+
+    /// The pids in `cgroup` and its descendants (memory hierarchy).
+    pub fn pids(&self, cgroup: &str) -> Result<Vec<i32>, ReadError> {
+        let mut out = Vec::new();
+        let mut dirs = vec![self.memory_dir(cgroup)];
+        while let Some(dir) = dirs.pop() {
+            let procs = read(&dir.join("cgroup.procs"))?;
+            out.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                dirs.extend(
+                    entries
+                        .flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .map(|e| e.path()),
+                );
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn v2_working_set_is_current_minus_inactive_file() {
+        let t = tempfile::tempdir().unwrap();
+        write(t.path(), "cgroup.controllers", "cpu memory pids\n");
+        write(t.path(), "kubepods/podA/memory.current", "104857600\n");
+        write(
+            t.path(),
+            "kubepods/podA/memory.stat",
+            "anon 50000000\nfile 54857600\ninactive_file 4857600\nactive_file 50000000\n",
+        );
+        write(t.path(), "kubepods/podA/memory.max", "max\n");
+        let fs = CgroupFs::detect(t.path());
+        assert_eq!(fs.layout(), Layout::V2);
+        let m = fs.memory("/kubepods/podA").unwrap();
+        assert_eq!(
+            m,
+            MemoryUsage {
+                usage: 104857600,
+                working_set: 100000000,
+                limit: None
+            }
+        );
+    }
+
+    #[test]
+    fn v1_reads_the_memory_hierarchy_and_treats_huge_limits_as_none() {
+        let t = tempfile::tempdir().unwrap();
+        write(t.path(), "memory/kubepods/memory.usage_in_bytes", "2000\n");
+        write(
+            t.path(),
+            "memory/kubepods/memory.stat",
+            "cache 1500\nrss 500\ninactive_file 9\ntotal_inactive_file 700\n",
+        );
+        write(
+            t.path(),
+            "memory/kubepods/memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        write(t.path(), "memory/kubepods/cgroup.procs", "11\n12\n");
+        write(t.path(), "memory/kubepods/pod1/cgroup.procs", "13\n");
+        let fs = CgroupFs::detect(t.path());
+        assert_eq!(fs.layout(), Layout::V1);
+        let m = fs.memory("/kubepods").unwrap();
+        assert_eq!(
+            m,
+            MemoryUsage {
+                usage: 2000,
+                working_set: 1300,
+                limit: None
+            }
+        );
+        let mut pids = fs.pids("/kubepods").unwrap();
+        pids.sort();
+        assert_eq!(pids, [11, 12, 13]);
+    }
+
+    #[test]
+    fn errors_name_the_file() {
+        let t = tempfile::tempdir().unwrap();
+        write(t.path(), "memory/x/memory.usage_in_bytes", "lots\n");
+        let err = CgroupFs::detect(t.path()).memory("/x").unwrap_err();
+        assert!(
+            err.to_string().contains("memory.usage_in_bytes") && err.to_string().contains("lots"),
+            "{err}"
+        );
+        let err = CgroupFs::detect(t.path()).memory("/missing").unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+    }
+}

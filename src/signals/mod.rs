@@ -1,0 +1,26 @@
+//! Reading what the kernel says about usage, directly and fresh.
+//!
+//! Readers take a root (never a hard-coded `/sys/fs/cgroup`) and parse plain
+//! text, so tests run them against fixture trees. Errors carry the path.
+
+pub mod memory;
+
+use std::path::{Path, PathBuf};
+
+/// An I/O error with the file it came from.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {source}")]
+pub struct ReadError {
+    /// The file.
+    pub path: PathBuf,
+    /// The error.
+    pub source: std::io::Error,
+}
+
+/// Reads a whole small file (cgroup and proc files are tiny).
+pub fn read(path: &Path) -> Result<String, ReadError> {
+    std::fs::read_to_string(path).map_err(|source| ReadError {
+        path: path.to_owned(),
+        source,
+    })
+}

@@ -1,0 +1,238 @@
+//! A real kernel OOM inside a small kubepods memory cgroup: the process the
+//! kernel kills belongs to the pod criguard ranks first, not to the one the
+//! kubelet's static scores would have it kill.
+
+mod common;
+
+use std::time::Duration;
+
+use common::containerd::{CriguardProcess, PrivateContainerd, unique};
+use common::pods::{CgroupRoot, init_pid, mem_total, oom_score_adj_of, run_pod, sleeper};
+use criguard::kubelet::{ContainerSpec, PodSpec};
+use criguard::policy::oom::badness;
+use k8s_cri::v1 as cri;
+
+const MI: i64 = 1 << 20;
+/// The pods' memcg limit (the kubelet's allocatable memory, in miniature).
+const LIMIT: i64 = 320 * MI;
+
+/// A shell that holds `mib` MiB of heap in 10 MiB steps (so it never peaks
+/// much above what it holds), then, once /tmp/go exists, `grow_mib` more.
+fn hog(mib: i64, grow_mib: i64) -> Vec<String> {
+    let script = format!(
+        "hold() {{ n=$1; i=0; while [ $i -lt $n ]; do \
+           eval \"v$2$i=\\$(yes aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa | head -c 10485760)\"; i=$((i+1)); done; }}; \
+         hold {} a; touch /tmp/ready; \
+         while [ ! -e /tmp/go ]; do sleep 0.1; done; hold {} b; sleep 3600",
+        mib / 10,
+        grow_mib / 10
+    );
+    vec!["sh".into(), "-c".into(), script]
+}
+
+/// Runs the scenario and returns the statuses of X, Y and Z once the
+/// kernel has killed one of them.
+async fn oom_scenario(dynamic: bool) -> [cri::ContainerStatus; 3] {
+    // Declared first so that it is dropped last, after containerd has
+    // stopped the containers whose cgroups live under it.
+    let root = format!("/{}", unique("criguard-oom"));
+    let _cg = CgroupRoot(root.clone());
+    let ctrd = PrivateContainerd::start();
+    // The pods' memory cgroup with a small limit, made before any pod.
+    let kubepods = format!("/sys/fs/cgroup/memory{root}/kubepods");
+    std::fs::create_dir_all(&kubepods).unwrap();
+    std::fs::write(
+        format!("{kubepods}/memory.limit_in_bytes"),
+        LIMIT.to_string(),
+    )
+    .unwrap();
+
+    let listen = ctrd.dir.join("criguard.sock");
+    let switch = if dynamic {
+        "--dynamic-oom-score-adj=true"
+    } else {
+        "--dynamic-oom-score-adj=false"
+    };
+    let guard = CriguardProcess::start(
+        &listen,
+        &ctrd.socket,
+        &[switch, "--oom-adjust-interval", "1s"],
+    )
+    .await;
+    let mut rt = guard.clients().rt;
+    let mut direct = ctrd.direct();
+    let cap = mem_total();
+    let spec = |name: &str, priority: i32, c: ContainerSpec| {
+        let mut p = PodSpec::new(name, &unique(name)).container(c);
+        p.cgroup_root = format!("{root}/kubepods");
+        p.log_root = ctrd.dir.join("pods").to_str().unwrap().into();
+        p.node_memory = cap;
+        p.annotations
+            .insert("criguard.io/priority".into(), priority.to_string());
+        p
+    };
+    // X: BestEffort, priority 0, small; it is the one that grows into the OOM.
+    let x = spec(
+        "x-besteffort",
+        0,
+        ContainerSpec {
+            command: hog(10, 200),
+            ..sleeper("hog")
+        },
+    );
+    // Y: Burstable over its 100Mi request, priority 1000, big.
+    let y = spec(
+        "y-important",
+        1000,
+        ContainerSpec {
+            memory_request: 100 * MI,
+            command: hog(200, 0),
+            ..sleeper("hog")
+        },
+    );
+    // Z: Burstable under its 200Mi request.
+    let z = spec(
+        "z-under",
+        0,
+        ContainerSpec {
+            memory_request: 200 * MI,
+            command: hog(20, 0),
+            ..sleeper("hog")
+        },
+    );
+    let (_, xc) = run_pod(&mut rt, &x, None).await;
+    let (_, yc) = run_pod(&mut rt, &y, None).await;
+    let (_, zc) = run_pod(&mut rt, &z, None).await;
+    for c in [&xc[0], &yc[0], &zc[0]] {
+        common::poll_until(
+            Duration::from_secs(60),
+            "the hogs to hold their memory",
+            || {
+                let mut d = direct.rt.clone();
+                let id = c.clone();
+                async move {
+                    let r = d
+                        .exec_sync(cri::ExecSyncRequest {
+                            container_id: id,
+                            cmd: vec!["test".into(), "-e".into(), "/tmp/ready".into()],
+                            timeout: 5,
+                        })
+                        .await
+                        .ok()?;
+                    (r.into_inner().exit_code == 0).then_some(())
+                }
+            },
+        )
+        .await;
+    }
+
+    // The scenario must need criguard: at the kubelet's static scores the
+    // kernel would kill Y (bigger) although the kubelet's ranking picks X
+    // (lower priority, both over request).
+    let (xpid, ypid) = (
+        init_pid(&mut direct, Some(&xc[0]), None).await,
+        init_pid(&mut direct, Some(&yc[0]), None).await,
+    );
+    let y_static = y.oom_score_adj(&y.containers[0]);
+    let x_at_oom = LIMIT - 220 * MI; // roughly what X holds when the limit is hit
+    assert!(badness(200 * MI, y_static, LIMIT) > badness(x_at_oom, 1000, LIMIT));
+
+    if dynamic {
+        // criguard re-adjusts: X to 1000, Y well below.
+        common::poll_until(
+            Duration::from_secs(20),
+            "criguard to adjust oom_score_adj",
+            || async move {
+                (oom_score_adj_of(xpid) == 1000 && oom_score_adj_of(ypid) < 500).then_some(())
+            },
+        )
+        .await;
+    } else {
+        assert_eq!(
+            oom_score_adj_of(ypid),
+            y_static,
+            "the kubelet's score must stand"
+        );
+    }
+
+    // X grows into the limit; the kernel kills someone.
+    direct
+        .rt
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: xc[0].clone(),
+            cmd: vec!["touch".into(), "/tmp/go".into()],
+            timeout: 5,
+        })
+        .await
+        .unwrap();
+    let status = |id: String| {
+        let mut d = direct.rt.clone();
+        async move {
+            d.container_status(cri::ContainerStatusRequest {
+                container_id: id,
+                verbose: false,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap()
+        }
+    };
+    let statuses = common::poll_until(Duration::from_secs(60), "the OOM kill", || async {
+        let mut all = Vec::new();
+        for id in [&xc[0], &yc[0], &zc[0]] {
+            all.push(status(id.clone()).await);
+        }
+        let exited = all
+            .iter()
+            .any(|s| s.state == cri::ContainerState::ContainerExited as i32);
+        exited.then(|| <[cri::ContainerStatus; 3]>::try_from(all).unwrap())
+    })
+    .await;
+
+    for p in guard.pods().await {
+        rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: p.sandbox_id.clone(),
+        })
+        .await
+        .unwrap();
+        rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: p.sandbox_id,
+        })
+        .await
+        .unwrap();
+    }
+    statuses
+}
+
+fn running(s: &cri::ContainerStatus) -> bool {
+    s.state == cri::ContainerState::ContainerRunning as i32
+}
+
+fn oom_killed(s: &cri::ContainerStatus) -> bool {
+    s.state == cri::ContainerState::ContainerExited as i32
+        && s.exit_code == 137
+        && s.reason == "OOMKilled"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_oom_kills_the_pod_criguard_ranks_first() {
+    let [x, y, z] = oom_scenario(true).await;
+    assert!(
+        oom_killed(&x),
+        "X (criguard's first) must be the OOM victim: {x:?}"
+    );
+    assert!(
+        running(&y) && running(&z),
+        "Y and Z must survive: {y:?} {z:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_dynamic_scores_the_kernel_kills_the_bigger_higher_priority_pod() {
+    // The control: the same pods at the kubelet's static scores.
+    let [x, y, _] = oom_scenario(false).await;
+    assert!(oom_killed(&y), "at static scores the kernel picks Y: {y:?}");
+    assert!(running(&x), "{x:?}");
+}
