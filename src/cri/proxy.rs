@@ -124,7 +124,7 @@ impl Proxy {
         // model records what the runtime was asked for.
         let mut forwarded = observe::single_message(&body).map(Bytes::copy_from_slice);
         let outgoing = match &forwarded {
-            Some(m) => match observer.on_request(method, m).patch {
+            Some(m) => match guarded(method, || observer.on_request(method, m).patch).flatten() {
                 Some(patch) => {
                     // The body grows: a content-length (grpc-go sends none,
                     // other clients may) must not promise the old size.
@@ -152,7 +152,7 @@ impl Proxy {
         if grpc_status(&parts.headers, trailers.as_ref()) == Some(0)
             && let (Some(req_msg), Some(resp_msg)) = (&forwarded, observe::single_message(&data))
         {
-            observer.on_response(method, req_msg, resp_msg);
+            guarded(method, || observer.on_response(method, req_msg, resp_msg));
         }
         let data = (!data.is_empty()).then_some(data);
         http::Response::from_parts(parts, Either::Right(Replay { data, trailers }))
@@ -191,6 +191,18 @@ impl Proxy {
         match self.upstream.send(req).await {
             Ok(resp) => Ok(resp.map(Either::Left)),
             Err(err) => Ok(self.unavailable(&path, &err)),
+        }
+    }
+}
+
+/// Runs observer code so that a bug in it can never fail the kubelet's
+/// call: a panic is logged and the call goes on as plain forwarding.
+fn guarded<T>(method: Method, f: impl FnOnce() -> T) -> Option<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(v) => Some(v),
+        Err(_) => {
+            tracing::error!(?method, "criguard's observer panicked; the call is forwarded as is");
+            None
         }
     }
 }
