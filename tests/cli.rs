@@ -112,3 +112,90 @@ fn a_listen_path_that_is_not_a_socket_is_refused_by_name() {
     );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep me");
 }
+
+/// Spawns `criguard serve` on a listening socket passed as fd 3, the way
+/// systemd passes `criguard.socket`.
+fn spawn_activated(
+    listener: &std::os::unix::net::UnixListener,
+    dir: &std::path::Path,
+    upstream: &std::path::Path,
+) -> std::process::Child {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let fd = listener.as_raw_fd();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_criguard"));
+    cmd.arg("serve")
+        .arg("--listen")
+        .arg(dir.join("never-bound.sock"))
+        .arg("--admin-socket")
+        .arg(dir.join("admin.sock"))
+        .arg("--runtime-endpoint")
+        .arg(upstream)
+        .env("LISTEN_FDS", "1")
+        .env_remove("LISTEN_PID");
+    // SAFETY: dup2 and fcntl are async-signal-safe; nothing else runs here.
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd == 3 {
+                let flags = libc::fcntl(3, libc::F_GETFD);
+                libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            } else if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_made_while_criguard_restarts_under_socket_activation_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream_sock = dir.path().join("runtime.sock");
+    let _upstream = RecordingUpstream::start(&upstream_sock, |_| ok(b"pong"));
+    // This process plays systemd: it owns the socket across the restart.
+    let sock = dir.path().join("criguard.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let mut first = spawn_activated(&listener, dir.path(), &upstream_sock);
+    let version = || {
+        rawgrpc::request(
+            "/runtime.v1.RuntimeService/Version",
+            rawgrpc::frame(b""),
+            &[],
+        )
+    };
+    let mut client = rawgrpc::connect(&sock).await;
+    assert_eq!(
+        rawgrpc::call(&mut client, version()).await.body,
+        rawgrpc::frame(b"pong")
+    );
+
+    first.kill().unwrap();
+    first.wait().unwrap();
+    // criguard is down: connecting still works (the socket's backlog holds
+    // the connection), and the call waits instead of being refused.
+    let stream =
+        std::os::unix::net::UnixStream::connect(&sock).expect("connect while criguard is down");
+    stream.set_nonblocking(true).unwrap();
+    let pending = tokio::spawn(async move {
+        let mut c =
+            rawgrpc::connect_stream(tokio::net::UnixStream::from_std(stream).unwrap()).await;
+        rawgrpc::call(
+            &mut c,
+            rawgrpc::request(
+                "/runtime.v1.RuntimeService/Version",
+                rawgrpc::frame(b""),
+                &[],
+            ),
+        )
+        .await
+    });
+    let mut second = spawn_activated(&listener, dir.path(), &upstream_sock);
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(20), pending)
+        .await
+        .expect("the call made during the restart was never served")
+        .unwrap();
+    assert_eq!(resp.body, rawgrpc::frame(b"pong"));
+    second.kill().unwrap();
+    second.wait().unwrap();
+}

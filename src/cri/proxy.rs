@@ -201,7 +201,10 @@ fn guarded<T>(method: Method, f: impl FnOnce() -> T) -> Option<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(v) => Some(v),
         Err(_) => {
-            tracing::error!(?method, "criguard's observer panicked; the call is forwarded as is");
+            tracing::error!(
+                ?method,
+                "criguard's observer panicked; the call is forwarded as is"
+            );
             None
         }
     }

@@ -61,7 +61,14 @@ impl RawResponse {
 
 /// An HTTP/2 connection to a unix socket.
 pub async fn connect(path: &Path) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
-    let io = TokioIo::new(UnixStream::connect(path).await.expect("connect"));
+    connect_stream(UnixStream::connect(path).await.expect("connect")).await
+}
+
+/// An HTTP/2 connection over an already connected stream.
+pub async fn connect_stream(
+    stream: UnixStream,
+) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    let io = TokioIo::new(stream);
     let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
         .await
         .expect("h2 handshake");
