@@ -31,7 +31,7 @@ cleanup() {
 
 hack/containerd.sh stop "$dir" --purge >/dev/null 2>&1 || true   # a previous --keep run
 hack/containerd.sh start "$dir" >/dev/null
-target/debug/criguard serve --listen "$dir/criguard.sock" --admin-socket "$dir/admin.sock" \
+target/debug/criguard serve --listen "$dir/criguard.sock" --admin-socket "$dir/admin.sock" --metrics-address none \
     --runtime-endpoint "unix://$dir/containerd.sock" 2>"$dir/criguard.log" &
 criguard_pid=$!
 echo "$criguard_pid" >"$dir/criguard.pid"

@@ -8,6 +8,7 @@ pub mod admin;
 pub mod cri;
 pub mod kubelet;
 pub mod listen;
+pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod reclaim;

@@ -62,6 +62,9 @@ enum Command {
         /// Root of the cgroup filesystem.
         #[arg(long, default_value = "/sys/fs/cgroup")]
         cgroup_root: PathBuf,
+        /// Where Prometheus metrics are served (`none`: not at all).
+        #[arg(long, default_value = "127.0.0.1:9809")]
+        metrics_address: String,
     },
     /// Print the node model of a running criguard.
     Pods {
@@ -118,6 +121,7 @@ struct ServeArgs {
     dynamic_oom_score_adj: bool,
     oom_adjust_interval: Duration,
     cgroup_root: PathBuf,
+    metrics_address: String,
 }
 
 async fn serve(
@@ -134,6 +138,7 @@ async fn serve(
         dynamic_oom_score_adj,
         oom_adjust_interval,
         cgroup_root,
+        metrics_address,
     } = args;
     let endpoint = runtime::RuntimeEndpoint::parse(&runtime_endpoint)?;
     let (listener, owned_path) = match activated {
@@ -150,6 +155,20 @@ async fn serve(
         }
     };
     let admin_listener = listen::bind(&admin_socket)?;
+    let metrics = criguard::metrics::Metrics::new();
+    let metrics_listener = match metrics_address.as_str() {
+        "none" => None,
+        addr => {
+            let sock: std::net::SocketAddr = addr
+                .parse()
+                .with_context(|| format!("--metrics-address {addr:?}: not host:port or none"))?;
+            let l = tokio::net::TcpListener::bind(sock)
+                .await
+                .with_context(|| format!("--metrics-address {addr}: bind"))?;
+            tracing::info!(address = %l.local_addr()?, "serving metrics");
+            Some(l)
+        }
+    };
     let upstream = runtime::Upstream::new(endpoint);
     let capacity = match node_memory_capacity {
         Some(c) => c,
@@ -190,6 +209,14 @@ async fn serve(
         upstream: upstream.clone(),
     };
     let admin_task = tokio::spawn(admin::serve(admin_listener, admin_state, stopped()));
+    let metrics_task = tokio::spawn({
+        let (metrics, stopped) = (metrics.clone(), stopped());
+        async move {
+            if let Some(l) = metrics_listener {
+                criguard::metrics::serve(l, metrics, stopped).await;
+            }
+        }
+    });
     let oom_task = tokio::spawn(oom_loop(
         dynamic_oom_score_adj.then(|| {
             criguard::reclaim::oom_adjust::OomAdjuster::new(
@@ -197,6 +224,7 @@ async fn serve(
                 cgroup_root,
                 PathBuf::from("/proc"),
             )
+            .with_metrics(metrics.oom.clone())
         }),
         oom_adjust_interval,
         stopped(),
@@ -209,10 +237,12 @@ async fn serve(
     ));
 
     tracing::info!(runtime = %upstream.endpoint(), "forwarding CRI calls");
-    let proxy = cri::Proxy::new(&upstream).with_observer(cri::observe::Observer::new(node));
+    let proxy = cri::Proxy::new(&upstream)
+        .with_observer(cri::observe::Observer::new(node))
+        .with_metrics(metrics.cri.clone());
     cri::serve(listener, proxy, shutdown_signal(), drain).await;
     let _ = stop_tx.send(true);
-    let _ = tokio::join!(admin_task, sync_task, oom_task);
+    let _ = tokio::join!(admin_task, sync_task, oom_task, metrics_task);
     for path in owned_path.iter().chain([&admin_socket]) {
         std::fs::remove_file(path).with_context(|| format!("remove socket {}", path.display()))?;
     }
@@ -304,6 +334,7 @@ fn main() -> ExitCode {
             dynamic_oom_score_adj,
             oom_adjust_interval,
             cgroup_root,
+            metrics_address,
         } => {
             let args = ServeArgs {
                 listen,
@@ -315,6 +346,7 @@ fn main() -> ExitCode {
                 dynamic_oom_score_adj,
                 oom_adjust_interval,
                 cgroup_root,
+                metrics_address,
             };
             let run = || -> anyhow::Result<()> {
                 let activated = listen::from_systemd()?;

@@ -35,6 +35,7 @@ async fn socket_activation_serves_on_the_passed_socket() {
             .arg(dir.path().join("never-bound.sock"))
             .arg("--admin-socket")
             .arg(dir.path().join("admin.sock"))
+            .args(["--metrics-address", "none"])
             .arg("--runtime-endpoint")
             .arg(&upstream_sock)
             .stderr(Stdio::inherit())
@@ -102,6 +103,7 @@ fn a_listen_path_that_is_not_a_socket_is_refused_by_name() {
         .arg(&path)
         .arg("--admin-socket")
         .arg(dir.path().join("admin.sock"))
+        .args(["--metrics-address", "none"])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -129,6 +131,7 @@ fn spawn_activated(
         .arg(dir.join("never-bound.sock"))
         .arg("--admin-socket")
         .arg(dir.join("admin.sock"))
+        .args(["--metrics-address", "none"])
         .arg("--runtime-endpoint")
         .arg(upstream)
         .env("LISTEN_FDS", "1")

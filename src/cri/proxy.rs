@@ -9,12 +9,14 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 
 use super::observe::{self, Method, Observer};
+use crate::metrics::{CriMetrics, Metered, Metrics};
 use crate::runtime::Upstream;
 use crate::runtime::raw::RawUpstream;
 
@@ -58,6 +60,7 @@ pub struct Proxy {
     upstream: Arc<RawUpstream>,
     endpoint: Arc<str>,
     observer: Option<Observer>,
+    metrics: CriMetrics,
 }
 
 fn status_response(status: tonic::Status) -> http::Response<ProxyBody> {
@@ -79,7 +82,14 @@ impl Proxy {
             upstream: upstream.raw(),
             endpoint: upstream.endpoint().to_string().into(),
             observer: None,
+            metrics: Metrics::new().cri,
         }
+    }
+
+    /// The same proxy, recording its calls in `metrics`.
+    pub fn with_metrics(mut self, metrics: CriMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The same proxy, also feeding `observer`.
@@ -163,6 +173,18 @@ impl Proxy {
     /// status naming the endpoint, never an HTTP error, so gRPC clients see
     /// the same code as when the runtime itself is down.
     pub async fn forward(
+        &self,
+        req: http::Request<Incoming>,
+    ) -> Result<http::Response<Metered<ProxyBody>>, Infallible> {
+        let started = Instant::now();
+        let path = req.uri().path().to_owned();
+        let Ok(resp) = self.forward_unmetered(req).await;
+        let code = grpc_status(resp.headers(), None);
+        let metrics = self.metrics.clone();
+        Ok(resp.map(|body| Metered::new(body, metrics, path, started, code)))
+    }
+
+    async fn forward_unmetered(
         &self,
         req: http::Request<Incoming>,
     ) -> Result<http::Response<ProxyBody>, Infallible> {

@@ -13,6 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
+use crate::metrics::OomMetrics;
 use crate::model::{ContainerState, NodeModel, SandboxState};
 use crate::policy::oom::{ContainerMemory, dynamic_scores};
 use crate::policy::rank::{PodMemory, rank_memory};
@@ -36,6 +37,7 @@ pub struct OomAdjuster {
     changed: HashSet<String>,
     /// (container, score) pairs already logged at info, so each change is said once.
     announced: HashSet<(String, i64)>,
+    metrics: OomMetrics,
 }
 
 /// The cgroup named `kubepods` (or `kubepods.slice`) above a pod's cgroup.
@@ -61,7 +63,14 @@ impl OomAdjuster {
             proc_root,
             changed: HashSet::new(),
             announced: HashSet::new(),
+            metrics: OomMetrics::default(),
         }
+    }
+
+    /// The same adjuster, counting its writes in `metrics`.
+    pub fn with_metrics(mut self, metrics: OomMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// One round: observe, decide, write.
@@ -178,6 +187,7 @@ impl OomAdjuster {
             match std::fs::write(&path, adj.to_string()) {
                 Ok(()) => {
                     tracing::debug!(pid, cgroup, from = ?current, to = adj, "oom_score_adj written");
+                    self.metrics.writes.inc();
                     any = true;
                 }
                 Err(err) => {

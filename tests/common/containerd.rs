@@ -145,6 +145,14 @@ impl CriguardProcess {
             .arg(listen)
             .arg("--admin-socket")
             .arg(&admin)
+            .args(
+                if extra.iter().any(|a| a.starts_with("--metrics-address")) {
+                    &[][..]
+                } else {
+                    // Parallel tests must not fight over the default port.
+                    &["--metrics-address", "none"][..]
+                },
+            )
             .arg("--runtime-endpoint")
             .arg(format!("unix://{}", runtime.display()))
             .args(extra)

@@ -1,0 +1,256 @@
+//! Prometheus metrics, owned: each component holds the handles it updates,
+//! registered once in one registry that the metrics endpoint encodes.
+//!
+//! Served as OpenMetrics text on `--metrics-address` (loopback by default:
+//! the node's own Prometheus agent scrapes it; exposing it wider is the
+//! operator's choice).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of one CRI call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    /// `service/method`, e.g. `runtime.v1.RuntimeService/Version`; `other`
+    /// for paths outside CRI (keeps the label set bounded).
+    pub method: String,
+    /// gRPC status code name, e.g. `OK`, `NotFound`; `Cancelled` when the
+    /// client went away before the answer ended.
+    pub code: String,
+}
+
+/// Metrics of the CRI proxy.
+#[derive(Clone, Debug)]
+pub struct CriMetrics {
+    duration: Family<CallLabels, Histogram>,
+}
+
+impl CriMetrics {
+    fn new(registry: &mut Registry) -> Self {
+        let duration = Family::<CallLabels, Histogram>::new_with_constructor(|| {
+            // 50 µs … ~3.3 s.
+            Histogram::new(exponential_buckets(0.000_05, 2.0, 17))
+        });
+        registry.register(
+            "criguard_cri_request_duration_seconds",
+            "CRI calls through criguard: time from request to the end of the answer, by method and gRPC code",
+            duration.clone(),
+        );
+        Self { duration }
+    }
+
+    /// Records one finished call.
+    pub fn observe(&self, path: &str, code: i32, started: Instant) {
+        let labels = CallLabels {
+            method: method_label(path),
+            code: code_name(code).to_owned(),
+        };
+        self.duration
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+/// Metrics of the dynamic `oom_score_adj` adjuster.
+#[derive(Clone, Debug, Default)]
+pub struct OomMetrics {
+    /// Processes whose score criguard wrote.
+    pub writes: Counter,
+}
+
+/// All of criguard's metrics.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    /// The proxy's.
+    pub cri: CriMetrics,
+    /// The OOM score adjuster's.
+    pub oom: OomMetrics,
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let cri = CriMetrics::new(&mut registry);
+        let oom = OomMetrics::default();
+        registry.register(
+            "criguard_oom_score_adj_writes",
+            "Processes whose oom_score_adj criguard set to follow its memory ranking",
+            oom.writes.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            cri,
+            oom,
+        }
+    }
+
+    /// The exposition text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String");
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn method_label(path: &str) -> String {
+    let p = path.trim_start_matches('/');
+    if p.starts_with("runtime.v1.") || p.starts_with("runtime.v1alpha2.") {
+        p.to_owned()
+    } else {
+        "other".to_owned()
+    }
+}
+
+/// The canonical name of a gRPC status code.
+pub fn code_name(code: i32) -> &'static str {
+    match code {
+        0 => "OK",
+        1 => "Cancelled",
+        2 => "Unknown",
+        3 => "InvalidArgument",
+        4 => "DeadlineExceeded",
+        5 => "NotFound",
+        6 => "AlreadyExists",
+        7 => "PermissionDenied",
+        8 => "ResourceExhausted",
+        9 => "FailedPrecondition",
+        10 => "Aborted",
+        11 => "OutOfRange",
+        12 => "Unimplemented",
+        13 => "Internal",
+        14 => "Unavailable",
+        15 => "DataLoss",
+        16 => "Unauthenticated",
+        _ => "Unknown",
+    }
+}
+
+/// A response body that records the call when its trailers (or its end)
+/// pass, so streamed answers are measured without being held.
+pub struct Metered<B> {
+    inner: B,
+    done: Option<(CriMetrics, String, Instant)>,
+}
+
+impl<B> Metered<B> {
+    /// Wraps `inner`; `code` is known already for trailers-only answers.
+    pub fn new(
+        inner: B,
+        metrics: CriMetrics,
+        path: String,
+        started: Instant,
+        code: Option<i32>,
+    ) -> Self {
+        if let Some(code) = code {
+            metrics.observe(&path, code, started);
+            return Self { inner, done: None };
+        }
+        Self {
+            inner,
+            done: Some((metrics, path, started)),
+        }
+    }
+
+    fn finish(&mut self, code: i32) {
+        if let Some((m, path, started)) = self.done.take() {
+            m.observe(&path, code, started);
+        }
+    }
+}
+
+impl<B> Drop for Metered<B> {
+    fn drop(&mut self) {
+        self.finish(1); // the answer never ended: the client went away
+    }
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for Metered<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(t) = frame.trailers_ref() {
+                    let code = t
+                        .get("grpc-status")
+                        .and_then(|v| v.to_str().ok()?.parse().ok())
+                        .unwrap_or(2);
+                    self.finish(code);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => self.finish(14),
+            Poll::Ready(None) => self.finish(2), // ended without a status
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Serves `/metrics` on `addr` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Metrics,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let metrics = metrics.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let metrics = metrics.clone();
+                        async move {
+                            let resp = if req.uri().path() == "/metrics" {
+                                http::Response::builder()
+                                    .header("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
+                                    .body(Full::new(Bytes::from(metrics.encode())))
+                            } else {
+                                http::Response::builder().status(404).body(Full::new(Bytes::from_static(b"try /metrics\n")))
+                            };
+                            Ok::<_, Infallible>(resp.expect("static response parts"))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                });
+            }
+            () = &mut shutdown => return,
+        }
+    }
+}
