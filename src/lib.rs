@@ -5,12 +5,14 @@
 //! handles memory, disk and pid pressure at the runtime layer.
 
 pub mod admin;
+pub mod config;
 pub mod cri;
 pub mod kubelet;
 pub mod listen;
 pub mod metrics;
 pub mod model;
 pub mod policy;
+pub mod quantity;
 pub mod reclaim;
 pub mod runtime;
 pub mod signals;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use criguard::{admin, cri, listen, model, runtime};
+use criguard::{admin, config, cri, listen, model, runtime};
 
 /// A CRI proxy that guards the node against resource pressure.
 #[derive(Parser, Debug)]
@@ -65,6 +65,13 @@ enum Command {
         /// Where Prometheus metrics are served (`none`: not at all).
         #[arg(long, default_value = "127.0.0.1:9809")]
         metrics_address: String,
+        #[command(flatten)]
+        eviction: EvictionArgs,
+    },
+    /// Validate the eviction configuration and print it as criguard will use it.
+    CheckConfig {
+        #[command(flatten)]
+        eviction: EvictionArgs,
     },
     /// Print the node model of a running criguard.
     Pods {
@@ -78,6 +85,74 @@ enum Command {
     /// Print criguard's version.
     Version,
 }
+
+/// The eviction configuration: a file with the kubelet's keys, and the
+/// kubelet's flags, which override it key by key.
+#[derive(clap::Args, Debug, Clone)]
+struct EvictionArgs {
+    /// Configuration file (TOML with KubeletConfiguration's key names).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Hard thresholds, e.g. memory.available<100Mi,nodefs.available<10%.
+    #[arg(long)]
+    eviction_hard: Option<String>,
+    /// Soft thresholds, e.g. memory.available<1.5Gi.
+    #[arg(long)]
+    eviction_soft: Option<String>,
+    /// Soft grace periods, e.g. memory.available=1m30s.
+    #[arg(long)]
+    eviction_soft_grace_period: Option<String>,
+    /// Cap in seconds on a pod's grace period under soft eviction.
+    #[arg(long, allow_negative_numbers = true)]
+    eviction_max_pod_grace_period: Option<i64>,
+    /// Minimum reclaim per signal, e.g. memory.available=0Mi,nodefs.available=500Mi.
+    #[arg(long)]
+    eviction_minimum_reclaim: Option<String>,
+    /// How long a pressure condition outlives its thresholds, e.g. 5m.
+    #[arg(long)]
+    eviction_pressure_transition_period: Option<String>,
+    /// Housekeeping interval, e.g. 10s.
+    #[arg(long)]
+    housekeeping_interval: Option<String>,
+}
+
+impl EvictionArgs {
+    fn load(&self) -> Result<config::EvictionConfig, config::ConfigError> {
+        use config::flags;
+        let file = match &self.config {
+            Some(path) => config::file::load(path)?,
+            None => config::RawEviction::default(),
+        };
+        let map =
+            |key: &str, v: &Option<String>, f: fn(&str, &str) -> Result<_, config::ConfigError>| {
+                v.as_deref().map(|t| f(key, t)).transpose()
+            };
+        let flags = config::RawEviction {
+            hard: map("--eviction-hard", &self.eviction_hard, flags::thresholds)?,
+            soft: map("--eviction-soft", &self.eviction_soft, flags::thresholds)?
+                .unwrap_or_default(),
+            soft_grace_period: map(
+                "--eviction-soft-grace-period",
+                &self.eviction_soft_grace_period,
+                flags::pairs,
+            )?
+            .unwrap_or_default(),
+            max_pod_grace_period: self.eviction_max_pod_grace_period,
+            minimum_reclaim: map(
+                "--eviction-minimum-reclaim",
+                &self.eviction_minimum_reclaim,
+                flags::pairs,
+            )?
+            .unwrap_or_default(),
+            pressure_transition_period: self.eviction_pressure_transition_period.clone(),
+            housekeeping_interval: self.housekeeping_interval.clone(),
+        };
+        file.merge(flags).validate()
+    }
+}
+
+/// Exit code for a configuration error: systemd's RestartPreventExitStatus=2.
+const EXIT_CONFIG: u8 = 2;
 
 const DEFAULT_ADMIN: &str = "/run/criguard/admin.sock";
 
@@ -311,6 +386,16 @@ fn main() -> ExitCode {
             println!("criguard {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
+        Command::CheckConfig { eviction } => match eviction.load() {
+            Ok(c) => {
+                print!("{}", c.describe());
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("criguard: invalid configuration: {err}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        },
         Command::Pods { admin_socket, json } => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -335,7 +420,21 @@ fn main() -> ExitCode {
             oom_adjust_interval,
             cgroup_root,
             metrics_address,
+            eviction,
         } => {
+            // Refused before anything starts, with the exit code systemd
+            // does not restart on.
+            let eviction = match eviction.load() {
+                Ok(c) => c,
+                Err(err) => {
+                    eprintln!("criguard: invalid configuration: {err}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            tracing::info!(
+                config = %eviction.describe().replace('\n', "; "),
+                "eviction configuration validated (thresholds are not acted on yet: the eviction manager is to come)"
+            );
             let args = ServeArgs {
                 listen,
                 runtime_endpoint,

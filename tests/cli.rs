@@ -202,3 +202,92 @@ async fn a_call_made_while_criguard_restarts_under_socket_activation_is_served()
     second.kill().unwrap();
     second.wait().unwrap();
 }
+
+fn check_config(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
+        .arg("check-config")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_config_prints_the_kubelet_defaults() {
+    let (code, out, err) = check_config(&[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("memory.available<100Mi") && out.contains("nodefs.inodesFree<5%"),
+        "{out}"
+    );
+    assert!(
+        out.contains("evictionPressureTransitionPeriod: 5m0s"),
+        "{out}"
+    );
+}
+
+#[test]
+fn every_invalid_form_exits_2_naming_key_and_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    std::fs::write(
+        &file,
+        "evictionHard = { \"memory.available\" = \"1Gi\" }\nevictionHardd = {}\n",
+    )
+    .unwrap();
+    let file_arg = format!("--config={}", file.display());
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--eviction-hard=memory.free<1Gi"],
+            &["evictionHard", "memory.free", "unknown signal"],
+        ),
+        (
+            &["--eviction-hard=memory.available>1Gi"],
+            &["--eviction-hard", "memory.available>1Gi", "operator"],
+        ),
+        (
+            &["--eviction-hard=memory.available<1Gb"],
+            &["evictionHard", "memory.available=1Gb"],
+        ),
+        (
+            &["--eviction-hard=nodefs.available<0%"],
+            &["nodefs.available=0%"],
+        ),
+        (
+            &["--eviction-hard=nodefs.available<101%"],
+            &["nodefs.available=101%"],
+        ),
+        (
+            &["--eviction-soft=memory.available<1Gi"],
+            &["evictionSoft", "grace period"],
+        ),
+        (
+            &["--eviction-soft-grace-period=memory.available=1m"],
+            &["evictionSoftGracePeriod", "no soft threshold"],
+        ),
+        (
+            &["--eviction-pressure-transition-period=-5m"],
+            &["evictionPressureTransitionPeriod", "-5m"],
+        ),
+        (
+            &["--eviction-max-pod-grace-period=-3"],
+            &["evictionMaxPodGracePeriod", "-3"],
+        ),
+        (
+            &["--eviction-hard=memory.available<1Gi,memory.available<10%"],
+            &["given twice"],
+        ),
+        (&[file_arg.as_str()], &["config.toml", "evictionHardd"]),
+    ];
+    for (args, needles) in cases {
+        let (code, _, err) = check_config(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        for n in *needles {
+            assert!(err.contains(n), "{args:?}: {err:?} lacks {n:?}");
+        }
+    }
+}

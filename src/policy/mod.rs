@@ -6,3 +6,4 @@
 
 pub mod oom;
 pub mod rank;
+pub mod thresholds;

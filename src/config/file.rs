@@ -1,0 +1,112 @@
+//! The TOML configuration file, with KubeletConfiguration's key names:
+//!
+//! ```toml
+//! evictionHard = { "memory.available" = "100Mi", "nodefs.available" = "10%" }
+//! evictionSoft = { "memory.available" = "300Mi" }
+//! evictionSoftGracePeriod = { "memory.available" = "1m30s" }
+//! evictionMaxPodGracePeriod = 60
+//! evictionMinimumReclaim = { "memory.available" = "50Mi" }
+//! evictionPressureTransitionPeriod = "5m"
+//! housekeepingInterval = "10s"
+//! ```
+//!
+//! Unknown keys are refused, naming the key, so a typo never silently
+//! falls back to a default.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::{ConfigError, RawEviction};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct FileConfig {
+    eviction_hard: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    eviction_soft: BTreeMap<String, String>,
+    #[serde(default)]
+    eviction_soft_grace_period: BTreeMap<String, String>,
+    eviction_max_pod_grace_period: Option<i64>,
+    #[serde(default)]
+    eviction_minimum_reclaim: BTreeMap<String, String>,
+    eviction_pressure_transition_period: Option<String>,
+    housekeeping_interval: Option<String>,
+}
+
+/// Parses the file's text; `origin` names it in errors.
+pub fn parse(origin: &str, text: &str) -> Result<RawEviction, ConfigError> {
+    let f: FileConfig = toml::from_str(text).map_err(|e| {
+        let msg = e.message().to_owned();
+        // The parser names the key in its message (unknown field `x`, …).
+        let value = e
+            .span()
+            .and_then(|s| text.get(s))
+            .unwrap_or("")
+            .trim()
+            .to_owned();
+        ConfigError {
+            key: origin.to_owned(),
+            value,
+            rule: msg,
+        }
+    })?;
+    Ok(RawEviction {
+        hard: f.eviction_hard,
+        soft: f.eviction_soft,
+        soft_grace_period: f.eviction_soft_grace_period,
+        max_pod_grace_period: f.eviction_max_pod_grace_period,
+        minimum_reclaim: f.eviction_minimum_reclaim,
+        pressure_transition_period: f.eviction_pressure_transition_period,
+        housekeeping_interval: f.housekeeping_interval,
+    })
+}
+
+/// Reads and parses a configuration file.
+pub fn load(path: &Path) -> Result<RawEviction, ConfigError> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        key: origin.clone(),
+        value: String::new(),
+        rule: e.to_string(),
+    })?;
+    parse(&origin, &text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_example_parses_and_validates() {
+        let text = r#"
+            evictionHard = { "memory.available" = "100Mi", "nodefs.available" = "10%" }
+            evictionSoft = { "memory.available" = "300Mi" }
+            evictionSoftGracePeriod = { "memory.available" = "1m30s" }
+            evictionMaxPodGracePeriod = 60
+            evictionMinimumReclaim = { "memory.available" = "50Mi" }
+            evictionPressureTransitionPeriod = "5m"
+            housekeepingInterval = "10s"
+        "#;
+        let c = parse("config.toml", text).unwrap().validate().unwrap();
+        assert_eq!(c.hard.len(), 2);
+        assert_eq!(c.soft.len(), 1);
+        assert_eq!(
+            c.max_pod_grace_period,
+            Some(std::time::Duration::from_secs(60))
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_are_named() {
+        let e = parse("config.toml", "evictionHardd = {}\n").unwrap_err();
+        assert!(e.rule.contains("evictionHardd"), "{e}");
+        let e = parse(
+            "config.toml",
+            "evictionHard = { \"memory.available\" = 100 }\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("100"), "{e}");
+    }
+}

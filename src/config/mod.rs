@@ -1,0 +1,556 @@
+//! criguard's eviction configuration, in the kubelet's own words.
+//!
+//! Two sources, as for the kubelet: a TOML file whose keys are
+//! KubeletConfiguration's (`evictionHard`, `evictionSoft`, …; see [`mod@file`])
+//! and kubelet-style flags (`--eviction-hard=memory.available<100Mi,…`; see
+//! [`flags`]). Flags override the file key by key. Both are parsed into one
+//! [`RawEviction`] and validated once by [`RawEviction::validate`] into an
+//! [`EvictionConfig`]; every error names the key, the value and the rule.
+//!
+//! Defaults follow the kubelet on Linux: with no `evictionHard` at all, the
+//! hard thresholds are `memory.available<100Mi`, `nodefs.available<10%`,
+//! `nodefs.inodesFree<5%`, `imagefs.available<15%`. As with the kubelet,
+//! giving `evictionHard` replaces that whole set (signals left out have no
+//! hard threshold); the transition period defaults to 5m and housekeeping
+//! to 10s.
+
+pub mod file;
+pub mod flags;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::quantity::{self, QuantityError};
+
+/// An eviction signal, by the kubelet's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Signal {
+    /// `memory.available`: node capacity − node working set.
+    MemoryAvailable,
+    /// `allocatableMemory.available`: pods' allocatable − pods' working set.
+    AllocatableMemoryAvailable,
+    /// `nodefs.available`: free bytes of the kubelet's filesystem.
+    NodefsAvailable,
+    /// `nodefs.inodesFree`: free inodes of the kubelet's filesystem.
+    NodefsInodesFree,
+    /// `imagefs.available`: free bytes of the runtime's filesystem.
+    ImagefsAvailable,
+    /// `imagefs.inodesFree`: free inodes of the runtime's filesystem.
+    ImagefsInodesFree,
+    /// `pid.available`: pid limit − processes.
+    PidAvailable,
+}
+
+impl Signal {
+    /// Every signal, in display order.
+    pub const ALL: [Signal; 7] = [
+        Signal::MemoryAvailable,
+        Signal::AllocatableMemoryAvailable,
+        Signal::NodefsAvailable,
+        Signal::NodefsInodesFree,
+        Signal::ImagefsAvailable,
+        Signal::ImagefsInodesFree,
+        Signal::PidAvailable,
+    ];
+
+    /// The kubelet's name of the signal.
+    pub fn name(self) -> &'static str {
+        match self {
+            Signal::MemoryAvailable => "memory.available",
+            Signal::AllocatableMemoryAvailable => "allocatableMemory.available",
+            Signal::NodefsAvailable => "nodefs.available",
+            Signal::NodefsInodesFree => "nodefs.inodesFree",
+            Signal::ImagefsAvailable => "imagefs.available",
+            Signal::ImagefsInodesFree => "imagefs.inodesFree",
+            Signal::PidAvailable => "pid.available",
+        }
+    }
+
+    /// The signal with this name.
+    pub fn parse(name: &str) -> Option<Signal> {
+        Signal::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// Whether the signal counts bytes (else inodes or pids).
+    pub fn is_bytes(self) -> bool {
+        !matches!(
+            self,
+            Signal::NodefsInodesFree | Signal::ImagefsInodesFree | Signal::PidAvailable
+        )
+    }
+}
+
+impl std::fmt::Display for Signal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A threshold amount: absolute, or a percentage of the signal's capacity.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Amount {
+    /// Bytes, inodes or pids.
+    Quantity(u64),
+    /// Percent of capacity, in (0, 100].
+    Percentage(f64),
+}
+
+impl Amount {
+    /// The amount in units, given the signal's capacity.
+    pub fn resolve(self, capacity: u64) -> u64 {
+        match self {
+            Amount::Quantity(q) => q,
+            Amount::Percentage(p) => (capacity as f64 * p / 100.0).round() as u64,
+        }
+    }
+
+    fn show(self, bytes: bool) -> String {
+        match self {
+            Amount::Quantity(q) if bytes => quantity::format_bytes(q),
+            Amount::Quantity(q) => q.to_string(),
+            Amount::Percentage(p) => format!("{p}%"),
+        }
+    }
+}
+
+/// One threshold: act when the signal's available amount is below `amount`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Threshold {
+    /// The signal.
+    pub signal: Signal,
+    /// Below this the threshold is met.
+    pub amount: Amount,
+    /// Soft thresholds: how long it must stay met before criguard acts.
+    pub grace_period: Option<Duration>,
+    /// Reclaim this much beyond the threshold once acting.
+    pub min_reclaim: Option<Amount>,
+}
+
+impl std::fmt::Display for Threshold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}<{}",
+            self.signal,
+            self.amount.show(self.signal.is_bytes())
+        )?;
+        if let Some(g) = self.grace_period {
+            write!(f, " for {}", quantity::format_duration(g))?;
+        }
+        if let Some(m) = self.min_reclaim {
+            write!(f, ", reclaiming {} more", m.show(self.signal.is_bytes()))?;
+        }
+        Ok(())
+    }
+}
+
+/// The validated eviction configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvictionConfig {
+    /// Hard thresholds: act at once, pods stopped with no grace.
+    pub hard: Vec<Threshold>,
+    /// Soft thresholds: act after their grace period.
+    pub soft: Vec<Threshold>,
+    /// Cap on a pod's termination grace under soft eviction (None: 0, as the kubelet).
+    pub max_pod_grace_period: Option<Duration>,
+    /// How long a pressure condition stays after its thresholds stop being met.
+    pub pressure_transition_period: Duration,
+    /// Interval of the housekeeping tick.
+    pub housekeeping_interval: Duration,
+}
+
+/// A configuration error: which key, which value, which rule.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{key}: {value:?}: {rule}")]
+pub struct ConfigError {
+    /// The key (file key or flag name).
+    pub key: String,
+    /// The offending value.
+    pub value: String,
+    /// What is wrong.
+    pub rule: String,
+}
+
+impl ConfigError {
+    fn new(key: &str, value: impl Into<String>, rule: impl Into<String>) -> Self {
+        Self {
+            key: key.to_owned(),
+            value: value.into(),
+            rule: rule.into(),
+        }
+    }
+}
+
+/// Configuration as written, before validation: signal names and strings.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RawEviction {
+    /// `evictionHard`: signal → amount (None: not given, kubelet defaults).
+    pub hard: Option<BTreeMap<String, String>>,
+    /// `evictionSoft`.
+    pub soft: BTreeMap<String, String>,
+    /// `evictionSoftGracePeriod`: signal → duration.
+    pub soft_grace_period: BTreeMap<String, String>,
+    /// `evictionMaxPodGracePeriod` in seconds.
+    pub max_pod_grace_period: Option<i64>,
+    /// `evictionMinimumReclaim`: signal → amount.
+    pub minimum_reclaim: BTreeMap<String, String>,
+    /// `evictionPressureTransitionPeriod`.
+    pub pressure_transition_period: Option<String>,
+    /// `housekeepingInterval`.
+    pub housekeeping_interval: Option<String>,
+}
+
+/// The kubelet's Linux default hard thresholds.
+pub const DEFAULT_HARD: [(&str, &str); 4] = [
+    ("memory.available", "100Mi"),
+    ("nodefs.available", "10%"),
+    ("nodefs.inodesFree", "5%"),
+    ("imagefs.available", "15%"),
+];
+
+fn signal(key: &str, name: &str) -> Result<Signal, ConfigError> {
+    Signal::parse(name).ok_or_else(|| {
+        let known: Vec<&str> = Signal::ALL.iter().map(|s| s.name()).collect();
+        ConfigError::new(
+            key,
+            name,
+            format!("unknown signal; known signals: {}", known.join(", ")),
+        )
+    })
+}
+
+fn amount(key: &str, sig: &str, value: &str) -> Result<Amount, ConfigError> {
+    let err = |e: QuantityError| ConfigError::new(key, format!("{sig}={value}"), e.to_string());
+    if value.ends_with('%') {
+        quantity::parse_percentage(value)
+            .map(Amount::Percentage)
+            .map_err(err)
+    } else {
+        quantity::parse_quantity(value)
+            .map(Amount::Quantity)
+            .map_err(err)
+    }
+}
+
+fn duration(key: &str, value: &str) -> Result<Duration, ConfigError> {
+    quantity::parse_duration(value).map_err(|e| ConfigError::new(key, value, e.to_string()))
+}
+
+impl RawEviction {
+    /// Overrides this (file) configuration with `flags`, key by key.
+    pub fn merge(mut self, flags: RawEviction) -> RawEviction {
+        if flags.hard.is_some() {
+            self.hard = flags.hard;
+        }
+        for (dst, src) in [
+            (&mut self.soft, flags.soft),
+            (&mut self.soft_grace_period, flags.soft_grace_period),
+            (&mut self.minimum_reclaim, flags.minimum_reclaim),
+        ] {
+            if !src.is_empty() {
+                *dst = src;
+            }
+        }
+        self.max_pod_grace_period = flags.max_pod_grace_period.or(self.max_pod_grace_period);
+        self.pressure_transition_period = flags
+            .pressure_transition_period
+            .or(self.pressure_transition_period);
+        self.housekeeping_interval = flags.housekeeping_interval.or(self.housekeeping_interval);
+        self
+    }
+
+    /// Validates into an [`EvictionConfig`]; the first error found is returned.
+    pub fn validate(&self) -> Result<EvictionConfig, ConfigError> {
+        let mut reclaim = BTreeMap::new();
+        for (name, value) in &self.minimum_reclaim {
+            let sig = signal("evictionMinimumReclaim", name)?;
+            reclaim.insert(sig, amount("evictionMinimumReclaim", name, value)?);
+        }
+        let defaults: BTreeMap<String, String> = DEFAULT_HARD
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut hard = Vec::new();
+        for (name, value) in self.hard.as_ref().unwrap_or(&defaults) {
+            let sig = signal("evictionHard", name)?;
+            let amount = amount("evictionHard", name, value)?;
+            hard.push(Threshold {
+                signal: sig,
+                amount,
+                grace_period: None,
+                min_reclaim: reclaim.get(&sig).copied(),
+            });
+        }
+        let mut graces = BTreeMap::new();
+        for (name, value) in &self.soft_grace_period {
+            let sig = signal("evictionSoftGracePeriod", name)?;
+            if !self.soft.contains_key(name) {
+                return Err(ConfigError::new(
+                    "evictionSoftGracePeriod",
+                    format!("{name}={value}"),
+                    "a grace period for a signal with no soft threshold (add it to evictionSoft)",
+                ));
+            }
+            graces.insert(sig, duration("evictionSoftGracePeriod", value)?);
+        }
+        let mut soft = Vec::new();
+        for (name, value) in &self.soft {
+            let sig = signal("evictionSoft", name)?;
+            let amount = amount("evictionSoft", name, value)?;
+            let Some(grace) = graces.get(&sig).copied() else {
+                return Err(ConfigError::new(
+                    "evictionSoft",
+                    format!("{name}={value}"),
+                    "a soft threshold needs a grace period in evictionSoftGracePeriod",
+                ));
+            };
+            soft.push(Threshold {
+                signal: sig,
+                amount,
+                grace_period: Some(grace),
+                min_reclaim: reclaim.get(&sig).copied(),
+            });
+        }
+        let max_pod_grace_period = match self.max_pod_grace_period {
+            None => None,
+            Some(s) if s < 0 => {
+                return Err(ConfigError::new(
+                    "evictionMaxPodGracePeriod",
+                    s.to_string(),
+                    "must not be negative",
+                ));
+            }
+            Some(s) => Some(Duration::from_secs(s as u64)),
+        };
+        let period = |key: &str, v: &Option<String>, default: Duration| match v {
+            Some(v) => duration(key, v),
+            None => Ok(default),
+        };
+        let housekeeping_interval = period(
+            "housekeepingInterval",
+            &self.housekeeping_interval,
+            Duration::from_secs(10),
+        )?;
+        if housekeeping_interval.is_zero() {
+            return Err(ConfigError::new(
+                "housekeepingInterval",
+                "0",
+                "must be positive",
+            ));
+        }
+        Ok(EvictionConfig {
+            hard,
+            soft,
+            max_pod_grace_period,
+            pressure_transition_period: period(
+                "evictionPressureTransitionPeriod",
+                &self.pressure_transition_period,
+                Duration::from_secs(300),
+            )?,
+            housekeeping_interval,
+        })
+    }
+}
+
+impl EvictionConfig {
+    /// The effective configuration, one line per setting, in the kubelet's names.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        let list = |ts: &[Threshold]| {
+            if ts.is_empty() {
+                "(none)".to_owned()
+            } else {
+                ts.iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        };
+        out.push_str(&format!("evictionHard: {}\n", list(&self.hard)));
+        out.push_str(&format!("evictionSoft: {}\n", list(&self.soft)));
+        let max = self
+            .max_pod_grace_period
+            .map_or("0 (pods stopped at once)".to_owned(), |d| {
+                format!("{}s", d.as_secs())
+            });
+        out.push_str(&format!("evictionMaxPodGracePeriod: {max}\n"));
+        out.push_str(&format!(
+            "evictionPressureTransitionPeriod: {}\n",
+            quantity::format_duration(self.pressure_transition_period)
+        ));
+        out.push_str(&format!(
+            "housekeepingInterval: {}\n",
+            quantity::format_duration(self.housekeeping_interval)
+        ));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn nothing_given_means_the_kubelets_linux_defaults() {
+        let c = RawEviction::default().validate().unwrap();
+        let hard: Vec<String> = c.hard.iter().map(|t| t.to_string()).collect();
+        assert_eq!(
+            hard,
+            [
+                "imagefs.available<15%",
+                "memory.available<100Mi",
+                "nodefs.available<10%",
+                "nodefs.inodesFree<5%"
+            ]
+        );
+        assert!(c.soft.is_empty());
+        assert_eq!(c.pressure_transition_period, Duration::from_secs(300));
+        assert_eq!(c.housekeeping_interval, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn seed_example_with_minimum_reclaim() {
+        // --eviction-hard=memory.available<500Mi,nodefs.available<1Gi,imagefs.available<100Gi
+        // --eviction-minimum-reclaim="memory.available=0Mi,nodefs.available=500Mi,imagefs.available=2Gi"
+        let raw = RawEviction {
+            hard: Some(map(&[
+                ("memory.available", "500Mi"),
+                ("nodefs.available", "1Gi"),
+                ("imagefs.available", "100Gi"),
+            ])),
+            minimum_reclaim: map(&[
+                ("memory.available", "0Mi"),
+                ("nodefs.available", "500Mi"),
+                ("imagefs.available", "2Gi"),
+            ]),
+            ..Default::default()
+        };
+        let c = raw.validate().unwrap();
+        let nodefs = c
+            .hard
+            .iter()
+            .find(|t| t.signal == Signal::NodefsAvailable)
+            .unwrap();
+        assert_eq!(nodefs.amount, Amount::Quantity(1 << 30));
+        assert_eq!(nodefs.min_reclaim, Some(Amount::Quantity(500 << 20)));
+    }
+
+    #[test]
+    fn soft_thresholds_need_grace_periods_and_grace_periods_need_soft_thresholds() {
+        let soft_only = RawEviction {
+            soft: map(&[("memory.available", "1.5Gi")]),
+            ..Default::default()
+        };
+        let e = soft_only.validate().unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str()),
+            ("evictionSoft", "memory.available=1.5Gi")
+        );
+        let grace_only = RawEviction {
+            soft_grace_period: map(&[("memory.available", "1m30s")]),
+            ..Default::default()
+        };
+        assert_eq!(
+            grace_only.validate().unwrap_err().key,
+            "evictionSoftGracePeriod"
+        );
+        let both = RawEviction {
+            soft: map(&[("memory.available", "1.5Gi")]),
+            soft_grace_period: map(&[("memory.available", "1m30s")]),
+            ..Default::default()
+        };
+        assert_eq!(
+            both.validate().unwrap().soft[0].grace_period,
+            Some(Duration::from_secs(90))
+        );
+    }
+
+    #[test]
+    fn every_bad_value_is_named() {
+        let cases: Vec<(RawEviction, &str, &str)> = vec![
+            (
+                RawEviction {
+                    hard: Some(map(&[("memory.free", "1Gi")])),
+                    ..Default::default()
+                },
+                "evictionHard",
+                "memory.free",
+            ),
+            (
+                RawEviction {
+                    hard: Some(map(&[("memory.available", "lots")])),
+                    ..Default::default()
+                },
+                "evictionHard",
+                "memory.available=lots",
+            ),
+            (
+                RawEviction {
+                    hard: Some(map(&[("nodefs.available", "0%")])),
+                    ..Default::default()
+                },
+                "evictionHard",
+                "nodefs.available=0%",
+            ),
+            (
+                RawEviction {
+                    hard: Some(map(&[("nodefs.available", "150%")])),
+                    ..Default::default()
+                },
+                "evictionHard",
+                "nodefs.available=150%",
+            ),
+            (
+                RawEviction {
+                    max_pod_grace_period: Some(-1),
+                    ..Default::default()
+                },
+                "evictionMaxPodGracePeriod",
+                "-1",
+            ),
+            (
+                RawEviction {
+                    pressure_transition_period: Some("-5m".into()),
+                    ..Default::default()
+                },
+                "evictionPressureTransitionPeriod",
+                "-5m",
+            ),
+            (
+                RawEviction {
+                    minimum_reclaim: map(&[("memory.available", "-1Mi")]),
+                    ..Default::default()
+                },
+                "evictionMinimumReclaim",
+                "memory.available=-1Mi",
+            ),
+        ];
+        for (raw, key, value) in cases {
+            let e = raw.validate().unwrap_err();
+            assert_eq!((e.key.as_str(), e.value.as_str()), (key, value), "{e}");
+        }
+    }
+
+    #[test]
+    fn flags_override_the_file_key_by_key() {
+        let file = RawEviction {
+            hard: Some(map(&[("memory.available", "1Gi")])),
+            housekeeping_interval: Some("30s".into()),
+            ..Default::default()
+        };
+        let flags = RawEviction {
+            hard: Some(map(&[("memory.available", "200Mi")])),
+            ..Default::default()
+        };
+        let c = file.merge(flags).validate().unwrap();
+        assert_eq!(c.hard[0].amount, Amount::Quantity(200 << 20));
+        assert_eq!(c.housekeeping_interval, Duration::from_secs(30));
+    }
+}
