@@ -7,6 +7,8 @@
 //! | path | answer |
 //! | --- | --- |
 //! | `GET /v1/pods` | the node model, synced with the runtime first |
+//! | `GET /v1/evictions` | every eviction since start, oldest first |
+//! | `GET /v1/conditions` | node conditions and the last signal observations |
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -19,6 +21,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::model::{NodeModel, Pod, sync};
+use crate::reclaim::evict::{Eviction, NodeStatus};
 use crate::runtime::Upstream;
 
 /// What the admin endpoint serves from.
@@ -28,6 +31,8 @@ pub struct AdminState {
     pub model: Arc<RwLock<NodeModel>>,
     /// The runtime, to sync before answering.
     pub upstream: Upstream,
+    /// Conditions and evictions.
+    pub status: Arc<RwLock<NodeStatus>>,
 }
 
 fn json<T: serde::Serialize>(status: http::StatusCode, value: &T) -> http::Response<Full<Bytes>> {
@@ -52,6 +57,22 @@ async fn handle(
             }
             let pods = state.model.read().unwrap_or_else(|e| e.into_inner()).pods();
             json(http::StatusCode::OK, &pods)
+        }
+        (&http::Method::GET, "/v1/evictions") => {
+            let st = state.status.read().unwrap_or_else(|e| e.into_inner());
+            json(http::StatusCode::OK, &st.evictions)
+        }
+        (&http::Method::GET, "/v1/conditions") => {
+            let st = state.status.read().unwrap_or_else(|e| e.into_inner());
+            let observations: std::collections::BTreeMap<String, (i64, u64)> = st
+                .observations
+                .iter()
+                .map(|(s, o)| (s.to_string(), (o.available, o.capacity)))
+                .collect();
+            json(
+                http::StatusCode::OK,
+                &serde_json::json!({ "conditions": st.conditions.iter().map(|c| format!("{c:?}")).collect::<Vec<_>>(), "observations": observations }),
+            )
         }
         (_, path) => json(
             http::StatusCode::NOT_FOUND,
@@ -101,6 +122,20 @@ pub enum ClientError {
 
 /// `GET /v1/pods` from a running criguard.
 pub async fn get_pods(socket: &Path) -> Result<Vec<Pod>, ClientError> {
+    get(socket, "/v1/pods").await
+}
+
+/// `GET /v1/evictions` from a running criguard.
+pub async fn get_evictions(socket: &Path) -> Result<Vec<Eviction>, ClientError> {
+    get(socket, "/v1/evictions").await
+}
+
+/// `GET /v1/conditions` from a running criguard, as JSON.
+pub async fn get_conditions(socket: &Path) -> Result<serde_json::Value, ClientError> {
+    get(socket, "/v1/conditions").await
+}
+
+async fn get<T: serde::de::DeserializeOwned>(socket: &Path, path: &str) -> Result<T, ClientError> {
     let stream = UnixStream::connect(socket)
         .await
         .map_err(|source| ClientError::Connect {
@@ -109,7 +144,7 @@ pub async fn get_pods(socket: &Path) -> Result<Vec<Pod>, ClientError> {
         })?;
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(conn);
-    let req = http::Request::get("/v1/pods")
+    let req = http::Request::get(path)
         .header("host", "criguard")
         .body(Full::new(Bytes::new()))
         .expect("static request parts");

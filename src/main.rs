@@ -29,6 +29,7 @@ enum LogFormat {
 }
 
 #[derive(Subcommand, Debug)]
+#[allow(clippy::large_enum_variant, reason = "parsed once at start-up")]
 enum Command {
     /// Serve the CRI proxy: the kubelet's --container-runtime-endpoint points here.
     Serve {
@@ -44,10 +45,6 @@ enum Command {
         /// criguard's admin socket (`criguard pods` reads it).
         #[arg(long, default_value = DEFAULT_ADMIN)]
         admin_socket: PathBuf,
-        /// Node memory capacity in bytes for the kubelet's oom_score_adj
-        /// formula [default: MemTotal of /proc/meminfo].
-        #[arg(long)]
-        node_memory_capacity: Option<i64>,
         /// How often the node model is re-synced with the runtime.
         #[arg(long, default_value = "10s", value_parser = parse_seconds)]
         sync_interval: Duration,
@@ -59,19 +56,35 @@ enum Command {
         /// How often the dynamic oom_score_adj round runs.
         #[arg(long, default_value = "1s", value_parser = parse_seconds)]
         oom_adjust_interval: Duration,
-        /// Root of the cgroup filesystem.
-        #[arg(long, default_value = "/sys/fs/cgroup")]
-        cgroup_root: PathBuf,
         /// Where Prometheus metrics are served (`none`: not at all).
         #[arg(long, default_value = "127.0.0.1:9809")]
         metrics_address: String,
         #[command(flatten)]
         eviction: EvictionArgs,
+        #[command(flatten)]
+        node: NodeArgs,
+        /// Decide and log evictions, stop nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Validate the eviction configuration and print it as criguard will use it.
     CheckConfig {
         #[command(flatten)]
         eviction: EvictionArgs,
+    },
+    /// Print the eviction signals as criguard reads them now.
+    Signals {
+        #[command(flatten)]
+        node: NodeArgs,
+    },
+    /// Print the evictions a running criguard made.
+    Evictions {
+        /// criguard's admin socket.
+        #[arg(long, default_value = DEFAULT_ADMIN)]
+        admin_socket: PathBuf,
+        /// JSON instead of lines.
+        #[arg(long)]
+        json: bool,
     },
     /// Print the node model of a running criguard.
     Pods {
@@ -151,6 +164,50 @@ impl EvictionArgs {
     }
 }
 
+/// Where the node's signals are read.
+#[derive(clap::Args, Debug, Clone)]
+struct NodeArgs {
+    /// The pods' cgroup (node allocatable), as the kubelet names it.
+    #[arg(long, default_value = "/kubepods")]
+    kubepods_cgroup: String,
+    /// The kubelet's root directory: its filesystem is nodefs.
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    nodefs: PathBuf,
+    /// The runtime's root directory: its filesystem is imagefs.
+    #[arg(long, default_value = "/var/lib/containerd")]
+    imagefs: PathBuf,
+    /// Node memory capacity in bytes [default: MemTotal of /proc/meminfo].
+    #[arg(long)]
+    node_memory_capacity: Option<i64>,
+    /// Root of the cgroup filesystem.
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    cgroup_root: PathBuf,
+}
+
+impl NodeArgs {
+    fn capacity(&self) -> anyhow::Result<i64> {
+        match self.node_memory_capacity {
+            Some(c) => Ok(c),
+            None => std::fs::read_to_string("/proc/meminfo")
+                .ok()
+                .as_deref()
+                .and_then(model::sync::mem_total)
+                .context("read MemTotal from /proc/meminfo (or pass --node-memory-capacity)"),
+        }
+    }
+
+    fn sources(&self) -> anyhow::Result<criguard::signals::node::NodeSources> {
+        Ok(criguard::signals::node::NodeSources {
+            cgroups: criguard::signals::memory::CgroupFs::detect(&self.cgroup_root),
+            proc_root: PathBuf::from("/proc"),
+            memory_capacity: self.capacity()? as u64,
+            pods_cgroup: self.kubepods_cgroup.clone(),
+            nodefs: self.nodefs.clone(),
+            imagefs: self.imagefs.clone(),
+        })
+    }
+}
+
 /// Exit code for a configuration error: systemd's RestartPreventExitStatus=2.
 const EXIT_CONFIG: u8 = 2;
 
@@ -191,12 +248,13 @@ struct ServeArgs {
     runtime_endpoint: String,
     drain: Duration,
     admin_socket: PathBuf,
-    node_memory_capacity: Option<i64>,
     sync_interval: Duration,
     dynamic_oom_score_adj: bool,
     oom_adjust_interval: Duration,
-    cgroup_root: PathBuf,
     metrics_address: String,
+    eviction: config::EvictionConfig,
+    node: NodeArgs,
+    dry_run: bool,
 }
 
 async fn serve(
@@ -208,13 +266,15 @@ async fn serve(
         runtime_endpoint,
         drain,
         admin_socket,
-        node_memory_capacity,
         sync_interval,
         dynamic_oom_score_adj,
         oom_adjust_interval,
-        cgroup_root,
         metrics_address,
+        eviction,
+        node: node_args,
+        dry_run,
     } = args;
+    let sources = node_args.sources()?;
     let endpoint = runtime::RuntimeEndpoint::parse(&runtime_endpoint)?;
     let (listener, owned_path) = match activated {
         Some(l) => {
@@ -245,14 +305,7 @@ async fn serve(
         }
     };
     let upstream = runtime::Upstream::new(endpoint);
-    let capacity = match node_memory_capacity {
-        Some(c) => c,
-        None => std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .as_deref()
-            .and_then(model::sync::mem_total)
-            .context("read MemTotal from /proc/meminfo (or pass --node-memory-capacity)")?,
-    };
+    let capacity = sources.memory_capacity as i64;
     // The model is rebuilt from the runtime before the first call is served.
     // A runtime that is down must not keep the kubelet out: criguard then
     // serves anyway and the sync loop fills the model once the runtime is up.
@@ -279,10 +332,22 @@ async fn serve(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
+    let status = Arc::new(RwLock::new(criguard::reclaim::evict::NodeStatus::default()));
     let admin_state = admin::AdminState {
         model: node.clone(),
         upstream: upstream.clone(),
+        status: status.clone(),
     };
+    let housekeeping = eviction.housekeeping_interval;
+    let manager = criguard::reclaim::evict::EvictionManager::new(
+        eviction,
+        sources,
+        node.clone(),
+        upstream.clone(),
+        status.clone(),
+        dry_run,
+    );
+    let evict_task = tokio::spawn(eviction_loop(manager, housekeeping, stopped()));
     let admin_task = tokio::spawn(admin::serve(admin_listener, admin_state, stopped()));
     let metrics_task = tokio::spawn({
         let (metrics, stopped) = (metrics.clone(), stopped());
@@ -296,7 +361,7 @@ async fn serve(
         dynamic_oom_score_adj.then(|| {
             criguard::reclaim::oom_adjust::OomAdjuster::new(
                 node.clone(),
-                cgroup_root,
+                node_args.cgroup_root.clone(),
                 PathBuf::from("/proc"),
             )
             .with_metrics(metrics.oom.clone())
@@ -313,16 +378,34 @@ async fn serve(
 
     tracing::info!(runtime = %upstream.endpoint(), "forwarding CRI calls");
     let proxy = cri::Proxy::new(&upstream)
-        .with_observer(cri::observe::Observer::new(node))
+        .with_observer(cri::observe::Observer::new(node).with_admission(status))
         .with_metrics(metrics.cri.clone());
     cri::serve(listener, proxy, shutdown_signal(), drain).await;
     let _ = stop_tx.send(true);
-    let _ = tokio::join!(admin_task, sync_task, oom_task, metrics_task);
+    let _ = tokio::join!(admin_task, sync_task, oom_task, metrics_task, evict_task);
     for path in owned_path.iter().chain([&admin_socket]) {
         std::fs::remove_file(path).with_context(|| format!("remove socket {}", path.display()))?;
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+async fn eviction_loop(
+    mut manager: criguard::reclaim::evict::EvictionManager,
+    every: Duration,
+    stopped: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(stopped);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                manager.round().await;
+            }
+            () = &mut stopped => return,
+        }
+    }
 }
 
 async fn sync_loop(
@@ -396,6 +479,60 @@ fn main() -> ExitCode {
                 ExitCode::from(EXIT_CONFIG)
             }
         },
+        Command::Signals { node } => match node.sources() {
+            Ok(src) => {
+                println!("{:<28} {:>16} {:>16}", "SIGNAL", "AVAILABLE", "CAPACITY");
+                for (sig, o) in src.observe() {
+                    let show = |v: i64| {
+                        if sig.is_bytes() && v >= 0 {
+                            criguard::quantity::format_bytes(v as u64)
+                        } else {
+                            v.to_string()
+                        }
+                    };
+                    println!(
+                        "{:<28} {:>16} {:>16}",
+                        sig.name(),
+                        show(o.available),
+                        show(o.capacity as i64)
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("criguard: {err:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Evictions { admin_socket, json } => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            match rt.block_on(admin::get_evictions(&admin_socket)) {
+                Ok(list) if json => {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&list).unwrap_or_default()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Ok(list) => {
+                    for e in list {
+                        let dry = if e.dry_run { " (dry run)" } else { "" };
+                        println!(
+                            "{} {} [{}]{dry}: {}",
+                            e.at_unix_ms, e.pod, e.threshold, e.message
+                        );
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("criguard: {err:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Pods { admin_socket, json } => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -414,13 +551,13 @@ fn main() -> ExitCode {
             runtime_endpoint,
             drain,
             admin_socket,
-            node_memory_capacity,
             sync_interval,
             dynamic_oom_score_adj,
             oom_adjust_interval,
-            cgroup_root,
             metrics_address,
             eviction,
+            node,
+            dry_run,
         } => {
             // Refused before anything starts, with the exit code systemd
             // does not restart on.
@@ -431,21 +568,19 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
-            tracing::info!(
-                config = %eviction.describe().replace('\n', "; "),
-                "eviction configuration validated (thresholds are not acted on yet: the eviction manager is to come)"
-            );
+            tracing::info!(config = %eviction.describe().replace('\n', "; "), dry_run, "eviction configuration");
             let args = ServeArgs {
                 listen,
                 runtime_endpoint,
                 drain,
                 admin_socket,
-                node_memory_capacity,
                 sync_interval,
                 dynamic_oom_score_adj,
                 oom_adjust_interval,
-                cgroup_root,
                 metrics_address,
+                eviction,
+                node,
+                dry_run,
             };
             let run = || -> anyhow::Result<()> {
                 let activated = listen::from_systemd()?;

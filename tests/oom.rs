@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
-use common::pods::{CgroupRoot, init_pid, mem_total, oom_score_adj_of, run_pod, sleeper};
+use common::pods::{CgroupRoot, hog, init_pid, mem_total, oom_score_adj_of, run_pod, sleeper};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::policy::oom::badness;
 use k8s_cri::v1 as cri;
@@ -15,20 +15,6 @@ use k8s_cri::v1 as cri;
 const MI: i64 = 1 << 20;
 /// The pods' memcg limit (the kubelet's allocatable memory, in miniature).
 const LIMIT: i64 = 320 * MI;
-
-/// A shell that holds `mib` MiB of heap in 10 MiB steps (so it never peaks
-/// much above what it holds), then, once /tmp/go exists, `grow_mib` more.
-fn hog(mib: i64, grow_mib: i64) -> Vec<String> {
-    let script = format!(
-        "hold() {{ n=$1; i=0; while [ $i -lt $n ]; do \
-           eval \"v$2$i=\\$(yes aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa | head -c 10485760)\"; i=$((i+1)); done; }}; \
-         hold {} a; touch /tmp/ready; \
-         while [ ! -e /tmp/go ]; do sleep 0.1; done; hold {} b; sleep 3600",
-        mib / 10,
-        grow_mib / 10
-    );
-    vec!["sh".into(), "-c".into(), script]
-}
 
 /// Runs the scenario and returns the statuses of X, Y and Z once the
 /// kernel has killed one of them.

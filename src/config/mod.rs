@@ -126,6 +126,13 @@ pub struct Threshold {
     pub min_reclaim: Option<Amount>,
 }
 
+impl Threshold {
+    /// The amount as configured (`100Mi`, `10%`).
+    pub fn amount_display(&self) -> String {
+        self.amount.show(self.signal.is_bytes())
+    }
+}
+
 impl std::fmt::Display for Threshold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

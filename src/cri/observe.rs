@@ -13,6 +13,8 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 
 use crate::model::{ContainerState, NodeModel, SandboxState, convert, derive};
+use crate::policy::admission;
+use crate::reclaim::evict::NodeStatus;
 
 /// The lifecycle methods criguard observes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,22 +85,73 @@ pub mod patch {
 }
 
 /// What the observer decided about a request.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct RequestPlan {
     /// Bytes to append to the request message, if any.
     pub patch: Option<Vec<u8>>,
+    /// Refuse the call with this reason instead of forwarding it (admission).
+    pub refuse: Option<String>,
 }
 
-/// Decodes observed calls into the node model and patches CreateContainer.
+/// Decodes observed calls into the node model, patches CreateContainer and
+/// admits RunPodSandbox.
 #[derive(Debug, Clone)]
 pub struct Observer {
     model: Arc<RwLock<NodeModel>>,
+    status: Option<Arc<RwLock<NodeStatus>>>,
 }
 
 impl Observer {
-    /// An observer that keeps `model` current.
+    /// An observer that keeps `model` current (and admits every pod).
     pub fn new(model: Arc<RwLock<NodeModel>>) -> Self {
-        Self { model }
+        Self {
+            model,
+            status: None,
+        }
+    }
+
+    /// The same observer, admitting pods against the node's `status`.
+    pub fn with_admission(mut self, status: Arc<RwLock<NodeStatus>>) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// The admission decision for a RunPodSandbox request.
+    fn admit(&self, msg: &[u8]) -> Option<String> {
+        let status = self.status.as_ref()?;
+        let req = cri::RunPodSandboxRequest::decode(msg).ok()?;
+        let config = req.config?;
+        let uid = config
+            .metadata
+            .as_ref()
+            .map(|m| m.uid.clone())
+            .unwrap_or_default();
+        let parent = config
+            .linux
+            .as_ref()
+            .map(|l| l.cgroup_parent.as_str())
+            .unwrap_or("");
+        // Unknown class (no kubelet cgroup parent): not refused as BestEffort.
+        let qos =
+            derive::qos_from_cgroup_parent(parent).unwrap_or(crate::model::QosClass::Burstable);
+        let ann = |k: &str| config.annotations.get(k).map(String::as_str);
+        let static_pod = derive::is_static(ann(derive::CONFIG_SOURCE_ANNOTATION));
+        let priority = derive::priority(ann(derive::PRIORITY_ANNOTATION)).unwrap_or(0);
+        let critical = derive::is_critical(static_pod, priority, qos, &[]);
+        let st = status.read().unwrap_or_else(|e| e.into_inner());
+        let verdict =
+            admission::admit(&st.conditions, st.evicted.get(&uid).copied(), qos, critical);
+        match verdict {
+            Ok(()) => None,
+            Err(why) => {
+                let pod = config
+                    .metadata
+                    .map(|m| format!("{}/{}", m.namespace, m.name))
+                    .unwrap_or_default();
+                tracing::info!(%pod, %uid, ?qos, reason = %why, "RunPodSandbox refused");
+                Some(why)
+            }
+        }
     }
 
     /// The model this observer feeds.
@@ -108,19 +161,24 @@ impl Observer {
 
     /// Looks at a request message before it is forwarded.
     pub fn on_request(&self, method: Method, msg: &[u8]) -> RequestPlan {
-        if method != Method::CreateContainer {
-            return RequestPlan { patch: None };
-        }
-        match cri::CreateContainerRequest::decode(msg) {
-            Ok(req) => RequestPlan {
-                patch: self
-                    .oom_score_adj_for(&req)
-                    .map(patch::create_container_oom_score_adj),
+        match method {
+            Method::RunPodSandbox => RequestPlan {
+                patch: None,
+                refuse: self.admit(msg),
             },
-            Err(err) => {
-                tracing::warn!(%err, "CreateContainer request not decodable; forwarded unpatched");
-                RequestPlan { patch: None }
-            }
+            Method::CreateContainer => match cri::CreateContainerRequest::decode(msg) {
+                Ok(req) => RequestPlan {
+                    patch: self
+                        .oom_score_adj_for(&req)
+                        .map(patch::create_container_oom_score_adj),
+                    refuse: None,
+                },
+                Err(err) => {
+                    tracing::warn!(%err, "CreateContainer request not decodable; forwarded unpatched");
+                    RequestPlan::default()
+                }
+            },
+            _ => RequestPlan::default(),
         }
     }
 

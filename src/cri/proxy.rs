@@ -133,19 +133,25 @@ impl Proxy {
         // The message as forwarded (patched where criguard patches it): the
         // model records what the runtime was asked for.
         let mut forwarded = observe::single_message(&body).map(Bytes::copy_from_slice);
-        let outgoing = match &forwarded {
-            Some(m) => match guarded(method, || observer.on_request(method, m).patch).flatten() {
-                Some(patch) => {
-                    // The body grows: a content-length (grpc-go sends none,
-                    // other clients may) must not promise the old size.
-                    parts.headers.remove(http::header::CONTENT_LENGTH);
-                    let framed = observe::frame(m, Some(&patch));
-                    forwarded = Some(framed.slice(5..));
-                    framed
-                }
-                None => body,
-            },
-            None => body,
+        let plan = match &forwarded {
+            Some(m) => guarded(method, || observer.on_request(method, m)).unwrap_or_default(),
+            None => observe::RequestPlan::default(),
+        };
+        if let Some(why) = plan.refuse {
+            return status_response(tonic::Status::resource_exhausted(format!(
+                "criguard: {why}"
+            )));
+        }
+        let outgoing = match (&forwarded, plan.patch) {
+            (Some(m), Some(patch)) => {
+                // The body grows: a content-length (grpc-go sends none,
+                // other clients may) must not promise the old size.
+                parts.headers.remove(http::header::CONTENT_LENGTH);
+                let framed = observe::frame(m, Some(&patch));
+                forwarded = Some(framed.slice(5..));
+                framed
+            }
+            _ => body,
         };
         let req = http::Request::from_parts(parts, Either::Right(Full::new(outgoing)));
         let resp = match self.upstream.send(req).await {

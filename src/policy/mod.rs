@@ -4,6 +4,7 @@
 //! they observed and get back what to do, so every rule is tested with plain
 //! tables.
 
+pub mod admission;
 pub mod oom;
 pub mod rank;
 pub mod thresholds;

@@ -1,3 +1,4 @@
 //! Acting on decisions: adjusting the kernel, reclaiming, evicting.
 
+pub mod evict;
 pub mod oom_adjust;

@@ -4,6 +4,7 @@
 //! text, so tests run them against fixture trees. Errors carry the path.
 
 pub mod memory;
+pub mod node;
 
 use std::path::{Path, PathBuf};
 

@@ -189,6 +189,20 @@ impl CriguardProcess {
             .expect("criguard admin socket")
     }
 
+    /// The evictions made, as `criguard evictions --json` prints them.
+    pub async fn evictions(&self) -> Vec<criguard::reclaim::evict::Eviction> {
+        criguard::admin::get_evictions(&self.admin)
+            .await
+            .expect("criguard admin socket")
+    }
+
+    /// Conditions and observations, as the admin socket serves them.
+    pub async fn conditions(&self) -> serde_json::Value {
+        criguard::admin::get_conditions(&self.admin)
+            .await
+            .expect("criguard admin socket")
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

@@ -128,3 +128,17 @@ pub async fn proc_oom_score_adj(
 ) -> i64 {
     oom_score_adj_of(init_pid(c, container, sandbox).await)
 }
+
+/// A shell that holds `mib` MiB of heap in 10 MiB steps (so it never peaks
+/// much above what it holds), then, once /tmp/go exists, `grow_mib` more.
+pub fn hog(mib: i64, grow_mib: i64) -> Vec<String> {
+    let script = format!(
+        "hold() {{ n=$1; i=0; while [ $i -lt $n ]; do \
+           eval \"v$2$i=\\$(yes aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa | head -c 10485760)\"; i=$((i+1)); done; }}; \
+         hold {} a; touch /tmp/ready; \
+         while [ ! -e /tmp/go ]; do sleep 0.1; done; hold {} b; while true; do sleep 3600; done",
+        mib / 10,
+        grow_mib / 10
+    );
+    vec!["sh".into(), "-c".into(), script]
+}

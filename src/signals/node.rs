@@ -1,0 +1,254 @@
+//! Node-level eviction signals, read directly and fresh, as the kubelet
+//! defines them (`pkg/kubelet/eviction/helpers.go`, makeSignalObservations):
+//!
+//! - `memory.available` = node capacity − working set of the root memory cgroup;
+//! - `allocatableMemory.available` = the pods cgroup's limit (node
+//!   allocatable) − its working set;
+//! - `nodefs.*` / `imagefs.*` = free bytes / free inodes of the filesystems
+//!   holding the kubelet's root and the runtime's root (`statvfs`);
+//! - `pid.available` = the kernel's pid limit − processes now.
+
+use std::path::{Path, PathBuf};
+
+use super::memory::CgroupFs;
+use super::{ReadError, read};
+use crate::config::Signal;
+use crate::policy::thresholds::{Observation, Observations};
+
+/// Where the node's signals come from.
+#[derive(Clone, Debug)]
+pub struct NodeSources {
+    /// The cgroup hierarchy.
+    pub cgroups: CgroupFs,
+    /// procfs root (normally `/proc`).
+    pub proc_root: PathBuf,
+    /// Node memory capacity in bytes.
+    pub memory_capacity: u64,
+    /// The pods' cgroup (the kubelet's `/kubepods`).
+    pub pods_cgroup: String,
+    /// The kubelet's root directory (nodefs).
+    pub nodefs: PathBuf,
+    /// The runtime's root directory (imagefs).
+    pub imagefs: PathBuf,
+}
+
+/// Space and inodes of a filesystem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsStats {
+    /// Bytes available to unprivileged users.
+    pub available: u64,
+    /// Total bytes.
+    pub capacity: u64,
+    /// Free inodes.
+    pub inodes_free: u64,
+    /// Total inodes.
+    pub inodes: u64,
+}
+
+/// `statvfs(2)` of the filesystem holding `path`.
+pub fn fs_stats(path: &Path) -> Result<FsStats, ReadError> {
+    use std::os::unix::ffi::OsStrExt;
+    let err = |source| ReadError {
+        path: path.to_owned(),
+        source,
+    };
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| err(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+    // SAFETY: statvfs writes into the zeroed struct we own; `c` is a valid C string.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return Err(err(std::io::Error::last_os_error()));
+    }
+    let frsize = s.f_frsize as u64;
+    Ok(FsStats {
+        available: s.f_bavail as u64 * frsize,
+        capacity: s.f_blocks as u64 * frsize,
+        inodes_free: s.f_ffree as u64,
+        inodes: s.f_files as u64,
+    })
+}
+
+/// The kernel's pid limit: the smaller of `pid_max` and `threads-max`.
+pub fn pid_limit(proc_root: &Path) -> Result<u64, ReadError> {
+    let num = |p: PathBuf| -> Result<u64, ReadError> {
+        let t = read(&p)?;
+        t.trim().parse().map_err(|_| ReadError {
+            path: p,
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, t.trim().to_owned()),
+        })
+    };
+    Ok(num(proc_root.join("sys/kernel/pid_max"))?
+        .min(num(proc_root.join("sys/kernel/threads-max"))?))
+}
+
+/// Processes (threads included, as the kernel counts pids) now: the
+/// "running/total" field of `/proc/loadavg`.
+pub fn pids_in_use(proc_root: &Path) -> Result<u64, ReadError> {
+    let p = proc_root.join("loadavg");
+    let t = read(&p)?;
+    t.split_whitespace()
+        .nth(3)
+        .and_then(|f| f.split_once('/'))
+        .and_then(|(_, total)| total.parse().ok())
+        .ok_or_else(|| ReadError {
+            path: p,
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, t.clone()),
+        })
+}
+
+impl NodeSources {
+    /// Reads every signal it can; a signal whose source cannot be read is
+    /// left out (and logged), never guessed.
+    pub fn observe(&self) -> Observations {
+        let mut obs = Observations::new();
+        let mut put = |sig: Signal, r: Result<Observation, ReadError>| match r {
+            Ok(o) => {
+                obs.insert(sig, o);
+            }
+            Err(err) => tracing::debug!(signal = %sig, %err, "signal not observed"),
+        };
+        put(
+            Signal::MemoryAvailable,
+            self.cgroups.memory("/").map(|m| Observation {
+                available: self.memory_capacity as i64 - m.working_set as i64,
+                capacity: self.memory_capacity,
+            }),
+        );
+        put(
+            Signal::AllocatableMemoryAvailable,
+            self.cgroups.memory(&self.pods_cgroup).map(|m| {
+                let allocatable = m
+                    .limit
+                    .unwrap_or(self.memory_capacity)
+                    .min(self.memory_capacity);
+                Observation {
+                    available: allocatable as i64 - m.working_set as i64,
+                    capacity: allocatable,
+                }
+            }),
+        );
+        for (path, bytes, inodes) in [
+            (
+                &self.nodefs,
+                Signal::NodefsAvailable,
+                Signal::NodefsInodesFree,
+            ),
+            (
+                &self.imagefs,
+                Signal::ImagefsAvailable,
+                Signal::ImagefsInodesFree,
+            ),
+        ] {
+            match fs_stats(path) {
+                Ok(s) => {
+                    put(
+                        bytes,
+                        Ok(Observation {
+                            available: s.available as i64,
+                            capacity: s.capacity,
+                        }),
+                    );
+                    put(
+                        inodes,
+                        Ok(Observation {
+                            available: s.inodes_free as i64,
+                            capacity: s.inodes,
+                        }),
+                    );
+                }
+                Err(e) => tracing::debug!(%e, "filesystem not observed"),
+            }
+        }
+        put(
+            Signal::PidAvailable,
+            pid_limit(&self.proc_root).and_then(|limit| {
+                let used = pids_in_use(&self.proc_root)?;
+                Ok(Observation {
+                    available: limit as i64 - used as i64,
+                    capacity: limit,
+                })
+            }),
+        );
+        obs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn memory_and_pid_signals_from_a_v2_fixture_tree() {
+        let t = tempfile::tempdir().unwrap();
+        let cg = t.path().join("cg");
+        write(&cg, "cgroup.controllers", "memory pids\n");
+        write(&cg, "memory.current", "3000\n");
+        write(&cg, "memory.stat", "inactive_file 1000\n");
+        write(&cg, "memory.max", "max\n");
+        write(&cg, "kubepods/memory.current", "1500\n");
+        write(&cg, "kubepods/memory.stat", "inactive_file 500\n");
+        write(&cg, "kubepods/memory.max", "4000\n");
+        let proc = t.path().join("proc");
+        write(&proc, "sys/kernel/pid_max", "32768\n");
+        write(&proc, "sys/kernel/threads-max", "1000\n");
+        write(&proc, "loadavg", "0.10 0.20 0.30 2/250 12345\n");
+        let src = NodeSources {
+            cgroups: CgroupFs::detect(&cg),
+            proc_root: proc,
+            memory_capacity: 10_000,
+            pods_cgroup: "/kubepods".into(),
+            nodefs: t.path().to_owned(),
+            imagefs: t.path().to_owned(),
+        };
+        let o = src.observe();
+        assert_eq!(
+            o[&Signal::MemoryAvailable],
+            Observation {
+                available: 8000,
+                capacity: 10_000
+            }
+        );
+        assert_eq!(
+            o[&Signal::AllocatableMemoryAvailable],
+            Observation {
+                available: 3000,
+                capacity: 4000
+            }
+        );
+        assert_eq!(
+            o[&Signal::PidAvailable],
+            Observation {
+                available: 750,
+                capacity: 1000
+            }
+        );
+        assert!(
+            o.contains_key(&Signal::NodefsAvailable) && o.contains_key(&Signal::ImagefsInodesFree)
+        );
+    }
+
+    #[test]
+    fn statvfs_agrees_with_an_independent_reading() {
+        // `stat -f` reads the same kernel numbers through coreutils.
+        let out = std::process::Command::new("stat")
+            .args(["-f", "-c", "%S %b %a %c %d", "/"])
+            .output()
+            .unwrap();
+        let f: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        let s = fs_stats(Path::new("/")).unwrap();
+        assert_eq!(s.capacity, f[0] * f[1]);
+        assert_eq!(s.inodes, f[3]);
+        // Free space and inodes move while other tests run; allow a little.
+        assert!((s.available as i64 - (f[0] * f[2]) as i64).unsigned_abs() < 256 << 20);
+        assert!((s.inodes_free as i64 - f[4] as i64).unsigned_abs() < 100_000);
+    }
+}
