@@ -12,7 +12,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::containerd::{Clients, CriguardProcess, PrivateContainerd, remove_cgroup_tree, unique};
-use criguard::kubelet::{ContainerSpec, PodSpec};
+use common::pods::{remove_pods, run_pod, sleeper};
+use criguard::kubelet::PodSpec;
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
@@ -42,43 +43,11 @@ async fn populate(
         let mut pod = PodSpec::new(&format!("bench-{p}"), &unique(&format!("bench{p}")));
         pod.cgroup_root = format!("{root}/kubepods");
         pod.log_root = log_root.to_owned();
-        std::fs::create_dir_all(pod.log_directory()).unwrap();
         for c in 0..PER_POD.min(total - p * PER_POD) {
-            pod = pod.container(ContainerSpec {
-                name: format!("c{c}"),
-                image: "docker.io/library/busybox:criguard".into(),
-                command: vec!["sleep".into(), "3600".into()],
-                ..Default::default()
-            });
+            pod = pod.container(sleeper(&format!("c{c}")));
         }
-        let config = pod.sandbox_config();
-        let sandbox = rt
-            .run_pod_sandbox(cri::RunPodSandboxRequest {
-                config: Some(config.clone()),
-                runtime_handler: String::new(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .pod_sandbox_id;
-        for c in 0..pod.containers.len() {
-            let id = rt
-                .create_container(cri::CreateContainerRequest {
-                    pod_sandbox_id: sandbox.clone(),
-                    config: Some(pod.container_config(c)),
-                    sandbox_config: Some(config.clone()),
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .container_id;
-            rt.start_container(cri::StartContainerRequest {
-                container_id: id.clone(),
-            })
-            .await
-            .unwrap();
-            ids.push(id);
-        }
+        let (_, created) = run_pod(rt, &pod, None).await;
+        ids.extend(created);
     }
     ids
 }
@@ -240,24 +209,13 @@ async fn main() {
 
     // Tear down through the runtime so the cgroups can go.
     let mut rt = direct.rt.clone();
-    for s in rt
+    let sandboxes = rt
         .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
         .await
         .unwrap()
         .into_inner()
-        .items
-    {
-        rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
-            pod_sandbox_id: s.id.clone(),
-        })
-        .await
-        .unwrap();
-        rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
-            pod_sandbox_id: s.id,
-        })
-        .await
-        .unwrap();
-    }
+        .items;
+    remove_pods(&mut rt, sandboxes.into_iter().map(|s| s.id)).await;
     drop(guard);
     drop(ctrd);
     remove_cgroup_tree(&root);

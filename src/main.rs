@@ -451,6 +451,43 @@ async fn oom_loop(
     }
 }
 
+/// Runs a client command to completion; errors go to stderr.
+fn run_client(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("criguard: start tokio runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(f) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("criguard: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn evictions(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
+    let list = admin::get_evictions(&admin_socket).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+    } else {
+        for e in list {
+            let dry = if e.dry_run { " (dry run)" } else { "" };
+            println!(
+                "{} {} [{}]{dry}: {}",
+                e.at_unix_ms, e.pod, e.threshold, e.message
+            );
+        }
+    }
+    Ok(())
+}
+
 async fn pods(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
     let pods = admin::get_pods(&admin_socket).await?;
     if json {
@@ -504,48 +541,8 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Evictions { admin_socket, json } => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
-            match rt.block_on(admin::get_evictions(&admin_socket)) {
-                Ok(list) if json => {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&list).unwrap_or_default()
-                    );
-                    ExitCode::SUCCESS
-                }
-                Ok(list) => {
-                    for e in list {
-                        let dry = if e.dry_run { " (dry run)" } else { "" };
-                        println!(
-                            "{} {} [{}]{dry}: {}",
-                            e.at_unix_ms, e.pod, e.threshold, e.message
-                        );
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(err) => {
-                    eprintln!("criguard: {err:#}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Command::Pods { admin_socket, json } => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
-            match rt.block_on(pods(admin_socket, json)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(err) => {
-                    eprintln!("criguard: {err:#}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Command::Evictions { admin_socket, json } => run_client(evictions(admin_socket, json)),
+        Command::Pods { admin_socket, json } => run_client(pods(admin_socket, json)),
         Command::Serve {
             listen,
             runtime_endpoint,

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
-use common::pods::{CgroupRoot, hog, mem_total, run_pod, sleeper};
+use common::pods::{CgroupRoot, hog, mem_total, remove_pods, run_pod, sleeper};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::model::SandboxState;
 use k8s_cri::v1 as cri;
@@ -203,16 +203,9 @@ async fn memory_pressure_evicts_the_first_ranked_pod_only_and_admission_follows(
     })
     .await;
 
-    for p in guard.pods().await {
-        rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
-            pod_sandbox_id: p.sandbox_id.clone(),
-        })
-        .await
-        .unwrap();
-        rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
-            pod_sandbox_id: p.sandbox_id,
-        })
-        .await
-        .unwrap();
-    }
+    remove_pods(
+        &mut rt,
+        guard.pods().await.into_iter().map(|p| p.sandbox_id),
+    )
+    .await;
 }

@@ -8,7 +8,7 @@ mod common;
 use std::collections::HashMap;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
-use common::pods::{CgroupRoot, mem_total, proc_oom_score_adj, run_pod, sleeper};
+use common::pods::{CgroupRoot, mem_total, proc_oom_score_adj, remove_pods, run_pod, sleeper};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::model::{ContainerState, Pod, QosClass, SandboxState};
 use k8s_cri::v1 as cri;
@@ -193,17 +193,6 @@ async fn model_and_oom_scores_follow_the_kubelet_and_survive_sigkill() {
     assert_eq!(before, after, "model changed across a SIGKILL restart");
 
     // Tear down through criguard; the model follows.
-    for p in &after {
-        rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
-            pod_sandbox_id: p.sandbox_id.clone(),
-        })
-        .await
-        .unwrap();
-        rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
-            pod_sandbox_id: p.sandbox_id.clone(),
-        })
-        .await
-        .unwrap();
-    }
+    remove_pods(&mut rt, after.iter().map(|p| p.sandbox_id.clone())).await;
     assert!(guard.pods().await.is_empty());
 }

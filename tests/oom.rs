@@ -7,7 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
-use common::pods::{CgroupRoot, hog, init_pid, mem_total, oom_score_adj_of, run_pod, sleeper};
+use common::pods::{
+    CgroupRoot, hog, init_pid, mem_total, oom_score_adj_of, remove_pods, run_pod, sleeper,
+};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::policy::oom::badness;
 use k8s_cri::v1 as cri;
@@ -177,18 +179,11 @@ async fn oom_scenario(dynamic: bool) -> [cri::ContainerStatus; 3] {
     })
     .await;
 
-    for p in guard.pods().await {
-        rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
-            pod_sandbox_id: p.sandbox_id.clone(),
-        })
-        .await
-        .unwrap();
-        rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
-            pod_sandbox_id: p.sandbox_id,
-        })
-        .await
-        .unwrap();
-    }
+    remove_pods(
+        &mut rt,
+        guard.pods().await.into_iter().map(|p| p.sandbox_id),
+    )
+    .await;
     statuses
 }
 

@@ -139,11 +139,7 @@ impl CgroupFs {
 mod tests {
     use super::*;
 
-    fn write(root: &Path, rel: &str, text: &str) {
-        let p = root.join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, text).unwrap();
-    }
+    use crate::signals::write_fixture as write;
 
     #[test]
     fn v2_working_set_is_current_minus_inactive_file() {

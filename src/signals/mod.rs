@@ -25,3 +25,11 @@ pub fn read(path: &Path) -> Result<String, ReadError> {
         source,
     })
 }
+
+/// Writes a fixture file, creating its directories (tests only).
+#[cfg(test)]
+pub(crate) fn write_fixture(root: &Path, rel: &str, text: &str) {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().expect("a file under root")).unwrap();
+    std::fs::write(p, text).unwrap();
+}

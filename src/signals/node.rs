@@ -177,11 +177,7 @@ impl NodeSources {
 mod tests {
     use super::*;
 
-    fn write(root: &Path, rel: &str, text: &str) {
-        let p = root.join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, text).unwrap();
-    }
+    use crate::signals::write_fixture as write;
 
     #[test]
     fn memory_and_pid_signals_from_a_v2_fixture_tree() {

@@ -142,3 +142,21 @@ pub fn hog(mib: i64, grow_mib: i64) -> Vec<String> {
     );
     vec!["sh".into(), "-c".into(), script]
 }
+
+/// Stops and removes every sandbox in `sandbox_ids` through `rt`, the
+/// kubelet's teardown.
+pub async fn remove_pods(
+    rt: &mut RuntimeServiceClient<Channel>,
+    sandbox_ids: impl IntoIterator<Item = String>,
+) {
+    for id in sandbox_ids {
+        rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        })
+        .await
+        .unwrap();
+        rt.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
+            .await
+            .unwrap();
+    }
+}
