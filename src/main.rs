@@ -346,7 +346,8 @@ async fn serve(
         upstream.clone(),
         status.clone(),
         dry_run,
-    );
+    )
+    .with_metrics(metrics.eviction.clone());
     let evict_task = tokio::spawn(eviction_loop(manager, housekeeping, stopped()));
     let admin_task = tokio::spawn(admin::serve(admin_listener, admin_state, stopped()));
     let metrics_task = tokio::spawn({
@@ -378,7 +379,10 @@ async fn serve(
 
     tracing::info!(runtime = %upstream.endpoint(), "forwarding CRI calls");
     let proxy = cri::Proxy::new(&upstream)
-        .with_observer(cri::observe::Observer::new(node).with_admission(status))
+        .with_observer(
+            cri::observe::Observer::new(node)
+                .with_admission(status, metrics.eviction.admission_refusals.clone()),
+        )
         .with_metrics(metrics.cri.clone());
     cri::serve(listener, proxy, shutdown_signal(), drain).await;
     let _ = stop_tx.send(true);

@@ -18,8 +18,10 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicI64;
 
 /// Labels of one CRI call.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -71,6 +73,90 @@ pub struct OomMetrics {
     pub writes: Counter,
 }
 
+/// Labels naming an eviction signal.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalLabels {
+    /// The kubelet's signal name.
+    pub signal: String,
+}
+
+/// Labels naming a node condition.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConditionLabels {
+    /// `MemoryPressure`, `DiskPressure` or `PIDPressure`.
+    pub condition: String,
+}
+
+/// Labels of an eviction.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvictionLabels {
+    /// The signal whose threshold was met.
+    pub signal: String,
+    /// The evicted pod's QoS class.
+    pub qos: String,
+}
+
+/// Metrics of the eviction manager and admission.
+#[derive(Clone, Debug)]
+pub struct EvictionMetrics {
+    /// Available amount per signal, as last observed.
+    pub available: Family<SignalLabels, Gauge<i64, AtomicI64>>,
+    /// The hard threshold per signal, in the signal's units, as last resolved.
+    pub threshold: Family<SignalLabels, Gauge<i64, AtomicI64>>,
+    /// 1 while a node condition holds.
+    pub condition: Family<ConditionLabels, Gauge<i64, AtomicI64>>,
+    /// Pods evicted, by signal and QoS class.
+    pub evictions: Family<EvictionLabels, Counter>,
+    /// RunPodSandbox calls refused by admission, by the condition or reason.
+    pub admission_refusals: Family<ConditionLabels, Counter>,
+    /// From the first observation of a met threshold to the pod's StopPodSandbox returning.
+    pub pressure_to_action: Histogram,
+}
+
+impl EvictionMetrics {
+    fn new(registry: &mut Registry) -> Self {
+        let m = Self {
+            available: Family::default(),
+            threshold: Family::default(),
+            condition: Family::default(),
+            evictions: Family::default(),
+            admission_refusals: Family::default(),
+            pressure_to_action: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+        };
+        registry.register(
+            "criguard_signal_available",
+            "Available amount of each eviction signal (bytes, inodes or pids), as last observed",
+            m.available.clone(),
+        );
+        registry.register(
+            "criguard_signal_threshold",
+            "Hard eviction threshold of each signal, resolved against its capacity",
+            m.threshold.clone(),
+        );
+        registry.register(
+            "criguard_node_condition",
+            "1 while the node condition holds",
+            m.condition.clone(),
+        );
+        registry.register(
+            "criguard_evictions",
+            "Pods evicted, by signal and QoS class",
+            m.evictions.clone(),
+        );
+        registry.register(
+            "criguard_admission_refusals",
+            "RunPodSandbox calls refused, by node condition (or evicted)",
+            m.admission_refusals.clone(),
+        );
+        registry.register(
+            "criguard_pressure_to_action_seconds",
+            "Time from the first observation of a met threshold to the evicted pod's StopPodSandbox",
+            m.pressure_to_action.clone(),
+        );
+        m
+    }
+}
+
 /// All of criguard's metrics.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -79,6 +165,8 @@ pub struct Metrics {
     pub cri: CriMetrics,
     /// The OOM score adjuster's.
     pub oom: OomMetrics,
+    /// The eviction manager's and admission's.
+    pub eviction: EvictionMetrics,
 }
 
 impl Metrics {
@@ -92,10 +180,12 @@ impl Metrics {
             "Processes whose oom_score_adj criguard set to follow its memory ranking",
             oom.writes.clone(),
         );
+        let eviction = EvictionMetrics::new(&mut registry);
         Self {
             registry: Arc::new(registry),
             cri,
             oom,
+            eviction,
         }
     }
 

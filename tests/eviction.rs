@@ -29,7 +29,11 @@ async fn memory_pressure_evicts_the_first_ranked_pod_only_and_admission_follows(
     .unwrap();
 
     let dir = ctrd.dir.to_str().unwrap().to_owned();
+    let port = common::metrics::free_port();
+    let metrics_address = format!("127.0.0.1:{port}");
     let args = [
+        "--metrics-address",
+        &metrics_address,
         "--kubepods-cgroup",
         &kubepods,
         "--nodefs",
@@ -196,6 +200,47 @@ async fn memory_pressure_evicts_the_first_ranked_pod_only_and_admission_follows(
         assert_eq!(p.state, want, "{}", p.name);
     }
     assert_eq!(guard.evictions().await.len(), 1);
+
+    // The same story in the metrics.
+    use common::metrics::{parse, scrape, value};
+    let m = parse(&scrape(port));
+    let evicted = [
+        ("signal", "allocatableMemory.available"),
+        ("qos", "BestEffort"),
+    ];
+    assert_eq!(value(&m, "criguard_evictions_total", &evicted), Some(1.0));
+    assert!(
+        value(
+            &m,
+            "criguard_admission_refusals_total",
+            &[("condition", "MemoryPressure")]
+        ) >= Some(1.0)
+    );
+    assert!(
+        value(
+            &m,
+            "criguard_admission_refusals_total",
+            &[("condition", "Evicted")]
+        ) >= Some(1.0)
+    );
+    assert_eq!(
+        value(&m, "criguard_pressure_to_action_seconds_count", &[]),
+        Some(1.0)
+    );
+    let threshold = value(
+        &m,
+        "criguard_signal_threshold",
+        &[("signal", "allocatableMemory.available")],
+    );
+    assert_eq!(threshold, Some((64 * MI) as f64));
+    assert!(
+        value(
+            &m,
+            "criguard_signal_available",
+            &[("signal", "allocatableMemory.available")]
+        )
+        .is_some()
+    );
 
     // After the transition period without pressure, BestEffort pods return.
     common::poll_until(Duration::from_secs(30), "admission to reopen", || async {

@@ -12,9 +12,13 @@ use bytes::{Bytes, BytesMut};
 use k8s_cri::v1 as cri;
 use prost::Message;
 
+use crate::metrics::ConditionLabels;
 use crate::model::{ContainerState, NodeModel, SandboxState, convert, derive};
 use crate::policy::admission;
+use crate::policy::thresholds::Condition;
 use crate::reclaim::evict::NodeStatus;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 
 /// The lifecycle methods criguard observes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +103,7 @@ pub struct RequestPlan {
 pub struct Observer {
     model: Arc<RwLock<NodeModel>>,
     status: Option<Arc<RwLock<NodeStatus>>>,
+    refusals: Option<Family<ConditionLabels, Counter>>,
 }
 
 impl Observer {
@@ -107,12 +112,18 @@ impl Observer {
         Self {
             model,
             status: None,
+            refusals: None,
         }
     }
 
     /// The same observer, admitting pods against the node's `status`.
-    pub fn with_admission(mut self, status: Arc<RwLock<NodeStatus>>) -> Self {
+    pub fn with_admission(
+        mut self,
+        status: Arc<RwLock<NodeStatus>>,
+        refusals: Family<ConditionLabels, Counter>,
+    ) -> Self {
         self.status = Some(status);
+        self.refusals = Some(refusals);
         self
     }
 
@@ -139,11 +150,21 @@ impl Observer {
         let priority = derive::priority(ann(derive::PRIORITY_ANNOTATION)).unwrap_or(0);
         let critical = derive::is_critical(static_pod, priority, qos, &[]);
         let st = status.read().unwrap_or_else(|e| e.into_inner());
-        let verdict =
-            admission::admit(&st.conditions, st.evicted.get(&uid).copied(), qos, critical);
-        match verdict {
+        let evicted_for = st.evicted.get(&uid).copied();
+        match admission::admit(&st.conditions, evicted_for, qos, critical) {
             Ok(()) => None,
             Err(why) => {
+                let reason = if evicted_for.is_some_and(|c| st.conditions.contains(&c)) {
+                    "Evicted".to_owned()
+                } else if st.conditions.contains(&Condition::DiskPressure) {
+                    "DiskPressure".to_owned()
+                } else {
+                    "MemoryPressure".to_owned()
+                };
+                if let Some(r) = &self.refusals {
+                    r.get_or_create(&ConditionLabels { condition: reason })
+                        .inc();
+                }
                 let pod = config
                     .metadata
                     .map(|m| format!("{}/{}", m.namespace, m.name))

@@ -89,6 +89,11 @@ pub struct EvictionState {
 }
 
 impl EvictionState {
+    /// When `t` was first seen met in its current episode, if it is met.
+    pub fn met_since(&self, t: &Threshold) -> Option<Instant> {
+        self.first_observed.get(&key(t)).copied()
+    }
+
     /// One evaluation with fresh `obs` at `now`.
     pub fn step(&mut self, config: &EvictionConfig, obs: &Observations, now: Instant) -> Decision {
         let all: Vec<&Threshold> = config.hard.iter().chain(&config.soft).collect();

@@ -18,6 +18,7 @@ use k8s_cri::v1 as cri;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{EvictionConfig, Signal, Threshold};
+use crate::metrics::{ConditionLabels, EvictionLabels, EvictionMetrics, Metrics, SignalLabels};
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
 use crate::policy::rank::{PodMemory, rank_memory};
 use crate::policy::thresholds::{Condition, EvictionState, Observations, condition_of};
@@ -78,6 +79,7 @@ pub struct EvictionManager {
     status: Arc<RwLock<NodeStatus>>,
     state: EvictionState,
     dry_run: bool,
+    metrics: EvictionMetrics,
 }
 
 fn is_memory(s: Signal) -> bool {
@@ -107,12 +109,52 @@ impl EvictionManager {
             status,
             state: EvictionState::default(),
             dry_run,
+            metrics: Metrics::new().eviction,
+        }
+    }
+
+    /// The same manager, publishing its figures in `metrics`.
+    pub fn with_metrics(mut self, metrics: EvictionMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    fn publish(&self, obs: &Observations, conditions: &BTreeSet<Condition>) {
+        let label = |s: Signal| SignalLabels {
+            signal: s.to_string(),
+        };
+        for (sig, o) in obs {
+            self.metrics
+                .available
+                .get_or_create(&label(*sig))
+                .set(o.available);
+        }
+        for t in &self.config.hard {
+            if let Some(o) = obs.get(&t.signal) {
+                let line = t.amount.resolve(o.capacity) as i64;
+                self.metrics
+                    .threshold
+                    .get_or_create(&label(t.signal))
+                    .set(line);
+            }
+        }
+        for c in [
+            Condition::MemoryPressure,
+            Condition::DiskPressure,
+            Condition::PIDPressure,
+        ] {
+            let on = i64::from(conditions.contains(&c));
+            let labels = ConditionLabels {
+                condition: format!("{c:?}"),
+            };
+            self.metrics.condition.get_or_create(&labels).set(on);
         }
     }
 
     fn observe(&mut self) -> (Observations, Vec<Threshold>) {
         let obs = self.sources.observe();
         let d = self.state.step(&self.config, &obs, Instant::now());
+        self.publish(&obs, &d.conditions);
         let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
         st.evicted.retain(|_, c| d.conditions.contains(c));
         st.conditions = d.conditions;
@@ -240,6 +282,16 @@ impl EvictionManager {
         );
         if !self.dry_run {
             self.stop(pod, grace_s).await;
+            let labels = EvictionLabels {
+                signal: e.signal.clone(),
+                qos: format!("{:?}", pod.qos),
+            };
+            self.metrics.evictions.get_or_create(&labels).inc();
+            if let Some(since) = self.state.met_since(t) {
+                self.metrics
+                    .pressure_to_action
+                    .observe(since.elapsed().as_secs_f64());
+            }
             let mut m = self.model.write().unwrap_or_else(|e| e.into_inner());
             m.set_sandbox_state(&pod.sandbox_id, SandboxState::NotReady);
         }
