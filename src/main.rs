@@ -348,7 +348,13 @@ async fn serve(
         dry_run,
     )
     .with_metrics(metrics.eviction.clone());
-    let evict_task = tokio::spawn(eviction_loop(manager, housekeeping, stopped()));
+    let manager = Arc::new(tokio::sync::Mutex::new(manager));
+    let evict_task = tokio::spawn(periodic(housekeeping, stopped(), move || {
+        let m = manager.clone();
+        async move {
+            m.lock().await.round().await;
+        }
+    }));
     let admin_task = tokio::spawn(admin::serve(admin_listener, admin_state, stopped()));
     let metrics_task = tokio::spawn({
         let (metrics, stopped) = (metrics.clone(), stopped());
@@ -358,24 +364,38 @@ async fn serve(
             }
         }
     });
-    let oom_task = tokio::spawn(oom_loop(
-        dynamic_oom_score_adj.then(|| {
-            criguard::reclaim::oom_adjust::OomAdjuster::new(
-                node.clone(),
-                node_args.cgroup_root.clone(),
-                PathBuf::from("/proc"),
-            )
-            .with_metrics(metrics.oom.clone())
-        }),
-        oom_adjust_interval,
-        stopped(),
-    ));
-    let sync_task = tokio::spawn(sync_loop(
-        node.clone(),
-        upstream.clone(),
-        sync_interval,
-        stopped(),
-    ));
+    let adjuster = dynamic_oom_score_adj.then(|| {
+        let a = criguard::reclaim::oom_adjust::OomAdjuster::new(
+            node.clone(),
+            node_args.cgroup_root.clone(),
+            PathBuf::from("/proc"),
+        );
+        Arc::new(std::sync::Mutex::new(a.with_metrics(metrics.oom.clone())))
+    });
+    let oom_stopped = stopped();
+    let oom_task = tokio::spawn(async move {
+        let Some(adjuster) = adjuster else { return };
+        periodic(oom_adjust_interval, oom_stopped, move || {
+            let a = adjuster.clone();
+            // cgroupfs and procfs reads block briefly: off the proxy's thread.
+            let round = move || a.lock().unwrap_or_else(|e| e.into_inner()).round();
+            async move {
+                let _ = tokio::task::spawn_blocking(round).await;
+            }
+        })
+        .await;
+    });
+    let sync_task = tokio::spawn(periodic(sync_interval, stopped(), {
+        let (node, upstream) = (node.clone(), upstream.clone());
+        move || {
+            let (node, upstream) = (node.clone(), upstream.clone());
+            async move {
+                if let Err(err) = model::sync::sync(&node, &upstream).await {
+                    tracing::warn!(%err, "node model sync failed");
+                }
+            }
+        }
+    }));
 
     tracing::info!(runtime = %upstream.endpoint(), "forwarding CRI calls");
     let proxy = cri::Proxy::new(&upstream)
@@ -394,62 +414,22 @@ async fn serve(
     Ok(())
 }
 
-async fn eviction_loop(
-    mut manager: criguard::reclaim::evict::EvictionManager,
+/// Runs `round` every `every` until `stopped` resolves; a round in progress
+/// finishes first, and a slow round delays the next instead of piling up.
+async fn periodic<F, Fut>(
     every: Duration,
     stopped: impl std::future::Future<Output = ()>,
-) {
+    mut round: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     tokio::pin!(stopped);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tick.tick() => {
-                manager.round().await;
-            }
-            () = &mut stopped => return,
-        }
-    }
-}
-
-async fn sync_loop(
-    node: Arc<RwLock<model::NodeModel>>,
-    upstream: runtime::Upstream,
-    every: Duration,
-    stopped: impl std::future::Future<Output = ()>,
-) {
-    tokio::pin!(stopped);
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                if let Err(err) = model::sync::sync(&node, &upstream).await {
-                    tracing::warn!(%err, "node model sync failed");
-                }
-            }
-            () = &mut stopped => return,
-        }
-    }
-}
-
-async fn oom_loop(
-    adjuster: Option<criguard::reclaim::oom_adjust::OomAdjuster>,
-    every: Duration,
-    stopped: impl std::future::Future<Output = ()>,
-) {
-    let Some(adjuster) = adjuster else { return };
-    let adjuster = Arc::new(std::sync::Mutex::new(adjuster));
-    tokio::pin!(stopped);
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                // cgroupfs and procfs reads block briefly: off the proxy's thread.
-                let a = adjuster.clone();
-                let _ = tokio::task::spawn_blocking(move || a.lock().unwrap_or_else(|e| e.into_inner()).round()).await;
-            }
+            _ = tick.tick() => round().await,
             () = &mut stopped => return,
         }
     }

@@ -24,7 +24,6 @@ use crate::policy::rank::{PodMemory, rank_memory};
 use crate::policy::thresholds::{Condition, EvictionState, Observations, condition_of};
 use crate::quantity::format_bytes;
 use crate::runtime::Upstream;
-use crate::signals::memory::CgroupFs;
 use crate::signals::node::NodeSources;
 
 /// One eviction, as logged and as `criguard evictions` shows it.
@@ -73,7 +72,6 @@ pub struct NodeStatus {
 pub struct EvictionManager {
     config: EvictionConfig,
     sources: NodeSources,
-    cgroups: CgroupFs,
     model: Arc<RwLock<NodeModel>>,
     upstream: Upstream,
     status: Arc<RwLock<NodeStatus>>,
@@ -99,11 +97,9 @@ impl EvictionManager {
         status: Arc<RwLock<NodeStatus>>,
         dry_run: bool,
     ) -> Self {
-        let cgroups = sources.cgroups.clone();
         Self {
             config,
             sources,
-            cgroups,
             model,
             upstream,
             status,
@@ -197,7 +193,11 @@ impl EvictionManager {
             .filter_map(|p| {
                 Some((
                     p.sandbox_id.as_str(),
-                    self.cgroups.memory(&p.cgroup_parent).ok()?.working_set as i64,
+                    self.sources
+                        .cgroups
+                        .memory(&p.cgroup_parent)
+                        .ok()?
+                        .working_set as i64,
                 ))
             })
             .collect();
@@ -242,7 +242,11 @@ impl EvictionManager {
             .filter_map(|c| {
                 Some((
                     c,
-                    self.cgroups.memory(&c.cgroup_path).ok()?.working_set as i64,
+                    self.sources
+                        .cgroups
+                        .memory(&c.cgroup_path)
+                        .ok()?
+                        .working_set as i64,
                 ))
             })
             .max_by_key(|(_, u)| *u);
