@@ -15,119 +15,146 @@ use k8s_cri::v1 as cri;
 
 const MI: i64 = 1 << 20;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_pressure_evicts_the_first_ranked_pod_only_and_admission_follows() {
-    let root = format!("/{}", unique("criguard-evict"));
-    let _cg = CgroupRoot(root.clone());
-    let ctrd = PrivateContainerd::start();
-    let kubepods = format!("{root}/kubepods");
-    std::fs::create_dir_all(format!("/sys/fs/cgroup/memory{kubepods}")).unwrap();
-    std::fs::write(
-        format!("/sys/fs/cgroup/memory{kubepods}/memory.limit_in_bytes"),
-        (320 * MI).to_string(),
-    )
-    .unwrap();
+/// The pods of both tests, their memcg, and criguard in front of containerd.
+/// Fields drop in order: criguard, containerd, then the cgroup root.
+struct Scenario {
+    guard: CriguardProcess,
+    ctrd: PrivateContainerd,
+    port: u16,
+    kubepods: String,
+    cap: i64,
+    /// BestEffort hog, Burstable over request, Burstable under, Guaranteed.
+    pods: Vec<PodSpec>,
+    containers: Vec<String>,
+    _cg: CgroupRoot,
+}
 
-    let dir = ctrd.dir.to_str().unwrap().to_owned();
-    let port = common::metrics::free_port();
-    let metrics_address = format!("127.0.0.1:{port}");
-    let args = [
-        "--metrics-address",
-        &metrics_address,
-        "--kubepods-cgroup",
-        &kubepods,
-        "--nodefs",
-        &dir,
-        "--imagefs",
-        &dir,
-        "--eviction-hard=allocatableMemory.available<64Mi",
-        "--housekeeping-interval=1s",
-        "--eviction-pressure-transition-period=5s",
-        "--dynamic-oom-score-adj=false",
-    ];
-    let guard = CriguardProcess::start(&ctrd.dir.join("criguard.sock"), &ctrd.socket, &args).await;
-    let mut rt = guard.clients().rt;
-    let direct = ctrd.direct();
-    let cap = mem_total();
-    let spec = |name: &str, c: ContainerSpec| {
-        let mut p = PodSpec::new(name, &unique(name)).container(c);
-        p.cgroup_root = kubepods.clone();
-        p.log_root = ctrd.dir.join("pods").to_str().unwrap().into();
-        p.node_memory = cap;
-        p
-    };
-    let besteffort = spec(
-        "besteffort-hog",
-        ContainerSpec {
-            command: hog(60, 160),
-            ..sleeper("hog")
-        },
-    );
-    let over = spec(
-        "burstable-over",
-        ContainerSpec {
-            memory_request: 16 * MI,
-            command: hog(40, 0),
+impl Scenario {
+    /// Starts everything with `thresholds` (criguard flags) and waits until
+    /// every pod holds its memory: a 320Mi pods memcg about 150Mi full.
+    async fn start(thresholds: &[&str]) -> Self {
+        let root = format!("/{}", unique("criguard-evict"));
+        let cg = CgroupRoot(root.clone());
+        let ctrd = PrivateContainerd::start();
+        let kubepods = format!("{root}/kubepods");
+        std::fs::create_dir_all(format!("/sys/fs/cgroup/memory{kubepods}")).unwrap();
+        let limit = format!("/sys/fs/cgroup/memory{kubepods}/memory.limit_in_bytes");
+        std::fs::write(limit, (320 * MI).to_string()).unwrap();
+        let dir = ctrd.dir.to_str().unwrap().to_owned();
+        let port = common::metrics::free_port();
+        let metrics_address = format!("127.0.0.1:{port}");
+        let mut args = vec![
+            "--metrics-address",
+            &metrics_address,
+            "--kubepods-cgroup",
+            &kubepods,
+            "--nodefs",
+            &dir,
+            "--imagefs",
+            &dir,
+            "--housekeeping-interval=1s",
+            "--eviction-pressure-transition-period=5s",
+            "--dynamic-oom-score-adj=false",
+        ];
+        args.extend_from_slice(thresholds);
+        let guard =
+            CriguardProcess::start(&ctrd.dir.join("criguard.sock"), &ctrd.socket, &args).await;
+        let mut me = Self {
+            guard,
+            port,
+            kubepods,
+            cap: mem_total(),
+            pods: Vec::new(),
+            containers: Vec::new(),
+            ctrd,
+            _cg: cg,
+        };
+        let hogging = |mib, grow, request, limit, cpu| ContainerSpec {
+            command: hog(mib, grow),
+            memory_request: request,
+            memory_limit: limit,
+            cpu_limit_milli: cpu,
             ..sleeper("app")
-        },
-    );
-    let under = spec(
-        "burstable-under",
-        ContainerSpec {
-            memory_request: 100 * MI,
-            command: hog(20, 0),
-            ..sleeper("app")
-        },
-    );
-    let guaranteed = spec(
-        "guaranteed",
-        ContainerSpec {
-            memory_limit: 64 * MI,
-            cpu_limit_milli: 100,
-            command: hog(10, 0),
-            ..sleeper("app")
-        },
-    );
-    let mut containers = Vec::new();
-    for p in [&besteffort, &over, &under, &guaranteed] {
-        let (_, c) = run_pod(&mut rt, p, None).await;
-        containers.push(c[0].clone());
+        };
+        me.pods = vec![
+            me.spec("besteffort-hog", hogging(60, 160, 0, 0, 0)),
+            me.spec("burstable-over", hogging(40, 0, 16 * MI, 0, 0)),
+            me.spec("burstable-under", hogging(20, 0, 100 * MI, 0, 0)),
+            me.spec("guaranteed", hogging(10, 0, 0, 64 * MI, 100)),
+        ];
+        let mut rt = me.guard.clients().rt;
+        for p in &me.pods {
+            let (_, c) = run_pod(&mut rt, p, None).await;
+            me.containers.push(c[0].clone());
+        }
+        for c in &me.containers {
+            let direct = me.ctrd.direct();
+            common::poll_until(
+                Duration::from_secs(60),
+                "the pods to hold their memory",
+                || {
+                    let mut d = direct.rt.clone();
+                    let id = c.clone();
+                    async move {
+                        let cmd = vec!["test".into(), "-e".into(), "/tmp/ready".into()];
+                        let r = d
+                            .exec_sync(cri::ExecSyncRequest {
+                                container_id: id,
+                                cmd,
+                                timeout: 5,
+                            })
+                            .await
+                            .ok()?;
+                        (r.into_inner().exit_code == 0).then_some(())
+                    }
+                },
+            )
+            .await;
+        }
+        assert!(
+            me.guard.evictions().await.is_empty(),
+            "nothing may be evicted before the pressure"
+        );
+        me
     }
-    for c in &containers {
-        common::poll_until(
-            Duration::from_secs(60),
-            "the pods to hold their memory",
-            || {
-                let mut d = direct.rt.clone();
-                let id = c.clone();
-                async move {
-                    let cmd = vec!["test".into(), "-e".into(), "/tmp/ready".into()];
-                    let r = d
-                        .exec_sync(cri::ExecSyncRequest {
-                            container_id: id,
-                            cmd,
-                            timeout: 5,
-                        })
-                        .await
-                        .ok()?;
-                    (r.into_inner().exit_code == 0).then_some(())
-                }
-            },
+
+    /// A pod spec placed in this scenario's memcg.
+    fn spec(&self, name: &str, c: ContainerSpec) -> PodSpec {
+        let mut p = PodSpec::new(name, &unique(name)).container(c);
+        p.cgroup_root = self.kubepods.clone();
+        p.log_root = self.ctrd.dir.join("pods").to_str().unwrap().into();
+        p.node_memory = self.cap;
+        p
+    }
+
+    /// The BestEffort hog grows by 160Mi: allocatable drops below 64Mi.
+    async fn grow(&self) {
+        let go = cri::ExecSyncRequest {
+            container_id: self.containers[0].clone(),
+            cmd: vec!["touch".into(), "/tmp/go".into()],
+            timeout: 5,
+        };
+        self.ctrd.direct().rt.exec_sync(go).await.unwrap();
+    }
+
+    async fn teardown(&self) {
+        let mut rt = self.guard.clients().rt;
+        remove_pods(
+            &mut rt,
+            self.guard.pods().await.into_iter().map(|p| p.sandbox_id),
         )
         .await;
     }
-    assert!(
-        guard.evictions().await.is_empty(),
-        "nothing may be evicted before the pressure"
-    );
+}
 
-    // The BestEffort hog grows by 160Mi: allocatable drops below 64Mi.
-    let go = cri::ExecSyncRequest {
-        container_id: containers[0].clone(),
-        cmd: vec!["touch".into(), "/tmp/go".into()],
-        timeout: 5,
-    };
-    direct.rt.clone().exec_sync(go).await.unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_pressure_evicts_the_first_ranked_pod_only_and_admission_follows() {
+    let sc = Scenario::start(&["--eviction-hard=allocatableMemory.available<64Mi"]).await;
+    let (guard, port) = (&sc.guard, sc.port);
+    let besteffort = &sc.pods[0];
+    let rt = guard.clients().rt;
+    let spec = |name: &str, c: ContainerSpec| sc.spec(name, c);
+    sc.grow().await;
     let evictions = common::poll_until(Duration::from_secs(60), "an eviction", || async {
         let e = guard.evictions().await;
         (!e.is_empty()).then_some(e)
@@ -248,9 +275,54 @@ async fn memory_pressure_evicts_the_first_ranked_pod_only_and_admission_follows(
     })
     .await;
 
-    remove_pods(
-        &mut rt,
-        guard.pods().await.into_iter().map(|p| p.sandbox_id),
-    )
+    sc.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soft_threshold_waits_for_its_grace_period_then_evicts_with_the_capped_grace() {
+    let sc = Scenario::start(&[
+        "--eviction-hard=memory.available<1Ki",
+        "--eviction-soft=allocatableMemory.available<64Mi",
+        "--eviction-soft-grace-period=allocatableMemory.available=4s",
+        "--eviction-max-pod-grace-period=5",
+    ])
     .await;
+    sc.grow().await;
+    // MemoryPressure is reported as soon as the soft threshold is met...
+    let seen = common::poll_until(Duration::from_secs(60), "MemoryPressure", || async {
+        let c = sc.guard.conditions().await;
+        c["conditions"]
+            .to_string()
+            .contains("MemoryPressure")
+            .then(std::time::SystemTime::now)
+    })
+    .await;
+    // ...but nothing is evicted inside the grace period.
+    assert!(
+        sc.guard.evictions().await.is_empty(),
+        "evicted inside the grace period"
+    );
+    let evictions = common::poll_until(Duration::from_secs(60), "the soft eviction", || async {
+        let e = sc.guard.evictions().await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    let e = &evictions[0];
+    assert_eq!(e.uid, sc.pods[0].uid);
+    let seen_ms = seen
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // The condition was seen at most one 1 s tick after the threshold was first met.
+    assert!(
+        e.at_unix_ms + 1000 >= seen_ms + 4000,
+        "evicted {} ms after pressure was seen",
+        e.at_unix_ms - seen_ms
+    );
+    assert_eq!(
+        e.grace_s, 5,
+        "soft eviction grace: min(pod's 30 s, evictionMaxPodGracePeriod 5 s)"
+    );
+    assert!(e.threshold.contains("for 4s"), "{}", e.threshold);
+    sc.teardown().await;
 }
