@@ -47,7 +47,7 @@ fn main() {
             priority: (rng.next() % 4) as i32 * 1000,
             request: (rng.next() % 512) as i64 * MI,
             usage: Some((rng.next() % 1024) as i64 * MI),
-            critical: rng.next() % 50 == 0,
+            critical: rng.next().is_multiple_of(50),
         })
         .collect();
     let containers: Vec<ContainerMemory> = pods
