@@ -66,6 +66,8 @@ enum Command {
         /// Decide and log evictions, stop nothing.
         #[arg(long)]
         dry_run: bool,
+        #[command(flatten)]
+        gc: GcArgs,
     },
     /// Validate the eviction configuration and print it as criguard will use it.
     CheckConfig {
@@ -164,6 +166,53 @@ impl EvictionArgs {
     }
 }
 
+/// Dead-container garbage collection, with the kubelet's flag names.
+#[derive(clap::Args, Debug, Clone)]
+struct GcArgs {
+    /// Minimum age of a dead container before it is collected, e.g. 0s, 1m.
+    #[arg(long, default_value = "0s")]
+    minimum_container_ttl_duration: String,
+    /// Dead instances kept per (pod, container name); negative: no limit.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    maximum_dead_containers_per_container: i32,
+    /// Dead containers kept on the node; negative: no limit.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    maximum_dead_containers: i32,
+    /// How often container GC runs (the kubelet's period is 1m).
+    #[arg(long, default_value = "1m")]
+    container_gc_interval: String,
+}
+
+impl GcArgs {
+    /// The policy and period, or the configuration error naming the flag.
+    fn load(&self) -> Result<(criguard::policy::gc::GcPolicy, Duration), config::ConfigError> {
+        let dur = |key: &str, v: &str| {
+            criguard::quantity::parse_duration(v).map_err(|e| config::ConfigError {
+                key: key.to_owned(),
+                value: v.to_owned(),
+                rule: e.to_string(),
+            })
+        };
+        let period = dur("--container-gc-interval", &self.container_gc_interval)?;
+        if period.is_zero() {
+            return Err(config::ConfigError {
+                key: "--container-gc-interval".into(),
+                value: self.container_gc_interval.clone(),
+                rule: "must be positive".into(),
+            });
+        }
+        let policy = criguard::policy::gc::GcPolicy {
+            min_age: dur(
+                "--minimum-container-ttl-duration",
+                &self.minimum_container_ttl_duration,
+            )?,
+            max_per_pod_container: self.maximum_dead_containers_per_container,
+            max_containers: self.maximum_dead_containers,
+        };
+        Ok((policy, period))
+    }
+}
+
 /// Where the node's signals are read.
 #[derive(clap::Args, Debug, Clone)]
 struct NodeArgs {
@@ -255,6 +304,7 @@ struct ServeArgs {
     eviction: config::EvictionConfig,
     node: NodeArgs,
     dry_run: bool,
+    gc: (criguard::policy::gc::GcPolicy, Duration),
 }
 
 async fn serve(
@@ -273,6 +323,7 @@ async fn serve(
         eviction,
         node: node_args,
         dry_run,
+        gc,
     } = args;
     let sources = node_args.sources()?;
     let endpoint = runtime::RuntimeEndpoint::parse(&runtime_endpoint)?;
@@ -385,6 +436,13 @@ async fn serve(
         })
         .await;
     });
+    let collector = criguard::reclaim::container_gc::ContainerGc::new(upstream.clone(), gc.0);
+    let gc_task = tokio::spawn(periodic(gc.1, stopped(), move || {
+        let c = collector.clone();
+        async move {
+            c.round().await;
+        }
+    }));
     let sync_task = tokio::spawn(periodic(sync_interval, stopped(), {
         let (node, upstream) = (node.clone(), upstream.clone());
         move || {
@@ -406,7 +464,14 @@ async fn serve(
         .with_metrics(metrics.cri.clone());
     cri::serve(listener, proxy, shutdown_signal(), drain).await;
     let _ = stop_tx.send(true);
-    let _ = tokio::join!(admin_task, sync_task, oom_task, metrics_task, evict_task);
+    let _ = tokio::join!(
+        admin_task,
+        sync_task,
+        oom_task,
+        metrics_task,
+        evict_task,
+        gc_task
+    );
     for path in owned_path.iter().chain([&admin_socket]) {
         std::fs::remove_file(path).with_context(|| format!("remove socket {}", path.display()))?;
     }
@@ -539,10 +604,11 @@ fn main() -> ExitCode {
             eviction,
             node,
             dry_run,
+            gc,
         } => {
             // Refused before anything starts, with the exit code systemd
             // does not restart on.
-            let eviction = match eviction.load() {
+            let (eviction, gc) = match eviction.load().and_then(|e| Ok((e, gc.load()?))) {
                 Ok(c) => c,
                 Err(err) => {
                     eprintln!("criguard: invalid configuration: {err}");
@@ -562,6 +628,7 @@ fn main() -> ExitCode {
                 eviction,
                 node,
                 dry_run,
+                gc,
             };
             let run = || -> anyhow::Result<()> {
                 let activated = listen::from_systemd()?;

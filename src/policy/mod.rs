@@ -5,6 +5,7 @@
 //! tables.
 
 pub mod admission;
+pub mod gc;
 pub mod oom;
 pub mod rank;
 pub mod thresholds;
