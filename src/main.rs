@@ -29,46 +29,9 @@ enum LogFormat {
 }
 
 #[derive(Subcommand, Debug)]
-#[allow(clippy::large_enum_variant, reason = "parsed once at start-up")]
 enum Command {
     /// Serve the CRI proxy: the kubelet's --container-runtime-endpoint points here.
-    Serve {
-        /// Socket to listen on (ignored under systemd socket activation).
-        #[arg(long, default_value = "/run/criguard/criguard.sock")]
-        listen: PathBuf,
-        /// The runtime to forward to.
-        #[arg(long, default_value = "unix:///run/containerd/containerd.sock")]
-        runtime_endpoint: String,
-        /// How long calls in flight may finish after SIGTERM.
-        #[arg(long, default_value = "10s", value_parser = parse_seconds)]
-        drain: Duration,
-        /// criguard's admin socket (`criguard pods` reads it).
-        #[arg(long, default_value = DEFAULT_ADMIN)]
-        admin_socket: PathBuf,
-        /// How often the node model is re-synced with the runtime.
-        #[arg(long, default_value = "10s", value_parser = parse_seconds)]
-        sync_interval: Duration,
-        /// Re-adjust running containers' oom_score_adj so that the kernel's
-        /// OOM victim is criguard's first-ranked pod (false: the kubelet's
-        /// static scores only).
-        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-        dynamic_oom_score_adj: bool,
-        /// How often the dynamic oom_score_adj round runs.
-        #[arg(long, default_value = "1s", value_parser = parse_seconds)]
-        oom_adjust_interval: Duration,
-        /// Where Prometheus metrics are served (`none`: not at all).
-        #[arg(long, default_value = "127.0.0.1:9809")]
-        metrics_address: String,
-        #[command(flatten)]
-        eviction: EvictionArgs,
-        #[command(flatten)]
-        node: NodeArgs,
-        /// Decide and log evictions, stop nothing.
-        #[arg(long)]
-        dry_run: bool,
-        #[command(flatten)]
-        gc: GcArgs,
-    },
+    Serve(Box<ServeCmd>),
     /// Validate the eviction configuration and print it as criguard will use it.
     CheckConfig {
         #[command(flatten)]
@@ -164,6 +127,46 @@ impl EvictionArgs {
         };
         file.merge(flags).validate()
     }
+}
+
+/// `criguard serve`'s options.
+#[derive(clap::Args, Debug)]
+struct ServeCmd {
+    /// Socket to listen on (ignored under systemd socket activation).
+    #[arg(long, default_value = "/run/criguard/criguard.sock")]
+    listen: PathBuf,
+    /// The runtime to forward to.
+    #[arg(long, default_value = "unix:///run/containerd/containerd.sock")]
+    runtime_endpoint: String,
+    /// How long calls in flight may finish after SIGTERM.
+    #[arg(long, default_value = "10s", value_parser = parse_seconds)]
+    drain: Duration,
+    /// criguard's admin socket (`criguard pods` reads it).
+    #[arg(long, default_value = DEFAULT_ADMIN)]
+    admin_socket: PathBuf,
+    /// How often the node model is re-synced with the runtime.
+    #[arg(long, default_value = "10s", value_parser = parse_seconds)]
+    sync_interval: Duration,
+    /// Re-adjust running containers' oom_score_adj so that the kernel's
+    /// OOM victim is criguard's first-ranked pod (false: the kubelet's
+    /// static scores only).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    dynamic_oom_score_adj: bool,
+    /// How often the dynamic oom_score_adj round runs.
+    #[arg(long, default_value = "1s", value_parser = parse_seconds)]
+    oom_adjust_interval: Duration,
+    /// Where Prometheus metrics are served (`none`: not at all).
+    #[arg(long, default_value = "127.0.0.1:9809")]
+    metrics_address: String,
+    #[command(flatten)]
+    eviction: EvictionArgs,
+    #[command(flatten)]
+    node: NodeArgs,
+    /// Decide and log evictions, stop nothing.
+    #[arg(long)]
+    dry_run: bool,
+    #[command(flatten)]
+    gc: GcArgs,
 }
 
 /// Dead-container garbage collection, with the kubelet's flag names.
@@ -291,27 +294,15 @@ async fn shutdown_signal() {
     }
 }
 
-/// What `serve` needs besides the listener.
-struct ServeArgs {
-    listen: PathBuf,
-    runtime_endpoint: String,
-    drain: Duration,
-    admin_socket: PathBuf,
-    sync_interval: Duration,
-    dynamic_oom_score_adj: bool,
-    oom_adjust_interval: Duration,
-    metrics_address: String,
-    eviction: config::EvictionConfig,
-    node: NodeArgs,
-    dry_run: bool,
-    gc: (criguard::policy::gc::GcPolicy, Duration),
-}
-
+/// Runs the proxy and its loops; `eviction` and `gc` are the validated
+/// forms of `cmd`'s settings.
 async fn serve(
     activated: Option<std::os::unix::net::UnixListener>,
-    args: ServeArgs,
+    cmd: ServeCmd,
+    eviction: config::EvictionConfig,
+    gc: (criguard::policy::gc::GcPolicy, Duration),
 ) -> anyhow::Result<()> {
-    let ServeArgs {
+    let ServeCmd {
         listen: listen_path,
         runtime_endpoint,
         drain,
@@ -320,11 +311,10 @@ async fn serve(
         dynamic_oom_score_adj,
         oom_adjust_interval,
         metrics_address,
-        eviction,
         node: node_args,
         dry_run,
-        gc,
-    } = args;
+        ..
+    } = cmd;
     let sources = node_args.sources()?;
     let endpoint = runtime::RuntimeEndpoint::parse(&runtime_endpoint)?;
     let (listener, owned_path) = match activated {
@@ -592,44 +582,19 @@ fn main() -> ExitCode {
         },
         Command::Evictions { admin_socket, json } => run_client(evictions(admin_socket, json)),
         Command::Pods { admin_socket, json } => run_client(pods(admin_socket, json)),
-        Command::Serve {
-            listen,
-            runtime_endpoint,
-            drain,
-            admin_socket,
-            sync_interval,
-            dynamic_oom_score_adj,
-            oom_adjust_interval,
-            metrics_address,
-            eviction,
-            node,
-            dry_run,
-            gc,
-        } => {
+        Command::Serve(cmd) => {
             // Refused before anything starts, with the exit code systemd
             // does not restart on.
-            let (eviction, gc) = match eviction.load().and_then(|e| Ok((e, gc.load()?))) {
+            let loaded = cmd.eviction.load().and_then(|e| Ok((e, cmd.gc.load()?)));
+            let (eviction, gc) = match loaded {
                 Ok(c) => c,
                 Err(err) => {
                     eprintln!("criguard: invalid configuration: {err}");
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
+            let dry_run = cmd.dry_run;
             tracing::info!(config = %eviction.describe().replace('\n', "; "), dry_run, "eviction configuration");
-            let args = ServeArgs {
-                listen,
-                runtime_endpoint,
-                drain,
-                admin_socket,
-                sync_interval,
-                dynamic_oom_score_adj,
-                oom_adjust_interval,
-                metrics_address,
-                eviction,
-                node,
-                dry_run,
-                gc,
-            };
             let run = || -> anyhow::Result<()> {
                 let activated = listen::from_systemd()?;
                 // One thread: every call costs two HTTP/2 hops of CPU, and on
@@ -642,7 +607,7 @@ fn main() -> ExitCode {
                     .enable_all()
                     .build()
                     .context("start tokio runtime")?;
-                rt.block_on(serve(activated, args))
+                rt.block_on(serve(activated, *cmd, eviction, gc))
             };
             match run() {
                 Ok(()) => ExitCode::SUCCESS,
