@@ -50,11 +50,7 @@ async fn socket_activation_serves_on_the_passed_socket() {
     let mut client = rawgrpc::connect(&listen).await;
     let resp = rawgrpc::call(
         &mut client,
-        rawgrpc::request(
-            "/runtime.v1.RuntimeService/Version",
-            rawgrpc::frame(b""),
-            &[],
-        ),
+        rawgrpc::empty_request("/runtime.v1.RuntimeService/Version"),
     )
     .await;
     assert_eq!(resp.body, rawgrpc::frame(b"pong"));
@@ -76,11 +72,7 @@ async fn sigterm_drains_and_removes_the_socket() {
     let mut client = rawgrpc::connect(&listen).await;
     let resp = rawgrpc::call(
         &mut client,
-        rawgrpc::request(
-            "/runtime.v1.RuntimeService/Version",
-            rawgrpc::frame(b""),
-            &[],
-        ),
+        rawgrpc::empty_request("/runtime.v1.RuntimeService/Version"),
     )
     .await;
     assert_eq!(resp.grpc_status().as_deref(), Some("0"));
@@ -160,13 +152,7 @@ async fn a_call_made_while_criguard_restarts_under_socket_activation_is_served()
     let sock = dir.path().join("criguard.sock");
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
     let mut first = spawn_activated(&listener, dir.path(), &upstream_sock);
-    let version = || {
-        rawgrpc::request(
-            "/runtime.v1.RuntimeService/Version",
-            rawgrpc::frame(b""),
-            &[],
-        )
-    };
+    let version = || rawgrpc::empty_request("/runtime.v1.RuntimeService/Version");
     let mut client = rawgrpc::connect(&sock).await;
     assert_eq!(
         rawgrpc::call(&mut client, version()).await.body,
@@ -185,11 +171,7 @@ async fn a_call_made_while_criguard_restarts_under_socket_activation_is_served()
             rawgrpc::connect_stream(tokio::net::UnixStream::from_std(stream).unwrap()).await;
         rawgrpc::call(
             &mut c,
-            rawgrpc::request(
-                "/runtime.v1.RuntimeService/Version",
-                rawgrpc::frame(b""),
-                &[],
-            ),
+            rawgrpc::empty_request("/runtime.v1.RuntimeService/Version"),
         )
         .await
     });

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
-use common::pods::{CgroupRoot, remove_pods, sleeper};
+use common::pods::{CgroupRoot, create_and_start, remove_pods, sleeper};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
@@ -50,25 +50,8 @@ async fn only_the_newest_dead_instance_and_the_newest_sandbox_remain() {
         let mut rt = rt.clone();
         let mut config = p.container_config(index);
         config.metadata.as_mut().unwrap().attempt = attempt;
-        let req = cri::CreateContainerRequest {
-            pod_sandbox_id: sandbox.to_owned(),
-            config: Some(config),
-            sandbox_config: Some(p.sandbox_config()),
-        };
-        async move {
-            let id = rt
-                .create_container(req)
-                .await
-                .unwrap()
-                .into_inner()
-                .container_id;
-            rt.start_container(cri::StartContainerRequest {
-                container_id: id.clone(),
-            })
-            .await
-            .unwrap();
-            id
-        }
+        let (sandbox, sandbox_config) = (sandbox.to_owned(), p.sandbox_config());
+        async move { create_and_start(&mut rt, &sandbox, config, &sandbox_config).await }
     };
 
     // Pod P: "crash" exits three times (the kubelet makes a new container

@@ -41,26 +41,18 @@ async fn cri_calls_are_counted_by_method_and_code() {
     for _ in 0..3 {
         rawgrpc::call(
             &mut client,
-            rawgrpc::request(
-                "/runtime.v1.RuntimeService/Version",
-                rawgrpc::frame(b""),
-                &[],
-            ),
+            rawgrpc::empty_request("/runtime.v1.RuntimeService/Version"),
         )
         .await;
     }
     rawgrpc::call(
         &mut client,
-        rawgrpc::request(
-            "/runtime.v1.RuntimeService/ContainerStatus",
-            rawgrpc::frame(b""),
-            &[],
-        ),
+        rawgrpc::empty_request("/runtime.v1.RuntimeService/ContainerStatus"),
     )
     .await;
     rawgrpc::call(
         &mut client,
-        rawgrpc::request("/some.other.Service/Call", rawgrpc::frame(b""), &[]),
+        rawgrpc::empty_request("/some.other.Service/Call"),
     )
     .await;
 

@@ -109,11 +109,7 @@ async fn error_status_and_message_pass_unchanged() {
     let mut client = rawgrpc::connect(&proxy.socket).await;
     let resp = rawgrpc::call(
         &mut client,
-        rawgrpc::request(
-            "/runtime.v1.RuntimeService/ContainerStatus",
-            rawgrpc::frame(b""),
-            &[],
-        ),
+        rawgrpc::empty_request("/runtime.v1.RuntimeService/ContainerStatus"),
     )
     .await;
     assert_eq!(resp.grpc_status().as_deref(), Some("5"));
@@ -156,10 +152,8 @@ async fn server_streams_are_streamed_not_buffered() {
     let mut client = rawgrpc::connect(&proxy.socket).await;
     client.ready().await.unwrap();
     let resp = client
-        .send_request(rawgrpc::request(
+        .send_request(rawgrpc::empty_request(
             "/runtime.v1.RuntimeService/GetContainerEvents",
-            rawgrpc::frame(b""),
-            &[],
         ))
         .await
         .unwrap();
@@ -196,11 +190,7 @@ async fn concurrent_calls_do_not_wait_for_each_other() {
     let socket = proxy.socket.clone();
     let one = |socket: std::path::PathBuf| async move {
         let mut client = rawgrpc::connect(&socket).await;
-        rawgrpc::call(
-            &mut client,
-            rawgrpc::request(VERSION, rawgrpc::frame(b""), &[]),
-        )
-        .await
+        rawgrpc::call(&mut client, rawgrpc::empty_request(VERSION)).await
     };
     let (a, b) = tokio::time::timeout(
         Duration::from_secs(20),
@@ -224,10 +214,7 @@ async fn runtime_down_fails_fast_unavailable_then_reconnects() {
 
     let resp = tokio::time::timeout(
         Duration::from_secs(5),
-        rawgrpc::call(
-            &mut client,
-            rawgrpc::request(VERSION, rawgrpc::frame(b""), &[]),
-        ),
+        rawgrpc::call(&mut client, rawgrpc::empty_request(VERSION)),
     )
     .await
     .expect("a call to a missing runtime must fail fast, not hang");
@@ -242,11 +229,7 @@ async fn runtime_down_fails_fast_unavailable_then_reconnects() {
     let resp = poll_until(Duration::from_secs(10), "criguard to reconnect", || {
         let mut client = client.clone();
         async move {
-            let resp = rawgrpc::call(
-                &mut client,
-                rawgrpc::request(VERSION, rawgrpc::frame(b""), &[]),
-            )
-            .await;
+            let resp = rawgrpc::call(&mut client, rawgrpc::empty_request(VERSION)).await;
             (resp.grpc_status().as_deref() == Some("0")).then_some(resp)
         }
     })

@@ -64,24 +64,35 @@ pub async fn run_pod(
                 .unwrap()
                 .oom_score_adj = adj;
         }
-        let id = rt
-            .create_container(cri::CreateContainerRequest {
-                pod_sandbox_id: sandbox.clone(),
-                config: Some(cc),
-                sandbox_config: Some(config.clone()),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .container_id;
-        rt.start_container(cri::StartContainerRequest {
-            container_id: id.clone(),
-        })
-        .await
-        .unwrap();
+        let id = create_and_start(rt, &sandbox, cc, &config).await;
         ids.push(id);
     }
     (sandbox, ids)
+}
+
+/// CreateContainer then StartContainer, the kubelet's way; the container id.
+pub async fn create_and_start(
+    rt: &mut RuntimeServiceClient<Channel>,
+    sandbox: &str,
+    config: cri::ContainerConfig,
+    sandbox_config: &cri::PodSandboxConfig,
+) -> String {
+    let req = cri::CreateContainerRequest {
+        pod_sandbox_id: sandbox.to_owned(),
+        config: Some(config),
+        sandbox_config: Some(sandbox_config.clone()),
+    };
+    let id = rt
+        .create_container(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .container_id;
+    let start = cri::StartContainerRequest {
+        container_id: id.clone(),
+    };
+    rt.start_container(start).await.unwrap();
+    id
 }
 
 /// The host pid of a container's (or, with `sandbox`, a sandbox's) init process.

@@ -87,6 +87,11 @@ pub fn request(path: &str, body: Bytes, headers: &[(&str, &str)]) -> http::Reque
     req.body(Full::new(body)).unwrap()
 }
 
+/// A gRPC request to `path` carrying one empty message and no extra headers.
+pub fn empty_request(path: &str) -> http::Request<Full<Bytes>> {
+    request(path, frame(b""), &[])
+}
+
 /// Sends one request and collects the whole answer.
 pub async fn call(
     send: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
