@@ -36,15 +36,47 @@ pub struct PrivateContainerd {
 impl PrivateContainerd {
     /// Starts one; panics with containerd's log if it does not come up.
     pub fn start() -> Self {
+        Self::start_in(Self::new_dir())
+    }
+
+    /// Starts one whose root (its imagefs: content store and snapshots)
+    /// is a fresh tmpfs of `size_mib` MiB with at most `inodes` inodes;
+    /// `stop` unmounts it with everything else under the directory.
+    pub fn start_on_tmpfs(size_mib: u64, inodes: Option<u64>) -> Self {
+        let dir = Self::new_dir();
+        let root = dir.join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let mut opts = format!("size={size_mib}m,mode=0711");
+        if let Some(n) = inodes {
+            opts.push_str(&format!(",nr_inodes={n}"));
+        }
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &opts, "criguard-imagefs"])
+            .arg(&root)
+            .status()
+            .expect("run mount");
+        assert!(ok.success(), "mount tmpfs on {}", root.display());
+        Self::start_in(dir)
+    }
+
+    fn new_dir() -> PathBuf {
         assert!(
             nix_is_root(),
             "integration tests need root and containerd: run them with hack/test.sh"
         );
-        let dir = tempfile::Builder::new()
+        tempfile::Builder::new()
             .prefix("criguard-ctrd-")
             .tempdir()
             .unwrap()
-            .keep();
+            .keep()
+    }
+
+    /// The containerd root: the imagefs criguard watches.
+    pub fn root(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+
+    fn start_in(dir: PathBuf) -> Self {
         let out = Command::new(repo().join("hack/containerd.sh"))
             .arg("start")
             .arg(&dir)
@@ -69,6 +101,31 @@ impl PrivateContainerd {
     /// CRI clients straight to containerd (the "direct" side of comparisons).
     pub fn direct(&self) -> Clients {
         Clients::new(&self.socket)
+    }
+
+    /// Builds (or reuses) a filler image `name` of `size_mib` MiB with
+    /// `hack/images.sh --filler` and imports it into namespace k8s.io.
+    pub fn import_filler(&self, name: &str, size_mib: u64) {
+        let cache = std::env::var_os("CRIGUARD_IMAGE_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo().join("target/criguard-images"));
+        let out = Command::new(repo().join("hack/images.sh"))
+            .arg(&cache)
+            .args(["--filler", name, &size_mib.to_string()])
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run hack/images.sh");
+        assert!(out.status.success(), "hack/images.sh --filler {name}");
+        let tar = String::from_utf8(out.stdout).unwrap();
+        let tar = tar.lines().last().expect("images.sh printed no archive");
+        let ok = Command::new(repo().join("hack/containerd.sh"))
+            .arg("import")
+            .arg(&self.dir)
+            .arg(tar)
+            .stderr(Stdio::inherit())
+            .status()
+            .expect("run hack/containerd.sh import");
+        assert!(ok.success(), "import {tar}");
     }
 
     /// The tail of containerd's log, for failure messages.
