@@ -33,10 +33,7 @@ enum Command {
     /// Serve the CRI proxy: the kubelet's --container-runtime-endpoint points here.
     Serve(Box<ServeCmd>),
     /// Validate the eviction configuration and print it as criguard will use it.
-    CheckConfig {
-        #[command(flatten)]
-        eviction: EvictionArgs,
-    },
+    CheckConfig(Box<CheckConfigCmd>),
     /// Print the eviction signals as criguard reads them now.
     Signals {
         #[command(flatten)]
@@ -95,12 +92,19 @@ struct EvictionArgs {
 }
 
 impl EvictionArgs {
-    fn load(&self) -> Result<config::EvictionConfig, config::ConfigError> {
+    /// The configuration file's settings (all unset without a file).
+    fn file(&self) -> Result<config::file::RawFile, config::ConfigError> {
+        match &self.config {
+            Some(path) => config::file::load(path),
+            None => Ok(config::file::RawFile::default()),
+        }
+    }
+
+    fn load(
+        &self,
+        file: config::RawEviction,
+    ) -> Result<config::EvictionConfig, config::ConfigError> {
         use config::flags;
-        let file = match &self.config {
-            Some(path) => config::file::load(path)?,
-            None => config::RawEviction::default(),
-        };
         let map =
             |key: &str, v: &Option<String>, f: fn(&str, &str) -> Result<_, config::ConfigError>| {
                 v.as_deref().map(|t| f(key, t)).transpose()
@@ -127,6 +131,15 @@ impl EvictionArgs {
         };
         file.merge(flags).validate()
     }
+}
+
+/// `criguard check-config`'s options: the same settings as `serve`.
+#[derive(clap::Args, Debug)]
+struct CheckConfigCmd {
+    #[command(flatten)]
+    eviction: EvictionArgs,
+    #[command(flatten)]
+    gc: GcArgs,
 }
 
 /// `criguard serve`'s options.
@@ -165,6 +178,9 @@ struct ServeCmd {
     /// Decide and log evictions, stop nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Where criguard keeps what must survive a restart (image last-used times).
+    #[arg(long, default_value = "/var/lib/criguard")]
+    state_dir: PathBuf,
     #[command(flatten)]
     gc: GcArgs,
 }
@@ -184,26 +200,99 @@ struct GcArgs {
     /// How often container GC runs (the kubelet's period is 1m).
     #[arg(long, default_value = "1m")]
     container_gc_interval: String,
+    /// imagefs usage (%) at which image GC starts [default: 85].
+    #[arg(long, allow_negative_numbers = true)]
+    image_gc_high_threshold: Option<i64>,
+    /// imagefs usage (%) image GC brings it down to [default: 80].
+    #[arg(long, allow_negative_numbers = true)]
+    image_gc_low_threshold: Option<i64>,
+    /// Minimum age of an unused image before it is collected [default: 2m].
+    #[arg(long)]
+    minimum_image_ttl_duration: Option<String>,
+    /// Unused images not used for this long are collected (0: off) [default: 0].
+    #[arg(long)]
+    image_maximum_gc_age: Option<String>,
+    /// How often image GC runs (the kubelet's period is 5m).
+    #[arg(long, default_value = "5m")]
+    image_gc_interval: String,
+}
+
+fn dur(key: &str, v: &str) -> Result<Duration, config::ConfigError> {
+    criguard::quantity::parse_duration(v).map_err(|e| config::ConfigError {
+        key: key.to_owned(),
+        value: v.to_owned(),
+        rule: e.to_string(),
+    })
+}
+
+fn positive(key: &str, v: &str) -> Result<Duration, config::ConfigError> {
+    let d = dur(key, v)?;
+    if d.is_zero() {
+        return Err(config::ConfigError {
+            key: key.into(),
+            value: v.into(),
+            rule: "must be positive".into(),
+        });
+    }
+    Ok(d)
+}
+
+/// Every validated setting `serve` runs with.
+struct Settings {
+    eviction: config::EvictionConfig,
+    container_gc: (criguard::policy::gc::GcPolicy, Duration),
+    image_gc: (criguard::policy::image_gc::ImageGcPolicy, Duration),
+}
+
+impl Settings {
+    /// File and flags, validated; the first error names its key and value.
+    fn load(eviction: &EvictionArgs, gc: &GcArgs) -> Result<Self, config::ConfigError> {
+        let file = eviction.file()?;
+        Ok(Self {
+            eviction: eviction.load(file.eviction)?,
+            container_gc: gc.load()?,
+            image_gc: gc.load_images(file.image_gc)?,
+        })
+    }
+
+    /// The effective settings, one per line, in the kubelet's names.
+    fn describe(&self) -> String {
+        let (c, period) = &self.container_gc;
+        format!(
+            "{}{}imageGCPeriod: {}\nminimumContainerTTLDuration: {}\nmaximumDeadContainersPerContainer: {}\nmaximumDeadContainers: {}\ncontainerGCPeriod: {}\n",
+            self.eviction.describe(),
+            config::image_gc::describe(&self.image_gc.0),
+            criguard::quantity::format_duration(self.image_gc.1),
+            criguard::quantity::format_duration(c.min_age),
+            c.max_per_pod_container,
+            c.max_containers,
+            criguard::quantity::format_duration(*period),
+        )
+    }
 }
 
 impl GcArgs {
+    /// Image GC policy (file overridden by flags) and period.
+    fn load_images(
+        &self,
+        file: config::image_gc::RawImageGc,
+    ) -> Result<(criguard::policy::image_gc::ImageGcPolicy, Duration), config::ConfigError> {
+        let flags = config::image_gc::RawImageGc {
+            high_percent: self.image_gc_high_threshold,
+            low_percent: self.image_gc_low_threshold,
+            min_age: self.minimum_image_ttl_duration.clone(),
+            max_age: self.image_maximum_gc_age.clone(),
+        };
+        let policy = file.merge(flags).validate()?;
+        Ok((
+            policy,
+            positive("--image-gc-interval", &self.image_gc_interval)?,
+        ))
+    }
+
     /// The policy and period, or the configuration error naming the flag.
     fn load(&self) -> Result<(criguard::policy::gc::GcPolicy, Duration), config::ConfigError> {
-        let dur = |key: &str, v: &str| {
-            criguard::quantity::parse_duration(v).map_err(|e| config::ConfigError {
-                key: key.to_owned(),
-                value: v.to_owned(),
-                rule: e.to_string(),
-            })
-        };
-        let period = dur("--container-gc-interval", &self.container_gc_interval)?;
-        if period.is_zero() {
-            return Err(config::ConfigError {
-                key: "--container-gc-interval".into(),
-                value: self.container_gc_interval.clone(),
-                rule: "must be positive".into(),
-            });
-        }
+        let period = positive("--container-gc-interval", &self.container_gc_interval)?;
         let policy = criguard::policy::gc::GcPolicy {
             min_age: dur(
                 "--minimum-container-ttl-duration",
@@ -299,9 +388,13 @@ async fn shutdown_signal() {
 async fn serve(
     activated: Option<std::os::unix::net::UnixListener>,
     cmd: ServeCmd,
-    eviction: config::EvictionConfig,
-    gc: (criguard::policy::gc::GcPolicy, Duration),
+    settings: Settings,
 ) -> anyhow::Result<()> {
+    let Settings {
+        eviction,
+        container_gc: gc,
+        image_gc,
+    } = settings;
     let ServeCmd {
         listen: listen_path,
         runtime_endpoint,
@@ -313,6 +406,7 @@ async fn serve(
         metrics_address,
         node: node_args,
         dry_run,
+        state_dir,
         ..
     } = cmd;
     let sources = node_args.sources()?;
@@ -426,7 +520,26 @@ async fn serve(
         })
         .await;
     });
-    let collector = criguard::reclaim::container_gc::ContainerGc::new(upstream.clone(), gc.0);
+    let image_uses = criguard::reclaim::image_gc::ImageUses::default();
+    let images = criguard::reclaim::image_gc::ImageGc::new(
+        upstream.clone(),
+        image_gc.0,
+        node_args.imagefs.clone(),
+        Some(state_dir.join("image-gc.json")),
+        image_uses.clone(),
+        metrics.reclaim.clone(),
+    );
+    let image_gc_task = tokio::spawn(periodic(image_gc.1, stopped(), move || {
+        let images = images.clone();
+        async move {
+            images.round().await;
+        }
+    }));
+    let collector = criguard::reclaim::container_gc::ContainerGc::new(upstream.clone(), gc.0)
+        .with_reclaim(
+            vec![node_args.imagefs.clone(), node_args.nodefs.clone()],
+            metrics.reclaim.clone(),
+        );
     let gc_task = tokio::spawn(periodic(gc.1, stopped(), move || {
         let c = collector.clone();
         async move {
@@ -449,7 +562,8 @@ async fn serve(
     let proxy = cri::Proxy::new(&upstream)
         .with_observer(
             cri::observe::Observer::new(node)
-                .with_admission(status, metrics.eviction.admission_refusals.clone()),
+                .with_admission(status, metrics.eviction.admission_refusals.clone())
+                .with_image_uses(image_uses),
         )
         .with_metrics(metrics.cri.clone());
     cri::serve(listener, proxy, shutdown_signal(), drain).await;
@@ -460,7 +574,8 @@ async fn serve(
         oom_task,
         metrics_task,
         evict_task,
-        gc_task
+        gc_task,
+        image_gc_task
     );
     for path in owned_path.iter().chain([&admin_socket]) {
         std::fs::remove_file(path).with_context(|| format!("remove socket {}", path.display()))?;
@@ -545,7 +660,7 @@ fn main() -> ExitCode {
             println!("criguard {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
-        Command::CheckConfig { eviction } => match eviction.load() {
+        Command::CheckConfig(c) => match Settings::load(&c.eviction, &c.gc) {
             Ok(c) => {
                 print!("{}", c.describe());
                 ExitCode::SUCCESS
@@ -585,8 +700,7 @@ fn main() -> ExitCode {
         Command::Serve(cmd) => {
             // Refused before anything starts, with the exit code systemd
             // does not restart on.
-            let loaded = cmd.eviction.load().and_then(|e| Ok((e, cmd.gc.load()?)));
-            let (eviction, gc) = match loaded {
+            let settings = match Settings::load(&cmd.eviction, &cmd.gc) {
                 Ok(c) => c,
                 Err(err) => {
                     eprintln!("criguard: invalid configuration: {err}");
@@ -594,7 +708,7 @@ fn main() -> ExitCode {
                 }
             };
             let dry_run = cmd.dry_run;
-            tracing::info!(config = %eviction.describe().replace('\n', "; "), dry_run, "eviction configuration");
+            tracing::info!(config = %settings.describe().replace('\n', "; "), dry_run, "configuration");
             let run = || -> anyhow::Result<()> {
                 let activated = listen::from_systemd()?;
                 // One thread: every call costs two HTTP/2 hops of CPU, and on
@@ -607,7 +721,7 @@ fn main() -> ExitCode {
                     .enable_all()
                     .build()
                     .context("start tokio runtime")?;
-                rt.block_on(serve(activated, *cmd, eviction, gc))
+                rt.block_on(serve(activated, *cmd, settings))
             };
             match run() {
                 Ok(()) => ExitCode::SUCCESS,

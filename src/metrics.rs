@@ -157,6 +157,48 @@ impl EvictionMetrics {
     }
 }
 
+/// Labels of a node-level reclaim action.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    /// `image_gc` or `container_gc`.
+    pub action: String,
+}
+
+/// Metrics of image and container garbage collection.
+#[derive(Clone, Debug, Default)]
+pub struct ReclaimMetrics {
+    /// Bytes freed, by action (measured on the filesystems, not estimated).
+    pub bytes: Family<ActionLabels, Counter>,
+    /// Objects removed (images, containers, sandboxes), by action.
+    pub removed: Family<ActionLabels, Counter>,
+}
+
+impl ReclaimMetrics {
+    fn new(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "criguard_reclaimed_bytes",
+            "Bytes freed on imagefs/nodefs by node-level reclaim, by action (image_gc, container_gc)",
+            m.bytes.clone(),
+        );
+        registry.register(
+            "criguard_reclaim_removals",
+            "Images, containers and sandboxes removed by node-level reclaim, by action",
+            m.removed.clone(),
+        );
+        m
+    }
+
+    /// Records one action's removals and the bytes they freed.
+    pub fn record(&self, action: &str, removed: u64, bytes: u64) {
+        let l = ActionLabels {
+            action: action.to_owned(),
+        };
+        self.removed.get_or_create(&l).inc_by(removed);
+        self.bytes.get_or_create(&l).inc_by(bytes);
+    }
+}
+
 /// All of criguard's metrics.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -167,6 +209,8 @@ pub struct Metrics {
     pub oom: OomMetrics,
     /// The eviction manager's and admission's.
     pub eviction: EvictionMetrics,
+    /// Image and container GC's.
+    pub reclaim: ReclaimMetrics,
 }
 
 impl Metrics {
@@ -181,11 +225,13 @@ impl Metrics {
             oom.writes.clone(),
         );
         let eviction = EvictionMetrics::new(&mut registry);
+        let reclaim = ReclaimMetrics::new(&mut registry);
         Self {
             registry: Arc::new(registry),
             cri,
             oom,
             eviction,
+            reclaim,
         }
     }
 

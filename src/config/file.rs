@@ -8,6 +8,10 @@
 //! evictionMinimumReclaim = { "memory.available" = "50Mi" }
 //! evictionPressureTransitionPeriod = "5m"
 //! housekeepingInterval = "10s"
+//! imageGCHighThresholdPercent = 85
+//! imageGCLowThresholdPercent = 80
+//! imageMinimumGCAge = "2m"
+//! imageMaximumGCAge = "0s"
 //! ```
 //!
 //! Unknown keys are refused, naming the key, so a typo never silently
@@ -18,6 +22,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use super::image_gc::RawImageGc;
 use super::{ConfigError, RawEviction};
 
 #[derive(Debug, Default, Deserialize)]
@@ -33,10 +38,27 @@ struct FileConfig {
     eviction_minimum_reclaim: BTreeMap<String, String>,
     eviction_pressure_transition_period: Option<String>,
     housekeeping_interval: Option<String>,
+    #[serde(rename = "imageGCHighThresholdPercent")]
+    image_gc_high_threshold_percent: Option<i64>,
+    #[serde(rename = "imageGCLowThresholdPercent")]
+    image_gc_low_threshold_percent: Option<i64>,
+    #[serde(rename = "imageMinimumGCAge")]
+    image_minimum_gc_age: Option<String>,
+    #[serde(rename = "imageMaximumGCAge")]
+    image_maximum_gc_age: Option<String>,
+}
+
+/// Everything a configuration file sets, before validation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RawFile {
+    /// The eviction keys.
+    pub eviction: RawEviction,
+    /// The image GC keys.
+    pub image_gc: RawImageGc,
 }
 
 /// Parses the file's text; `origin` names it in errors.
-pub fn parse(origin: &str, text: &str) -> Result<RawEviction, ConfigError> {
+pub fn parse(origin: &str, text: &str) -> Result<RawFile, ConfigError> {
     let f: FileConfig = toml::from_str(text).map_err(|e| {
         let msg = e.message().to_owned();
         // The parser names the key in its message (unknown field `x`, …).
@@ -52,7 +74,7 @@ pub fn parse(origin: &str, text: &str) -> Result<RawEviction, ConfigError> {
             rule: msg,
         }
     })?;
-    Ok(RawEviction {
+    let eviction = RawEviction {
         hard: f.eviction_hard,
         soft: f.eviction_soft,
         soft_grace_period: f.eviction_soft_grace_period,
@@ -60,11 +82,18 @@ pub fn parse(origin: &str, text: &str) -> Result<RawEviction, ConfigError> {
         minimum_reclaim: f.eviction_minimum_reclaim,
         pressure_transition_period: f.eviction_pressure_transition_period,
         housekeeping_interval: f.housekeeping_interval,
-    })
+    };
+    let image_gc = RawImageGc {
+        high_percent: f.image_gc_high_threshold_percent,
+        low_percent: f.image_gc_low_threshold_percent,
+        min_age: f.image_minimum_gc_age,
+        max_age: f.image_maximum_gc_age,
+    };
+    Ok(RawFile { eviction, image_gc })
 }
 
 /// Reads and parses a configuration file.
-pub fn load(path: &Path) -> Result<RawEviction, ConfigError> {
+pub fn load(path: &Path) -> Result<RawFile, ConfigError> {
     let origin = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
         key: origin.clone(),
@@ -88,8 +117,16 @@ mod tests {
             evictionMinimumReclaim = { "memory.available" = "50Mi" }
             evictionPressureTransitionPeriod = "5m"
             housekeepingInterval = "10s"
+            imageGCHighThresholdPercent = 90
+            imageGCLowThresholdPercent = 70
+            imageMinimumGCAge = "5m"
+            imageMaximumGCAge = "168h"
         "#;
-        let c = parse("config.toml", text).unwrap().validate().unwrap();
+        let f = parse("config.toml", text).unwrap();
+        let g = f.image_gc.validate().unwrap();
+        assert_eq!((g.high_percent, g.low_percent), (90, 70));
+        assert_eq!(g.max_age, Some(std::time::Duration::from_secs(7 * 86400)));
+        let c = f.eviction.validate().unwrap();
         assert_eq!(c.hard.len(), 2);
         assert_eq!(c.soft.len(), 1);
         assert_eq!(

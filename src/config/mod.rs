@@ -16,6 +16,7 @@
 
 pub mod file;
 pub mod flags;
+pub mod image_gc;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -179,7 +180,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(key: &str, value: impl Into<String>, rule: impl Into<String>) -> Self {
+    pub(crate) fn new(key: &str, value: impl Into<String>, rule: impl Into<String>) -> Self {
         Self {
             key: key.to_owned(),
             value: value.into(),
@@ -239,7 +240,7 @@ fn amount(key: &str, sig: &str, value: &str) -> Result<Amount, ConfigError> {
     }
 }
 
-fn duration(key: &str, value: &str) -> Result<Duration, ConfigError> {
+pub(crate) fn duration(key: &str, value: &str) -> Result<Duration, ConfigError> {
     quantity::parse_duration(value).map_err(|e| ConfigError::new(key, value, e.to_string()))
 }
 

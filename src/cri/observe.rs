@@ -17,6 +17,7 @@ use crate::model::{ContainerState, NodeModel, SandboxState, convert, derive};
 use crate::policy::admission;
 use crate::policy::thresholds::Condition;
 use crate::reclaim::evict::NodeStatus;
+use crate::reclaim::image_gc::ImageUses;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
@@ -104,6 +105,7 @@ pub struct Observer {
     model: Arc<RwLock<NodeModel>>,
     status: Option<Arc<RwLock<NodeStatus>>>,
     refusals: Option<Family<ConditionLabels, Counter>>,
+    image_uses: Option<ImageUses>,
 }
 
 impl Observer {
@@ -113,7 +115,14 @@ impl Observer {
             model,
             status: None,
             refusals: None,
+            image_uses: None,
         }
+    }
+
+    /// The same observer, telling image GC of each container created.
+    pub fn with_image_uses(mut self, uses: ImageUses) -> Self {
+        self.image_uses = Some(uses);
+        self
     }
 
     /// The same observer, admitting pods against the node's `status`.
@@ -256,6 +265,9 @@ impl Observer {
                     m.upsert_sandbox(convert::sandbox_from_request(&r.pod_sandbox_id, sandbox));
                 }
                 let config = r.config.unwrap_or_default();
+                if let (Some(uses), Some(image)) = (&self.image_uses, &config.image) {
+                    uses.touch(&image.image);
+                }
                 m.upsert_container(convert::container_from_request(
                     &id,
                     &r.pod_sandbox_id,

@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod gc;
+pub mod image_gc;
 pub mod oom;
 pub mod rank;
 pub mod thresholds;

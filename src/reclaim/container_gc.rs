@@ -7,13 +7,18 @@
 //! state Created (made but not yet started) is never collected, since the
 //! kubelet may be about to start it.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
+
 use k8s_cri::v1 as cri;
 
 use crate::kubelet::LABEL_POD_UID;
+use crate::metrics::ReclaimMetrics;
 use crate::policy::gc::{
     DeadContainer, GcPolicy, SandboxRecord, containers_to_remove, sandboxes_to_remove,
 };
 use crate::runtime::Upstream;
+use crate::signals::node::fs_stats;
 
 /// What one round removed.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -22,6 +27,8 @@ pub struct GcReport {
     pub containers: Vec<String>,
     /// Sandbox ids removed.
     pub sandboxes: Vec<String>,
+    /// Bytes freed on the watched filesystems, measured (`statvfs`).
+    pub freed: u64,
 }
 
 /// The container garbage collector.
@@ -29,6 +36,28 @@ pub struct GcReport {
 pub struct ContainerGc {
     upstream: Upstream,
     policy: GcPolicy,
+    filesystems: Vec<PathBuf>,
+    metrics: ReclaimMetrics,
+}
+
+/// Free bytes of each distinct filesystem among `paths` (by device).
+fn free_space(paths: &[PathBuf]) -> HashMap<u64, u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = HashMap::new();
+    for p in paths {
+        if let (Ok(meta), Ok(fs)) = (std::fs::metadata(p), fs_stats(p)) {
+            out.insert(meta.dev(), fs.available);
+        }
+    }
+    out
+}
+
+/// Bytes freed between two [`free_space`] readings (0 where one is missing).
+fn freed_between(before: &HashMap<u64, u64>, after: &HashMap<u64, u64>) -> u64 {
+    before
+        .iter()
+        .filter_map(|(dev, b)| Some(after.get(dev)?.saturating_sub(*b)))
+        .sum()
 }
 
 fn now_ns() -> i64 {
@@ -40,11 +69,43 @@ fn now_ns() -> i64 {
 impl ContainerGc {
     /// A collector with `policy`, acting through `upstream`.
     pub fn new(upstream: Upstream, policy: GcPolicy) -> Self {
-        Self { upstream, policy }
+        Self {
+            upstream,
+            policy,
+            filesystems: Vec::new(),
+            metrics: ReclaimMetrics::default(),
+        }
+    }
+
+    /// The same collector, measuring the space it frees on the filesystems
+    /// holding `filesystems` (imagefs: writable layers; nodefs: logs) and
+    /// counting it in `metrics`.
+    pub fn with_reclaim(mut self, filesystems: Vec<PathBuf>, metrics: ReclaimMetrics) -> Self {
+        self.filesystems = filesystems;
+        self.metrics = metrics;
+        self
     }
 
     /// One round; runtime errors are logged and the round ends early.
     pub async fn round(&self) -> GcReport {
+        let before = free_space(&self.filesystems);
+        let mut report = self.remove().await;
+        report.freed = freed_between(&before, &free_space(&self.filesystems));
+        let n = (report.containers.len() + report.sandboxes.len()) as u64;
+        self.metrics.record("container_gc", n, report.freed);
+        if n > 0 {
+            tracing::info!(
+                containers = report.containers.len(),
+                sandboxes = report.sandboxes.len(),
+                freed = report.freed,
+                "container GC: freed {}",
+                crate::quantity::format_bytes(report.freed)
+            );
+        }
+        report
+    }
+
+    async fn remove(&self) -> GcReport {
         let mut report = GcReport::default();
         let mut rt = self.upstream.runtime();
         let Ok(list) = rt

@@ -2,4 +2,5 @@
 
 pub mod container_gc;
 pub mod evict;
+pub mod image_gc;
 pub mod oom_adjust;

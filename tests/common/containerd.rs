@@ -210,6 +210,12 @@ impl CriguardProcess {
                     &["--metrics-address", "none"][..]
                 },
             )
+            .args(if extra.iter().any(|a| a.starts_with("--state-dir")) {
+                vec![]
+            } else {
+                // Never the host's /var/lib/criguard.
+                vec!["--state-dir".into(), listen.with_extension("state")]
+            })
             .arg("--runtime-endpoint")
             .arg(format!("unix://{}", runtime.display()))
             .args(extra)

@@ -1,0 +1,463 @@
+//! Image garbage collection through the CRI.
+//!
+//! A collection lists the runtime's images and containers, updates the
+//! images' first-detected and last-used times (persisted under the state
+//! directory, so a restart forgets nothing), asks the pure policy
+//! ([`crate::policy::image_gc`]) what may go, and removes it with
+//! RemoveImage, so containerd's own bookkeeping stays right. containerd's
+//! CRI deletes an image's content and snapshots before RemoveImage
+//! returns, so the bytes freed are measured: `statvfs` of imagefs before
+//! and after. One step beyond the kubelet: images go one at a time and the
+//! collection stops as soon as the measured space reaches the target,
+//! instead of trusting the runtime's (compressed) image sizes.
+//!
+//! "Used" means referenced by any container the runtime lists, running or
+//! not, or created through criguard since the last collection; the sandbox
+//! image (containerd's `sandboxImage`) and images the runtime marks pinned
+//! are never removed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use k8s_cri::v1 as cri;
+
+use crate::metrics::ReclaimMetrics;
+use crate::policy::image_gc::{
+    ImageGcPolicy, ImageRecord, ImageTimes, Listed, bytes_to_free, candidates, too_old,
+};
+use crate::quantity::format_bytes;
+use crate::runtime::Upstream;
+use crate::signals::node::fs_stats;
+
+/// Image uses seen between collections (a container created through the
+/// proxy): image reference as the kubelet wrote it → when, ms since the epoch.
+#[derive(Clone, Debug, Default)]
+pub struct ImageUses(Arc<Mutex<HashMap<String, i64>>>);
+
+impl ImageUses {
+    /// Records that a container was just created from `image`.
+    pub fn touch(&self, image: &str) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(image.to_owned(), now_ms());
+    }
+
+    fn take(&self) -> HashMap<String, i64> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Why an image was removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Reason {
+    /// Unused for longer than `imageMaximumGCAge`.
+    Age,
+    /// imagefs above the high threshold, or reclaim asked for space.
+    Space,
+}
+
+/// One image removed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Removed {
+    /// Image id.
+    pub id: String,
+    /// Its first tag, else its id.
+    pub name: String,
+    /// Size as the runtime reported it.
+    pub size: u64,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// What one collection did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImageGcReport {
+    /// Images removed, in order.
+    pub removed: Vec<Removed>,
+    /// Bytes the collection set out to free (0: none needed).
+    pub wanted: u64,
+    /// imagefs bytes freed, measured.
+    pub freed: u64,
+}
+
+/// The image garbage collector (cheap to clone; collections never overlap).
+#[derive(Clone, Debug)]
+pub struct ImageGc {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    upstream: Upstream,
+    policy: ImageGcPolicy,
+    imagefs: PathBuf,
+    state_file: Option<PathBuf>,
+    uses: ImageUses,
+    times: tokio::sync::Mutex<ImageTimes>,
+    metrics: ReclaimMetrics,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Docker-style normalisation of an image reference (`busybox` →
+/// `docker.io/library/busybox:latest`), so that references written either
+/// way match the runtime's tags.
+pub fn normalize_ref(r: &str) -> String {
+    if r.starts_with("sha256:") {
+        return r.to_owned();
+    }
+    let (name, digest) = match r.split_once('@') {
+        Some((n, d)) => (n, Some(d)),
+        None => (r, None),
+    };
+    let first = name.split('/').next().unwrap_or("");
+    let has_domain =
+        name.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    let mut full = match (has_domain, name.contains('/')) {
+        (true, _) => name.to_owned(),
+        (false, true) => format!("docker.io/{name}"),
+        (false, false) => format!("docker.io/library/{name}"),
+    };
+    let last = full.rsplit('/').next().unwrap_or("");
+    if digest.is_none() && !last.contains(':') {
+        full.push_str(":latest");
+    }
+    match digest {
+        Some(d) => format!("{full}@{d}"),
+        None => full,
+    }
+}
+
+impl ImageGc {
+    /// A collector with `policy`, for the imagefs holding `imagefs`,
+    /// keeping its image times in `state_file` (None: in memory only).
+    pub fn new(
+        upstream: Upstream,
+        policy: ImageGcPolicy,
+        imagefs: PathBuf,
+        state_file: Option<PathBuf>,
+        uses: ImageUses,
+        metrics: ReclaimMetrics,
+    ) -> Self {
+        let times = state_file.as_deref().map(load_times).unwrap_or_default();
+        Self {
+            inner: Arc::new(Inner {
+                upstream,
+                policy,
+                imagefs,
+                state_file,
+                uses,
+                times: tokio::sync::Mutex::new(times),
+                metrics,
+            }),
+        }
+    }
+
+    /// A periodic collection: images unused beyond the maximum age, then,
+    /// at or above the high threshold, down to the low threshold.
+    pub async fn round(&self) -> ImageGcReport {
+        self.collect(None).await
+    }
+
+    /// Reclaim asked by the eviction manager: remove unused images (least
+    /// recently used first, minimum age honoured) until `bytes` are freed
+    /// or none is left; thresholds do not matter here.
+    pub async fn free(&self, bytes: u64) -> ImageGcReport {
+        self.collect(Some(bytes)).await
+    }
+
+    async fn collect(&self, demand: Option<u64>) -> ImageGcReport {
+        let inner = &self.inner;
+        let mut times = inner.times.lock().await;
+        let mut report = ImageGcReport::default();
+        let now = now_ms();
+        let before = fs_stats(&inner.imagefs).ok();
+        let records = match self.detect(&mut times, now).await {
+            Ok(r) => r,
+            Err(err) => {
+                tracing::warn!(%err, "image GC: cannot list images and containers; skipped");
+                return report;
+            }
+        };
+        self.save(&times);
+        let mut gone = Vec::new();
+        if demand.is_none() {
+            for img in too_old(&records, now, &inner.policy) {
+                if self.remove(img, Reason::Age).await {
+                    gone.push(img.id.clone());
+                    report.removed.push(removed(img, Reason::Age));
+                }
+            }
+        }
+        // Measured after the age pass, which may have freed enough.
+        let start = fs_stats(&inner.imagefs).ok();
+        let wanted = match (demand, start) {
+            (Some(b), _) => Some(b),
+            (None, Some(fs)) => bytes_to_free(&inner.policy, fs.capacity, fs.available),
+            (None, None) => None,
+        };
+        if let Some(wanted) = wanted {
+            report.wanted = wanted;
+            if let (None, Some(fs)) = (demand, start) {
+                tracing::info!(
+                    usage_percent = 100 - fs.available * 100 / fs.capacity.max(1),
+                    high = inner.policy.high_percent,
+                    low = inner.policy.low_percent,
+                    wanted,
+                    "image GC: imagefs usage is at or above the high threshold; freeing down to the low threshold"
+                );
+            }
+            // Measured when statvfs works, else the runtime's sizes.
+            let mut by_size = 0u64;
+            let freed = |by_size: u64| match start {
+                Some(_) => measured(&inner.imagefs, start),
+                None => by_size,
+            };
+            for img in candidates(&records, now, inner.policy.min_age) {
+                if freed(by_size) >= wanted {
+                    break;
+                }
+                if gone.contains(&img.id) {
+                    continue;
+                }
+                if self.remove(img, Reason::Space).await {
+                    by_size += img.size;
+                    gone.push(img.id.clone());
+                    report.removed.push(removed(img, Reason::Space));
+                }
+            }
+            let got = freed(by_size);
+            if got < wanted {
+                tracing::warn!(
+                    wanted,
+                    freed = got,
+                    "image GC: could not free the required amount: no other unused image is old enough"
+                );
+            }
+        }
+        report.freed = match before {
+            Some(_) => measured(&inner.imagefs, before),
+            None => report.removed.iter().map(|r| r.size).sum(),
+        };
+        inner
+            .metrics
+            .record("image_gc", report.removed.len() as u64, report.freed);
+        if !report.removed.is_empty() {
+            tracing::info!(
+                removed = report.removed.len(),
+                freed = report.freed,
+                "image GC: freed {} on imagefs",
+                format_bytes(report.freed)
+            );
+        }
+        report
+    }
+
+    /// Lists images and what uses them, and updates their times.
+    async fn detect(
+        &self,
+        times: &mut ImageTimes,
+        now: i64,
+    ) -> Result<Vec<ImageRecord>, tonic::Status> {
+        let inner = &self.inner;
+        let mut rt = inner.upstream.runtime();
+        let mut img = inner.upstream.images();
+        let images = img
+            .list_images(cri::ListImagesRequest { filter: None })
+            .await?
+            .into_inner()
+            .images;
+        let containers = rt
+            .list_containers(cri::ListContainersRequest { filter: None })
+            .await?
+            .into_inner()
+            .containers;
+        let sandbox_image = sandbox_image(&mut rt).await;
+        let mut refs: Vec<String> = Vec::new();
+        for c in &containers {
+            refs.push(c.image_ref.clone());
+            if let Some(spec) = &c.image {
+                refs.push(normalize_ref(&spec.image));
+            }
+        }
+        let seen: Vec<(String, i64)> = inner
+            .uses
+            .take()
+            .into_iter()
+            .map(|(r, t)| (normalize_ref(&r), t))
+            .collect();
+        let names = |i: &cri::Image| -> Vec<String> {
+            let mut v = vec![i.id.clone()];
+            v.extend(i.repo_tags.iter().cloned());
+            v.extend(i.repo_digests.iter().cloned());
+            v
+        };
+        let listed: Vec<Listed> = images
+            .iter()
+            .map(|i| {
+                let n = names(i);
+                Listed {
+                    id: i.id.clone(),
+                    tags: i.repo_tags.clone(),
+                    size: i.size,
+                    in_use: refs.iter().any(|r| n.contains(r)),
+                    pinned: i.pinned
+                        || sandbox_image
+                            .as_ref()
+                            .is_some_and(|s| n.contains(&normalize_ref(s))),
+                    seen_used_ms: seen
+                        .iter()
+                        .filter(|(r, _)| n.contains(r))
+                        .map(|(_, t)| *t)
+                        .max(),
+                }
+            })
+            .collect();
+        Ok(times.detect(&listed, now))
+    }
+
+    async fn remove(&self, img: &ImageRecord, reason: Reason) -> bool {
+        let mut client = self.inner.upstream.images();
+        let req = cri::RemoveImageRequest {
+            image: Some(cri::ImageSpec {
+                image: img.id.clone(),
+                ..Default::default()
+            }),
+        };
+        let idle_s = (now_ms() - img.last_used_or_detected()) / 1000;
+        match client.remove_image(req).await {
+            Ok(_) => {
+                tracing::info!(
+                    image = %img.display_name(), id = %img.id, size = img.size, ?reason,
+                    unused_for_s = idle_s,
+                    "image GC: removed an unused image ({}, unused for {idle_s}s)",
+                    format_bytes(img.size)
+                );
+                true
+            }
+            Err(err) => {
+                tracing::warn!(image = %img.display_name(), id = %img.id, %err, "image GC: RemoveImage failed");
+                false
+            }
+        }
+    }
+
+    fn save(&self, times: &ImageTimes) {
+        let Some(path) = &self.inner.state_file else {
+            return;
+        };
+        if let Err(err) = save_times(path, times) {
+            tracing::warn!(path = %path.display(), %err, "image GC: cannot save image times");
+        }
+    }
+}
+
+fn removed(img: &ImageRecord, reason: Reason) -> Removed {
+    Removed {
+        id: img.id.clone(),
+        name: img.display_name().to_owned(),
+        size: img.size,
+        reason,
+    }
+}
+
+/// Bytes freed on the filesystem at `path` since `before` (0 if unknown).
+fn measured(path: &Path, before: Option<crate::signals::node::FsStats>) -> u64 {
+    match (before, fs_stats(path)) {
+        (Some(b), Ok(now)) => now.available.saturating_sub(b.available),
+        _ => 0,
+    }
+}
+
+/// containerd's configured sandbox (pause) image, from its verbose status.
+async fn sandbox_image(
+    rt: &mut cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
+) -> Option<String> {
+    let info = rt
+        .status(cri::StatusRequest { verbose: true })
+        .await
+        .ok()?
+        .into_inner()
+        .info;
+    let config: serde_json::Value = serde_json::from_str(info.get("config")?).ok()?;
+    Some(config.get("sandboxImage")?.as_str()?.to_owned())
+}
+
+fn load_times(path: &Path) -> ImageTimes {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|err| {
+            tracing::warn!(path = %path.display(), %err, "image GC: unreadable image times; starting afresh");
+            ImageTimes::default()
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => ImageTimes::default(),
+        Err(err) => {
+            tracing::warn!(path = %path.display(), %err, "image GC: cannot read image times; starting afresh");
+            ImageTimes::default()
+        }
+    }
+}
+
+/// Writes the times atomically (a temporary file renamed over the old one).
+fn save_times(path: &Path, times: &ImageTimes) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(times)?)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_normalise_like_docker() {
+        for (r, want) in [
+            ("busybox", "docker.io/library/busybox:latest"),
+            ("busybox:1.36", "docker.io/library/busybox:1.36"),
+            ("me/app", "docker.io/me/app:latest"),
+            ("registry.k8s.io/pause:3.9", "registry.k8s.io/pause:3.9"),
+            ("localhost:5000/app", "localhost:5000/app:latest"),
+            ("localhost/app:v1", "localhost/app:v1"),
+            (
+                "busybox@sha256:abcd",
+                "docker.io/library/busybox@sha256:abcd",
+            ),
+            ("sha256:abcd", "sha256:abcd"),
+        ] {
+            assert_eq!(normalize_ref(r), want, "{r}");
+        }
+    }
+
+    #[test]
+    fn times_persist_atomically_and_a_bad_file_starts_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/image-gc.json");
+        let mut t = ImageTimes::default();
+        t.detect(
+            &[Listed {
+                id: "sha256:1".into(),
+                tags: vec![],
+                size: 1,
+                in_use: true,
+                pinned: false,
+                seen_used_ms: None,
+            }],
+            42,
+        );
+        save_times(&path, &t).unwrap();
+        assert_eq!(load_times(&path), t);
+        std::fs::write(&path, "not json").unwrap();
+        assert_eq!(load_times(&path), ImageTimes::default());
+        assert_eq!(
+            load_times(&dir.path().join("absent")),
+            ImageTimes::default()
+        );
+    }
+}
