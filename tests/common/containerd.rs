@@ -106,26 +106,39 @@ impl PrivateContainerd {
     /// Builds (or reuses) a filler image `name` of `size_mib` MiB with
     /// `hack/images.sh --filler` and imports it into namespace k8s.io.
     pub fn import_filler(&self, name: &str, size_mib: u64) {
+        self.import_fillers(&[(name, size_mib)]);
+    }
+
+    /// [`Self::import_filler`] for many images, imported in one go.
+    pub fn import_fillers(&self, images: &[(&str, u64)]) {
         let cache = std::env::var_os("CRIGUARD_IMAGE_CACHE")
             .map(PathBuf::from)
             .unwrap_or_else(|| repo().join("target/criguard-images"));
-        let out = Command::new(repo().join("hack/images.sh"))
-            .arg(&cache)
-            .args(["--filler", name, &size_mib.to_string()])
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run hack/images.sh");
-        assert!(out.status.success(), "hack/images.sh --filler {name}");
-        let tar = String::from_utf8(out.stdout).unwrap();
-        let tar = tar.lines().last().expect("images.sh printed no archive");
+        let mut tars = Vec::new();
+        for (name, size_mib) in images {
+            let out = Command::new(repo().join("hack/images.sh"))
+                .arg(&cache)
+                .args(["--filler", name, &size_mib.to_string()])
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("run hack/images.sh");
+            assert!(out.status.success(), "hack/images.sh --filler {name}");
+            let tar = String::from_utf8(out.stdout).unwrap();
+            tars.push(
+                tar.lines()
+                    .last()
+                    .expect("images.sh printed no archive")
+                    .to_owned(),
+            );
+        }
         let ok = Command::new(repo().join("hack/containerd.sh"))
             .arg("import")
             .arg(&self.dir)
-            .arg(tar)
+            .args(&tars)
             .stderr(Stdio::inherit())
             .status()
             .expect("run hack/containerd.sh import");
-        assert!(ok.success(), "import {tar}");
+        assert!(ok.success(), "import {tars:?}");
     }
 
     /// The tail of containerd's log, for failure messages.
