@@ -9,4 +9,5 @@ pub mod gc;
 pub mod image_gc;
 pub mod oom;
 pub mod rank;
+pub mod reclaim;
 pub mod thresholds;
