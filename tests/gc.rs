@@ -1,6 +1,7 @@
 //! Dead-container and sandbox GC against a real containerd: a container
 //! that keeps exiting leaves only its newest dead instance, running
-//! containers are never touched, and a pod's older empty sandbox goes.
+//! containers are never touched, a removed container's log goes with it,
+//! and a pod's older empty sandbox goes.
 
 mod common;
 
@@ -50,6 +51,7 @@ async fn only_the_newest_dead_instance_and_the_newest_sandbox_remain() {
         let mut rt = rt.clone();
         let mut config = p.container_config(index);
         config.metadata.as_mut().unwrap().attempt = attempt;
+        config.log_path = format!("{}/{attempt}.log", config.metadata.as_ref().unwrap().name);
         let (sandbox, sandbox_config) = (sandbox.to_owned(), p.sandbox_config());
         async move { create_and_start(&mut rt, &sandbox, config, &sandbox_config).await }
     };
@@ -123,6 +125,17 @@ async fn only_the_newest_dead_instance_and_the_newest_sandbox_remain() {
     assert!(
         ids.contains(&keep.as_str()),
         "a running container is never collected"
+    );
+    // The kubelet names each attempt's log <name>/<attempt>.log; removed
+    // containers take their logs with them, the kept one keeps its log.
+    let logs = std::path::Path::new(&p.log_directory()).join("crash");
+    for attempt in 0..2 {
+        let log = logs.join(format!("{attempt}.log"));
+        assert!(!log.exists(), "{} should be gone", log.display());
+    }
+    assert!(
+        logs.join("2.log").exists(),
+        "the kept container's log stays"
     );
     let sids: Vec<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
     assert!(

@@ -104,6 +104,29 @@ pub fn containers_to_remove(dead: &[DeadContainer], policy: GcPolicy, now_ns: i6
     out
 }
 
+/// Under disk pressure (the kubelet's DeleteAllUnusedContainers): every dead
+/// container past the minimum age whose pod has no ready sandbox left (a
+/// terminated or evicted pod needs none of them), on top of
+/// [`containers_to_remove`].
+pub fn containers_of_terminated_pods(
+    dead: &[DeadContainer],
+    ready_pods: &std::collections::BTreeSet<String>,
+    policy: GcPolicy,
+    now_ns: i64,
+) -> Vec<String> {
+    let min_age = policy.min_age.as_nanos() as i64;
+    let mut out = containers_to_remove(dead, policy, now_ns);
+    for c in dead {
+        if !ready_pods.contains(&c.pod_uid)
+            && now_ns - c.created_at_ns >= min_age
+            && !out.contains(&c.id)
+        {
+            out.push(c.id.clone());
+        }
+    }
+    out
+}
+
 /// Sandboxes to remove: not ready, no containers left, and not their pod's newest.
 pub fn sandboxes_to_remove(sandboxes: &[SandboxRecord]) -> Vec<String> {
     let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
@@ -205,5 +228,26 @@ mod tests {
             s("q-running", "q", true, 1, 0),
         ];
         assert_eq!(sandboxes_to_remove(&all), ["p-old-empty"]);
+    }
+
+    #[test]
+    fn under_pressure_terminated_pods_lose_every_dead_container() {
+        let dead = [
+            dead("run-old", "running", "app", 1),
+            dead("run-new", "running", "app", 2),
+            dead("gone-1", "terminated", "app", 1),
+            dead("gone-2", "terminated", "app", 2),
+            dead("young", "terminated", "side", 100),
+        ];
+        let ready: std::collections::BTreeSet<String> = ["running".to_owned()].into();
+        let policy = GcPolicy {
+            min_age: Duration::from_nanos(10),
+            ..GcPolicy::default()
+        };
+        let mut got = containers_of_terminated_pods(&dead, &ready, policy, 105);
+        got.sort();
+        // The running pod keeps its newest dead instance; the terminated
+        // pod keeps nothing old enough.
+        assert_eq!(got, ["gone-1", "gone-2", "run-old"]);
     }
 }

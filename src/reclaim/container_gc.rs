@@ -7,7 +7,7 @@
 //! state Created (made but not yet started) is never collected, since the
 //! kubelet may be about to start it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 
 use k8s_cri::v1 as cri;
@@ -15,7 +15,8 @@ use k8s_cri::v1 as cri;
 use crate::kubelet::LABEL_POD_UID;
 use crate::metrics::ReclaimMetrics;
 use crate::policy::gc::{
-    DeadContainer, GcPolicy, SandboxRecord, containers_to_remove, sandboxes_to_remove,
+    DeadContainer, GcPolicy, SandboxRecord, containers_of_terminated_pods, containers_to_remove,
+    sandboxes_to_remove,
 };
 use crate::runtime::Upstream;
 use crate::signals::node::fs_stats;
@@ -38,6 +39,47 @@ pub struct ContainerGc {
     policy: GcPolicy,
     filesystems: Vec<PathBuf>,
     metrics: ReclaimMetrics,
+}
+
+/// Removes a container the kubelet's way: its log file first (containerd
+/// leaves it; the kubelet deletes it when it removes a container), then the
+/// container. False when RemoveContainer failed.
+pub async fn remove_container(
+    rt: &mut cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
+    id: &str,
+) -> bool {
+    let status = rt
+        .container_status(cri::ContainerStatusRequest {
+            container_id: id.to_owned(),
+            verbose: false,
+        })
+        .await;
+    if let Some(log) = status
+        .ok()
+        .and_then(|s| s.into_inner().status)
+        .map(|s| s.log_path)
+        .filter(|p| !p.is_empty())
+    {
+        match std::fs::remove_file(&log) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => {
+                tracing::warn!(container = %id, log = %log, %err, "cannot remove container log")
+            }
+        }
+    }
+    match rt
+        .remove_container(cri::RemoveContainerRequest {
+            container_id: id.to_owned(),
+        })
+        .await
+    {
+        Ok(_) => true,
+        Err(err) => {
+            tracing::warn!(container = %id, %err, "RemoveContainer failed");
+            false
+        }
+    }
 }
 
 /// Free bytes of each distinct filesystem among `paths` (by device).
@@ -86,10 +128,21 @@ impl ContainerGc {
         self
     }
 
-    /// One round; runtime errors are logged and the round ends early.
+    /// One periodic round; runtime errors are logged and the round ends early.
     pub async fn round(&self) -> GcReport {
+        self.collect(false).await
+    }
+
+    /// Reclaim under disk pressure (the kubelet's DeleteAllUnusedContainers):
+    /// a round that also removes every dead container of pods with no ready
+    /// sandbox.
+    pub async fn reclaim(&self) -> GcReport {
+        self.collect(true).await
+    }
+
+    async fn collect(&self, pressure: bool) -> GcReport {
         let before = free_space(&self.filesystems);
-        let mut report = self.remove().await;
+        let mut report = self.remove(pressure).await;
         report.freed = freed_between(&before, &free_space(&self.filesystems));
         let n = (report.containers.len() + report.sandboxes.len()) as u64;
         self.metrics.record("container_gc", n, report.freed);
@@ -105,9 +158,16 @@ impl ContainerGc {
         report
     }
 
-    async fn remove(&self) -> GcReport {
+    async fn remove(&self, pressure: bool) -> GcReport {
         let mut report = GcReport::default();
         let mut rt = self.upstream.runtime();
+        let Ok(list) = rt
+            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+            .await
+        else {
+            return report;
+        };
+        let sandboxes = list.into_inner().items;
         let Ok(list) = rt
             .list_containers(cri::ListContainersRequest { filter: None })
             .await
@@ -135,35 +195,28 @@ impl ContainerGc {
                 created_at_ns: c.created_at,
             })
             .collect();
-        for id in containers_to_remove(&dead, self.policy, now_ns()) {
-            match rt
-                .remove_container(cri::RemoveContainerRequest {
-                    container_id: id.clone(),
-                })
-                .await
-            {
-                Ok(_) => {
-                    tracing::info!(container = %id, policy = ?self.policy, "container GC: removed a dead container");
-                    report.containers.push(id);
-                }
-                Err(err) => {
-                    tracing::warn!(container = %id, %err, "container GC: RemoveContainer failed")
-                }
+        let ready = cri::PodSandboxState::SandboxReady as i32;
+        let ids = if pressure {
+            let ready_pods: BTreeSet<String> = sandboxes
+                .iter()
+                .filter(|s| s.state == ready)
+                .filter_map(|s| Some(s.metadata.as_ref()?.uid.clone()))
+                .collect();
+            containers_of_terminated_pods(&dead, &ready_pods, self.policy, now_ns())
+        } else {
+            containers_to_remove(&dead, self.policy, now_ns())
+        };
+        for id in ids {
+            if remove_container(&mut rt, &id).await {
+                tracing::info!(container = %id, policy = ?self.policy, pressure, "container GC: removed a dead container and its log");
+                report.containers.push(id);
             }
         }
-        let Ok(list) = rt
-            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-            .await
-        else {
-            return report;
-        };
         let remaining: Vec<&cri::Container> = containers
             .iter()
             .filter(|c| !report.containers.contains(&c.id))
             .collect();
-        let records: Vec<SandboxRecord> = list
-            .into_inner()
-            .items
+        let records: Vec<SandboxRecord> = sandboxes
             .iter()
             .map(|s| SandboxRecord {
                 id: s.id.clone(),
