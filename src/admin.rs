@@ -9,6 +9,7 @@
 //! | `GET /v1/pods` | the node model, synced with the runtime first |
 //! | `GET /v1/evictions` | every eviction since start, oldest first |
 //! | `GET /v1/conditions` | node conditions and the last signal observations |
+//! | `GET /v1/usage` | per-pod disk and process usage, read now (model synced first) |
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,6 +24,7 @@ use tokio::net::{UnixListener, UnixStream};
 use crate::model::{NodeModel, Pod, sync};
 use crate::reclaim::evict::{Eviction, NodeStatus};
 use crate::runtime::Upstream;
+use crate::signals::usage::{NodeUsage, UsageReader};
 
 /// What the admin endpoint serves from.
 #[derive(Clone, Debug)]
@@ -33,6 +35,8 @@ pub struct AdminState {
     pub upstream: Upstream,
     /// Conditions and evictions.
     pub status: Arc<RwLock<NodeStatus>>,
+    /// Per-pod usage, read on request.
+    pub usage: UsageReader,
 }
 
 fn json<T: serde::Serialize>(status: http::StatusCode, value: &T) -> http::Response<Full<Bytes>> {
@@ -57,6 +61,13 @@ async fn handle(
             }
             let pods = state.model.read().unwrap_or_else(|e| e.into_inner()).pods();
             json(http::StatusCode::OK, &pods)
+        }
+        (&http::Method::GET, "/v1/usage") => {
+            if let Err(err) = sync::sync(&state.model, &state.upstream).await {
+                tracing::warn!(%err, "sync before /v1/usage failed; answering from the model as it is");
+            }
+            let pods = state.model.read().unwrap_or_else(|e| e.into_inner()).pods();
+            json(http::StatusCode::OK, &state.usage.read(pods).await)
         }
         (&http::Method::GET, "/v1/evictions") => {
             let st = state.status.read().unwrap_or_else(|e| e.into_inner());
@@ -128,6 +139,11 @@ pub async fn get_pods(socket: &Path) -> Result<Vec<Pod>, ClientError> {
 /// `GET /v1/evictions` from a running criguard.
 pub async fn get_evictions(socket: &Path) -> Result<Vec<Eviction>, ClientError> {
     get(socket, "/v1/evictions").await
+}
+
+/// `GET /v1/usage` from a running criguard.
+pub async fn get_usage(socket: &Path) -> Result<NodeUsage, ClientError> {
+    get(socket, "/v1/usage").await
 }
 
 /// `GET /v1/conditions` from a running criguard, as JSON.
@@ -211,4 +227,59 @@ fn mib(bytes: i64) -> String {
     } else {
         format!("{}Mi", bytes >> 20)
     }
+}
+
+/// Per-pod usage as a table for people: one line per pod, then the node's
+/// filesystems and image store.
+pub fn usage_table(u: &NodeUsage) -> String {
+    use crate::quantity::format_bytes;
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<36} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>6}",
+        "NAMESPACE/POD", "ROOTFS", "INODES", "LOGS", "INODES", "VOLUMES", "INODES", "PROCS"
+    );
+    for p in &u.pods {
+        let procs = p.processes.map_or("-".into(), |n| n.to_string());
+        let _ = writeln!(
+            out,
+            "{:<36} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>6}",
+            format!("{}/{}", p.namespace, p.name),
+            format_bytes(p.rootfs.bytes),
+            p.rootfs.inodes,
+            format_bytes(p.logs.bytes),
+            p.logs.inodes,
+            format_bytes(p.volumes.bytes),
+            p.volumes.inodes,
+            procs
+        );
+        for e in &p.errors {
+            let _ = writeln!(out, "  not read: {e}");
+        }
+    }
+    for (name, fs) in [("nodefs", u.nodefs), ("imagefs", u.imagefs)] {
+        if let Some(fs) = fs {
+            let _ = writeln!(
+                out,
+                "{name}: {} of {} available, {} of {} inodes free",
+                format_bytes(fs.available),
+                format_bytes(fs.capacity),
+                fs.inodes_free,
+                fs.inodes
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "dedicated imagefs: {}; image content store: {}; read in {} µs",
+        if u.dedicated_imagefs { "yes" } else { "no" },
+        u.images.map_or("-".into(), |i| format!(
+            "{} in {} inodes",
+            format_bytes(i.bytes),
+            i.inodes
+        )),
+        u.read_us
+    );
+    out
 }

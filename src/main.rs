@@ -48,6 +48,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print per-pod disk and process usage as a running criguard reads it now.
+    Usage {
+        /// criguard's admin socket.
+        #[arg(long, default_value = DEFAULT_ADMIN)]
+        admin_socket: PathBuf,
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the node model of a running criguard.
     Pods {
         /// criguard's admin socket.
@@ -157,6 +166,10 @@ struct ServeCmd {
     /// criguard's admin socket (`criguard pods` reads it).
     #[arg(long, default_value = DEFAULT_ADMIN)]
     admin_socket: PathBuf,
+    /// containerd's snapshotter for CRI containers (its CRI plugin's
+    /// `containerd.snapshotter`): where writable layers are looked up.
+    #[arg(long, default_value = criguard::runtime::snapshots::DEFAULT_SNAPSHOTTER)]
+    snapshotter: String,
     /// How often the node model is re-synced with the runtime.
     #[arg(long, default_value = "10s", value_parser = parse_seconds)]
     sync_interval: Duration,
@@ -337,6 +350,14 @@ impl NodeArgs {
         }
     }
 
+    fn usage_sources(&self) -> criguard::signals::usage::UsageSources {
+        criguard::signals::usage::UsageSources {
+            nodefs: self.nodefs.clone(),
+            imagefs: self.imagefs.clone(),
+            cgroups: criguard::signals::memory::CgroupFs::detect(&self.cgroup_root),
+        }
+    }
+
     fn sources(&self) -> anyhow::Result<criguard::signals::node::NodeSources> {
         Ok(criguard::signals::node::NodeSources {
             cgroups: criguard::signals::memory::CgroupFs::detect(&self.cgroup_root),
@@ -400,6 +421,7 @@ async fn serve(
         runtime_endpoint,
         drain,
         admin_socket,
+        snapshotter,
         sync_interval,
         dynamic_oom_score_adj,
         oom_adjust_interval,
@@ -472,6 +494,10 @@ async fn serve(
         model: node.clone(),
         upstream: upstream.clone(),
         status: status.clone(),
+        usage: criguard::signals::usage::UsageReader::new(
+            upstream.snapshots(&snapshotter),
+            node_args.usage_sources(),
+        ),
     };
     let housekeeping = eviction.housekeeping_interval;
     let manager = criguard::reclaim::evict::EvictionManager::new(
@@ -642,6 +668,16 @@ async fn evictions(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn usage(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
+    let u = admin::get_usage(&admin_socket).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&u)?);
+    } else {
+        print!("{}", admin::usage_table(&u));
+    }
+    Ok(())
+}
+
 async fn pods(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
     let pods = admin::get_pods(&admin_socket).await?;
     if json {
@@ -697,6 +733,7 @@ fn main() -> ExitCode {
         },
         Command::Evictions { admin_socket, json } => run_client(evictions(admin_socket, json)),
         Command::Pods { admin_socket, json } => run_client(pods(admin_socket, json)),
+        Command::Usage { admin_socket, json } => run_client(usage(admin_socket, json)),
         Command::Serve(cmd) => {
             // Refused before anything starts, with the exit code systemd
             // does not restart on.

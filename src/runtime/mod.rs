@@ -3,12 +3,14 @@
 //! One [`Upstream`] holds two lazily dialled HTTP/2 connections to the
 //! runtime's unix socket: a bare one the proxy forwards raw requests over
 //! ([`raw`]), and a tonic channel for criguard's own CRI calls
-//! ([`Upstream::runtime`]). Both reconnect by themselves: while the runtime is
+//! ([`Upstream::runtime`]) and its native snapshots service
+//! ([`Upstream::snapshots`]). Both reconnect by themselves: while the runtime is
 //! down every call fails at once, and the first call after it is back opens a
 //! new connection. Nothing is locked per call; HTTP/2 multiplexes concurrent
 //! calls.
 
 pub mod raw;
+pub mod snapshots;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -105,6 +107,12 @@ impl Upstream {
     /// A CRI v1 runtime client over the shared channel.
     pub fn runtime(&self) -> RuntimeServiceClient<Channel> {
         RuntimeServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_MESSAGE)
+    }
+
+    /// A client of containerd's native snapshots service for `snapshotter`,
+    /// over the shared channel (containerd serves it on the CRI socket).
+    pub fn snapshots(&self, snapshotter: &str) -> snapshots::Snapshots {
+        snapshots::Snapshots::new(self.channel.clone(), snapshotter)
     }
 
     /// A CRI v1 image client over the shared channel.

@@ -115,12 +115,21 @@ impl CgroupFs {
         })
     }
 
-    /// The pids in `cgroup` and its descendants (memory hierarchy).
+    /// The pids in `cgroup` and its descendants (memory hierarchy). A
+    /// descendant removed while it is read (a container exiting) is skipped;
+    /// only an unreadable `cgroup` itself is an error.
     pub fn pids(&self, cgroup: &str) -> Result<Vec<i32>, ReadError> {
         let mut out = Vec::new();
-        let mut dirs = vec![self.memory_dir(cgroup)];
+        let top = self.memory_dir(cgroup);
+        let mut dirs = vec![top.clone()];
         while let Some(dir) = dirs.pop() {
-            let procs = read(&dir.join("cgroup.procs"))?;
+            let procs = match read(&dir.join("cgroup.procs")) {
+                Ok(p) => p,
+                Err(e) if dir != top && e.source.kind() == std::io::ErrorKind::NotFound => {
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             out.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
             if let Ok(entries) = std::fs::read_dir(&dir) {
                 dirs.extend(

@@ -3,8 +3,10 @@
 //! Readers take a root (never a hard-coded `/sys/fs/cgroup`) and parse plain
 //! text, so tests run them against fixture trees. Errors carry the path.
 
+pub mod disk;
 pub mod memory;
 pub mod node;
+pub mod usage;
 
 use std::path::{Path, PathBuf};
 

@@ -33,7 +33,7 @@ pub struct NodeSources {
 }
 
 /// Space and inodes of a filesystem.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FsStats {
     /// Bytes available to unprivileged users.
     pub available: u64,
