@@ -1,14 +1,25 @@
-//! The eviction manager: observe, decide, stop the right pod, observe again.
+//! The eviction manager: observe, decide, reclaim, stop the right pod,
+//! observe again.
 //!
 //! Each round reads the node signals fresh, steps the pure state machine
-//! ([`crate::policy::thresholds`]) and, for each memory threshold to act on,
-//! stops the first pod of the kubelet's memory ranking: StopContainer for
-//! each running container (grace 0 under a hard threshold, the pod's grace
-//! capped by `evictionMaxPodGracePeriod` under a soft one) then
-//! StopPodSandbox, through the runtime. It then observes again before
-//! choosing another victim, so one pressure episode takes no more pods than
-//! it needs. Disk and pid signals are observed and raise conditions (and so
-//! admission refusals); reclaiming them is not implemented yet.
+//! ([`crate::policy::thresholds`]) and handles the thresholds to act on,
+//! memory first, then pids, then disk:
+//! - **disk** (`nodefs.*`, `imagefs.*`): node-level reclaim first
+//!   ([`crate::policy::reclaim::node_actions`]: dead containers, then unused
+//!   images, asked for the deficit); if a fresh observation still meets the
+//!   threshold, the pod with the largest usage that the signal counts goes,
+//!   and its containers are removed with their logs so that the space
+//!   actually comes back (its emptyDirs stay: they are the kubelet's);
+//! - **memory**: the first pod of the kubelet's memory ranking;
+//! - **pid**: the pod with the most tasks among the lowest priority.
+//!
+//! A pod is stopped with StopContainer for each running container (grace 0
+//! under a hard threshold, the pod's grace capped by
+//! `evictionMaxPodGracePeriod` under a soft one) then StopPodSandbox,
+//! through the runtime. Stops are awaited and rounds never overlap, so no
+//! stop is in flight when the next victim is chosen: the manager observes
+//! again after each one, and one pressure episode takes no more pods than it
+//! needs.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
@@ -21,10 +32,15 @@ use crate::config::{EvictionConfig, Signal, Threshold};
 use crate::metrics::{ConditionLabels, EvictionLabels, EvictionMetrics, Metrics, SignalLabels};
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
 use crate::policy::rank::{PodMemory, rank_memory};
-use crate::policy::thresholds::{Condition, EvictionState, Observations, condition_of};
+use crate::policy::reclaim::{NodeAction, PodUse, node_actions, plan_victims, rank_usage};
+use crate::policy::thresholds::{Condition, EvictionState, Observations, condition_of, deficit};
 use crate::quantity::format_bytes;
+use crate::reclaim::container_gc::{ContainerGc, remove_container};
+use crate::reclaim::image_gc::ImageGc;
 use crate::runtime::Upstream;
+use crate::signals::disk::DiskUsage;
 use crate::signals::node::NodeSources;
+use crate::signals::usage::{PodUsage, UsageReader, counted};
 
 /// One eviction, as logged and as `criguard evictions` shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -78,13 +94,45 @@ pub struct EvictionManager {
     state: EvictionState,
     dry_run: bool,
     metrics: EvictionMetrics,
+    node_reclaim: Option<(ContainerGc, ImageGc)>,
+    usage: Option<UsageReader>,
 }
 
-fn is_memory(s: Signal) -> bool {
-    matches!(
-        s,
-        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable
-    )
+/// How a signal is reclaimed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Class {
+    Memory,
+    Pid,
+    Disk,
+}
+
+fn class(s: Signal) -> Class {
+    match s {
+        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Class::Memory,
+        Signal::PidAvailable => Class::Pid,
+        _ => Class::Disk,
+    }
+}
+
+/// The kubelet's resource name for a signal, as its eviction messages say it.
+fn resource(s: Signal) -> &'static str {
+    match s {
+        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => "memory",
+        Signal::NodefsAvailable | Signal::ImagefsAvailable => "ephemeral-storage",
+        Signal::NodefsInodesFree | Signal::ImagefsInodesFree => "inodes",
+        Signal::PidAvailable => "pids",
+    }
+}
+
+/// The pod chosen, with what the signal counts of it.
+struct Victim {
+    pod: Pod,
+    /// Usage the signal counts (bytes, inodes or tasks).
+    usage: i64,
+    /// Request (memory only; CRI carries no other).
+    request: i64,
+    /// Its heaviest container: name, usage, request.
+    heaviest: Option<(String, i64, i64)>,
 }
 
 impl EvictionManager {
@@ -106,7 +154,23 @@ impl EvictionManager {
             state: EvictionState::default(),
             dry_run,
             metrics: Metrics::new().eviction,
+            node_reclaim: None,
+            usage: None,
         }
+    }
+
+    /// The same manager, reclaiming disk at node level (dead containers,
+    /// unused images) before it evicts for a disk signal.
+    pub fn with_node_reclaim(mut self, containers: ContainerGc, images: ImageGc) -> Self {
+        self.node_reclaim = Some((containers, images));
+        self
+    }
+
+    /// The same manager, ranking pods under disk pressure by the usage
+    /// `reader` reads (without it, disk signals get node-level reclaim only).
+    pub fn with_usage(mut self, reader: UsageReader) -> Self {
+        self.usage = Some(reader);
+        self
     }
 
     /// The same manager, publishing its figures in `metrics`.
@@ -162,17 +226,29 @@ impl EvictionManager {
     pub async fn round(&mut self) -> Vec<Eviction> {
         let mut made = Vec::new();
         let mut tried = BTreeSet::new();
+        let mut reclaimed = BTreeSet::new();
         loop {
-            let (obs, act_on) = self.observe();
-            let Some(t) = act_on.into_iter().find(|t| is_memory(t.signal)) else {
+            let (obs, mut act_on) = self.observe();
+            act_on.sort_by_key(|t| class(t.signal));
+            let Some(t) = act_on.into_iter().next() else {
                 break;
             };
-            let Some((pod, usage)) = self.memory_victim(&tried) else {
-                tracing::warn!(threshold = %t, "memory threshold met but no pod can be evicted");
+            if class(t.signal) == Class::Disk && reclaimed.insert(t.signal) {
+                if self.reclaim_node(&t, &obs).await {
+                    continue; // observe again: it may have been enough
+                }
+            }
+            let victim = match class(t.signal) {
+                Class::Memory => self.memory_victim(&tried),
+                Class::Pid => self.pid_victim(&tried),
+                Class::Disk => self.disk_victim(&t, &tried).await,
+            };
+            let Some(victim) = victim else {
+                tracing::warn!(threshold = %t, "threshold met but no pod can be evicted");
                 break;
             };
-            tried.insert(pod.sandbox_id.clone());
-            let e = self.evict(&pod, usage, &t, &obs).await;
+            tried.insert(victim.pod.sandbox_id.clone());
+            let e = self.evict(&victim, &t, &obs).await;
             made.push(e);
             if self.dry_run {
                 break; // nothing changed: another pass would choose the same pod
@@ -181,14 +257,40 @@ impl EvictionManager {
         made
     }
 
+    /// Node-level reclaim for a disk threshold; true when something ran.
+    async fn reclaim_node(&mut self, t: &Threshold, obs: &Observations) -> bool {
+        let Some((containers, images)) = self.node_reclaim.clone() else {
+            return false;
+        };
+        let dedicated = dedicated_imagefs(&self.sources);
+        let mut need = deficit(t, obs, true).unwrap_or(0);
+        for action in node_actions(t.signal, dedicated) {
+            if self.dry_run {
+                tracing::info!(threshold = %t, ?action, "dry run: node-level reclaim skipped");
+                continue;
+            }
+            let freed = match action {
+                NodeAction::ContainerGc => containers.reclaim().await.freed,
+                NodeAction::ImageGc => {
+                    // Bytes are asked for; for inodes, every unused image.
+                    let bytes = if t.signal.is_bytes() { need } else { u64::MAX };
+                    images.free(bytes).await.freed
+                }
+            };
+            tracing::info!(threshold = %t, ?action, freed, "node-level reclaim");
+            let fresh = self.sources.observe();
+            match deficit(t, &fresh, true) {
+                None => return true,
+                Some(d) => need = d,
+            }
+        }
+        true
+    }
+
     /// The first pod of the kubelet's memory ranking, with its working set.
-    fn memory_victim(&self, tried: &BTreeSet<String>) -> Option<(Pod, i64)> {
-        let pods: Vec<Pod> = self.model.read().unwrap_or_else(|e| e.into_inner()).pods();
-        let running: Vec<&Pod> = pods
-            .iter()
-            .filter(|p| p.state == SandboxState::Ready && !tried.contains(&p.sandbox_id))
-            .collect();
-        let usage: HashMap<&str, i64> = running
+    fn memory_victim(&self, tried: &BTreeSet<String>) -> Option<Victim> {
+        let pods = self.candidates(tried);
+        let usage: HashMap<&str, i64> = pods
             .iter()
             .filter_map(|p| {
                 Some((
@@ -201,7 +303,7 @@ impl EvictionManager {
                 ))
             })
             .collect();
-        let candidates: Vec<PodMemory> = running
+        let ranked: Vec<PodMemory> = pods
             .iter()
             .map(|p| PodMemory {
                 sandbox_id: p.sandbox_id.clone(),
@@ -211,19 +313,122 @@ impl EvictionManager {
                 critical: p.critical,
             })
             .collect();
-        let first = rank_memory(&candidates).first()?.sandbox_id.clone();
-        let pod = running.into_iter().find(|p| p.sandbox_id == first)?.clone();
-        let u = usage.get(first.as_str()).copied().unwrap_or(0);
-        Some((pod, u))
+        let first = rank_memory(&ranked).first()?.sandbox_id.clone();
+        let victim_usage = usage.get(first.as_str()).copied().unwrap_or(0);
+        let pod = pods.iter().find(|p| p.sandbox_id == first)?.clone();
+        let heaviest = pod
+            .containers
+            .values()
+            .filter(|c| c.state == ContainerState::Running)
+            .filter_map(|c| {
+                let u = self.sources.cgroups.memory(&c.cgroup_path).ok()?;
+                Some((c.name.clone(), u.working_set as i64, c.memory_request))
+            })
+            .max_by_key(|(_, u, _)| *u);
+        Some(Victim {
+            usage: victim_usage,
+            request: pod.memory_request(),
+            heaviest,
+            pod,
+        })
     }
 
-    async fn evict(
-        &mut self,
-        pod: &Pod,
-        usage: i64,
-        t: &Threshold,
-        obs: &Observations,
-    ) -> Eviction {
+    /// The pod with the most tasks among the lowest priority.
+    fn pid_victim(&self, tried: &BTreeSet<String>) -> Option<Victim> {
+        let pods = self.candidates(tried);
+        let tasks = |cgroup: &str| self.sources.cgroups.pids_counter(cgroup).ok().map(|c| c.0);
+        let uses: Vec<PodUse> = pods
+            .iter()
+            .map(|p| {
+                let n = tasks(&p.cgroup_parent);
+                PodUse {
+                    sandbox_id: p.sandbox_id.clone(),
+                    priority: p.priority,
+                    critical: p.critical,
+                    usage: n,
+                    reclaimable: n.unwrap_or(0),
+                }
+            })
+            .collect();
+        let first = rank_usage(&uses).first()?.sandbox_id.clone();
+        let usage = uses.iter().find(|u| u.sandbox_id == first)?.usage;
+        let pod = pods.into_iter().find(|p| p.sandbox_id == first)?;
+        let heaviest = pod
+            .containers
+            .values()
+            .filter_map(|c| Some((c.name.clone(), tasks(&c.cgroup_path)? as i64, 0)))
+            .max_by_key(|(_, n, _)| *n);
+        Some(Victim {
+            usage: usage.unwrap_or(0) as i64,
+            request: 0,
+            heaviest,
+            pod,
+        })
+    }
+
+    /// Running pods not tried yet this round.
+    fn candidates(&self, tried: &BTreeSet<String>) -> Vec<Pod> {
+        let pods = self.model.read().unwrap_or_else(|e| e.into_inner()).pods();
+        pods.into_iter()
+            .filter(|p| p.state == SandboxState::Ready && !tried.contains(&p.sandbox_id))
+            .collect()
+    }
+
+    /// The pod with the largest usage that the disk signal counts, among
+    /// the lowest priority.
+    async fn disk_victim(&self, t: &Threshold, tried: &BTreeSet<String>) -> Option<Victim> {
+        let reader = self.usage.as_ref()?;
+        let pods = self.candidates(tried);
+        let node = reader.read(pods.clone()).await;
+        let dedicated = node.dedicated_imagefs;
+        let inodes = !t.signal.is_bytes();
+        let pick = |d: DiskUsage| if inodes { d.inodes } else { d.bytes };
+        let uses: Vec<PodUse> = pods
+            .iter()
+            .map(|p| {
+                let u = node.pods.iter().find(|u| u.sandbox_id == p.sandbox_id);
+                PodUse {
+                    sandbox_id: p.sandbox_id.clone(),
+                    priority: p.priority,
+                    critical: p.critical,
+                    usage: u.and_then(|u| counted(t.signal, u, dedicated)),
+                    reclaimable: u.map_or(0, |u| pick(reclaimable(t.signal, u, dedicated))),
+                }
+            })
+            .collect();
+        let ranked = rank_usage(&uses);
+        let need = deficit(t, &self.sources.observe(), true).unwrap_or(0);
+        let plan = plan_victims(&ranked, need);
+        let first = plan.first()?;
+        tracing::info!(
+            threshold = %t, need, planned = plan.len(),
+            victims = ?plan.iter().map(|p| p.sandbox_id.as_str()).collect::<Vec<_>>(),
+            "disk pressure: pods expected to cover the deficit, evicted one at a time"
+        );
+        let pod = pods
+            .iter()
+            .find(|p| p.sandbox_id == first.sandbox_id)?
+            .clone();
+        let u = node.pods.iter().find(|u| u.sandbox_id == pod.sandbox_id);
+        let heaviest = u.and_then(|u| {
+            u.containers
+                .iter()
+                .map(|c| {
+                    let part = c.rootfs.unwrap_or_default() + c.logs.unwrap_or_default();
+                    (c.name.clone(), pick(part) as i64, 0)
+                })
+                .max_by_key(|(_, n, _)| *n)
+        });
+        Some(Victim {
+            usage: first.usage.unwrap_or(0) as i64,
+            request: 0,
+            heaviest,
+            pod,
+        })
+    }
+
+    async fn evict(&mut self, v: &Victim, t: &Threshold, obs: &Observations) -> Eviction {
+        let pod = &v.pod;
         let grace_s = match t.grace_period {
             None => 0,
             Some(_) => {
@@ -235,34 +440,7 @@ impl EvictionManager {
             }
         };
         let available = obs.get(&t.signal).map_or(0, |o| o.available);
-        let heaviest = pod
-            .containers
-            .values()
-            .filter(|c| c.state == ContainerState::Running)
-            .filter_map(|c| {
-                Some((
-                    c,
-                    self.sources
-                        .cgroups
-                        .memory(&c.cgroup_path)
-                        .ok()?
-                        .working_set as i64,
-                ))
-            })
-            .max_by_key(|(_, u)| *u);
-        let mut message = format!(
-            "The node was low on resource: memory. Threshold quantity: {}, available: {}. ",
-            t.amount_display(),
-            format_bytes(available.max(0) as u64)
-        );
-        if let Some((c, u)) = heaviest {
-            message.push_str(&format!(
-                "Container {} was using {}, request is {}, has larger consumption of memory. ",
-                c.name,
-                format_bytes(u.max(0) as u64),
-                format_bytes(c.memory_request.max(0) as u64)
-            ));
-        }
+        let message = eviction_message(t, available, v.heaviest.as_ref());
         let e = Eviction {
             at_unix_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -273,10 +451,10 @@ impl EvictionManager {
             signal: t.signal.to_string(),
             threshold: t.to_string(),
             available,
-            usage,
-            request: pod.memory_request(),
+            usage: v.usage,
+            request: v.request,
             grace_s,
-            message: message.trim_end().to_owned(),
+            message,
             dry_run: self.dry_run,
         };
         tracing::warn!(
@@ -286,6 +464,15 @@ impl EvictionManager {
         );
         if !self.dry_run {
             self.stop(pod, grace_s).await;
+            if class(t.signal) == Class::Disk {
+                // Stopping frees no disk: the writable layers and logs go
+                // with the containers. The kubelet would do this when it
+                // deletes the evicted pod; it does not know of this eviction.
+                let mut rt = self.upstream.runtime();
+                for c in pod.containers.values() {
+                    remove_container(&mut rt, &c.id).await;
+                }
+            }
             let labels = EvictionLabels {
                 signal: e.signal.clone(),
                 qos: format!("{:?}", pod.qos),
@@ -328,5 +515,90 @@ impl EvictionManager {
         if let Err(err) = rt.stop_pod_sandbox(req).await {
             tracing::error!(sandbox = %pod.sandbox_id, %err, "StopPodSandbox failed");
         }
+    }
+}
+
+/// The kubelet-style message: which resource, the threshold, what was
+/// available, and which container used how much against which request.
+pub fn eviction_message(
+    t: &Threshold,
+    available: i64,
+    heaviest: Option<&(String, i64, i64)>,
+) -> String {
+    let res = resource(t.signal);
+    let show = |v: i64| {
+        if t.signal.is_bytes() {
+            format_bytes(v.max(0) as u64)
+        } else {
+            v.to_string()
+        }
+    };
+    let mut m = format!(
+        "The node was low on resource: {res}. Threshold quantity: {}, available: {}.",
+        t.amount_display(),
+        show(available)
+    );
+    if let Some((name, used, request)) = heaviest {
+        m.push_str(&format!(
+            " Container {name} was using {}, request is {}, has larger consumption of {res}.",
+            show(*used),
+            show(*request)
+        ));
+    }
+    m
+}
+
+/// The part of a pod's usage that evicting it gives back for `signal`:
+/// writable layers and logs (emptyDirs stay), limited to the filesystem
+/// the signal watches.
+fn reclaimable(signal: Signal, u: &PodUsage, dedicated_imagefs: bool) -> DiskUsage {
+    match signal {
+        Signal::NodefsAvailable | Signal::NodefsInodesFree if dedicated_imagefs => u.logs,
+        Signal::ImagefsAvailable | Signal::ImagefsInodesFree if dedicated_imagefs => u.rootfs,
+        _ => u.rootfs + u.logs,
+    }
+}
+
+/// True when the runtime's root is on a filesystem of its own.
+fn dedicated_imagefs(s: &NodeSources) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(&s.nodefs), std::fs::metadata(&s.imagefs)) {
+        (Ok(n), Ok(i)) => n.dev() != i.dev(),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Amount;
+
+    fn threshold(signal: Signal, amount: Amount) -> Threshold {
+        Threshold {
+            signal,
+            amount,
+            grace_period: None,
+            min_reclaim: None,
+        }
+    }
+
+    #[test]
+    fn messages_name_the_kubelets_resource_and_units() {
+        let t = threshold(Signal::NodefsAvailable, Amount::Quantity(64 << 20));
+        let m = eviction_message(&t, 10 << 20, Some(&("writer".into(), 80 << 20, 0)));
+        assert_eq!(
+            m,
+            "The node was low on resource: ephemeral-storage. Threshold quantity: 64Mi, available: 10Mi. \
+             Container writer was using 80Mi, request is 0, has larger consumption of ephemeral-storage."
+        );
+        let t = threshold(Signal::PidAvailable, Amount::Quantity(20));
+        let m = eviction_message(&t, 12, Some(&("forker".into(), 40, 0)));
+        assert_eq!(
+            m,
+            "The node was low on resource: pids. Threshold quantity: 20, available: 12. \
+             Container forker was using 40, request is 0, has larger consumption of pids."
+        );
+        let t = threshold(Signal::ImagefsInodesFree, Amount::Percentage(5.0));
+        assert!(eviction_message(&t, 3, None).starts_with("The node was low on resource: inodes."));
     }
 }

@@ -115,6 +115,24 @@ impl CgroupFs {
         })
     }
 
+    /// `pids.current` (tasks, threads included) and `pids.max` (None:
+    /// unlimited) of `cgroup`, from the pids controller.
+    pub fn pids_counter(&self, cgroup: &str) -> Result<(u64, Option<u64>), ReadError> {
+        let rel = cgroup.trim_start_matches('/');
+        let dir = match self.layout {
+            Layout::V1 => self.root.join("pids").join(rel),
+            Layout::V2 => self.root.join(rel),
+        };
+        let cur_path = dir.join("pids.current");
+        let current = parse_u64(&cur_path, read(&cur_path)?.trim())?;
+        let max_path = dir.join("pids.max");
+        let max = match read(&max_path)?.trim() {
+            "max" => None,
+            t => Some(parse_u64(&max_path, t)?),
+        };
+        Ok((current, max))
+    }
+
     /// The pids in `cgroup` and its descendants (memory hierarchy). A
     /// descendant removed while it is read (a container exiting) is skipped;
     /// only an unreadable `cgroup` itself is an error.

@@ -6,7 +6,8 @@
 //!   allocatable) − its working set;
 //! - `nodefs.*` / `imagefs.*` = free bytes / free inodes of the filesystems
 //!   holding the kubelet's root and the runtime's root (`statvfs`);
-//! - `pid.available` = the kernel's pid limit − processes now.
+//! - `pid.available` = the kernel's pid limit − processes now, or, when the
+//!   pods' cgroup has a pids limit that leaves less, that limit − its tasks.
 
 use std::path::{Path, PathBuf};
 
@@ -163,9 +164,20 @@ impl NodeSources {
             Signal::PidAvailable,
             pid_limit(&self.proc_root).and_then(|limit| {
                 let used = pids_in_use(&self.proc_root)?;
-                Ok(Observation {
+                let node = Observation {
                     available: limit as i64 - used as i64,
                     capacity: limit,
+                };
+                // Beyond the kubelet: a pids limit on the pods' cgroup
+                // (system-reserved pids) is the tighter bound for pods.
+                Ok(match self.cgroups.pids_counter(&self.pods_cgroup) {
+                    Ok((current, Some(max))) if (max as i64 - current as i64) < node.available => {
+                        Observation {
+                            available: max as i64 - current as i64,
+                            capacity: max,
+                        }
+                    }
+                    _ => node,
                 })
             }),
         );
@@ -227,6 +239,41 @@ mod tests {
         assert!(
             o.contains_key(&Signal::NodefsAvailable) && o.contains_key(&Signal::ImagefsInodesFree)
         );
+    }
+
+    #[test]
+    fn a_pids_limit_on_the_pods_cgroup_bounds_pid_available() {
+        let t = tempfile::tempdir().unwrap();
+        let cg = t.path().join("cg");
+        write(&cg, "cgroup.controllers", "memory pids\n");
+        write(&cg, "kubepods/pids.current", "90\n");
+        write(&cg, "kubepods/pids.max", "100\n");
+        write(&cg, "unlimited/pids.current", "90\n");
+        write(&cg, "unlimited/pids.max", "max\n");
+        let proc = t.path().join("proc");
+        write(&proc, "sys/kernel/pid_max", "32768\n");
+        write(&proc, "sys/kernel/threads-max", "1000\n");
+        write(&proc, "loadavg", "0.10 0.20 0.30 2/250 12345\n");
+        let mut src = NodeSources {
+            cgroups: CgroupFs::detect(&cg),
+            proc_root: proc,
+            memory_capacity: 10_000,
+            pods_cgroup: "/kubepods".into(),
+            nodefs: t.path().to_owned(),
+            imagefs: t.path().to_owned(),
+        };
+        let pid = |src: &NodeSources| src.observe()[&Signal::PidAvailable];
+        let bounded = Observation {
+            available: 10,
+            capacity: 100,
+        };
+        assert_eq!(pid(&src), bounded);
+        src.pods_cgroup = "/unlimited".into();
+        let node = Observation {
+            available: 750,
+            capacity: 1000,
+        };
+        assert_eq!(pid(&src), node);
     }
 
     #[test]
