@@ -490,14 +490,29 @@ async fn serve(
         }
     };
     let status = Arc::new(RwLock::new(criguard::reclaim::evict::NodeStatus::default()));
+    let usage = criguard::signals::usage::UsageReader::new(
+        upstream.snapshots(&snapshotter),
+        node_args.usage_sources(),
+    );
+    let image_uses = criguard::reclaim::image_gc::ImageUses::default();
+    let images = criguard::reclaim::image_gc::ImageGc::new(
+        upstream.clone(),
+        image_gc.0,
+        node_args.imagefs.clone(),
+        Some(state_dir.join("image-gc.json")),
+        image_uses.clone(),
+        metrics.reclaim.clone(),
+    );
+    let collector = criguard::reclaim::container_gc::ContainerGc::new(upstream.clone(), gc.0)
+        .with_reclaim(
+            vec![node_args.imagefs.clone(), node_args.nodefs.clone()],
+            metrics.reclaim.clone(),
+        );
     let admin_state = admin::AdminState {
         model: node.clone(),
         upstream: upstream.clone(),
         status: status.clone(),
-        usage: criguard::signals::usage::UsageReader::new(
-            upstream.snapshots(&snapshotter),
-            node_args.usage_sources(),
-        ),
+        usage: usage.clone(),
     };
     let housekeeping = eviction.housekeeping_interval;
     let manager = criguard::reclaim::evict::EvictionManager::new(
@@ -508,7 +523,9 @@ async fn serve(
         status.clone(),
         dry_run,
     )
-    .with_metrics(metrics.eviction.clone());
+    .with_metrics(metrics.eviction.clone())
+    .with_node_reclaim(collector.clone(), images.clone())
+    .with_usage(usage);
     let manager = Arc::new(tokio::sync::Mutex::new(manager));
     let evict_task = tokio::spawn(periodic(housekeeping, stopped(), move || {
         let m = manager.clone();
@@ -546,26 +563,12 @@ async fn serve(
         })
         .await;
     });
-    let image_uses = criguard::reclaim::image_gc::ImageUses::default();
-    let images = criguard::reclaim::image_gc::ImageGc::new(
-        upstream.clone(),
-        image_gc.0,
-        node_args.imagefs.clone(),
-        Some(state_dir.join("image-gc.json")),
-        image_uses.clone(),
-        metrics.reclaim.clone(),
-    );
     let image_gc_task = tokio::spawn(periodic(image_gc.1, stopped(), move || {
         let images = images.clone();
         async move {
             images.round().await;
         }
     }));
-    let collector = criguard::reclaim::container_gc::ContainerGc::new(upstream.clone(), gc.0)
-        .with_reclaim(
-            vec![node_args.imagefs.clone(), node_args.nodefs.clone()],
-            metrics.reclaim.clone(),
-        );
     let gc_task = tokio::spawn(periodic(gc.1, stopped(), move || {
         let c = collector.clone();
         async move {

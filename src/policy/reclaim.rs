@@ -87,6 +87,43 @@ pub fn plan_victims<'a>(ranked: &[&'a PodUse], need: u64) -> Vec<&'a PodUse> {
     out
 }
 
+/// Reclaim an eviction has started but the signal may not show yet: the
+/// runtime removes a stopped pod's writable layers in the background, so
+/// the next observation can miss them and a naive loop would take another
+/// pod for space already on its way back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InFlight {
+    /// The signal it was started for.
+    pub signal: Signal,
+    /// What the eviction is expected to give back (bytes or inodes).
+    pub amount: u64,
+    /// The signal's available amount when the eviction was decided.
+    pub baseline: i64,
+    /// Past this, it is assumed landed (or lost) and no longer counted.
+    pub until: std::time::Instant,
+}
+
+/// Forgets reclaim that has landed (the signal rose by its amount since the
+/// baseline) or expired, and returns what is still on its way for `signal`.
+pub fn pending(
+    in_flight: &mut Vec<InFlight>,
+    signal: Signal,
+    available: i64,
+    now: std::time::Instant,
+) -> u64 {
+    in_flight.retain(|f| {
+        now < f.until && !(f.signal == signal && available >= f.baseline + f.amount as i64)
+    });
+    in_flight
+        .iter()
+        .filter(|f| f.signal == signal)
+        .map(|f| {
+            f.amount
+                .saturating_sub((available - f.baseline).max(0) as u64)
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,5 +200,41 @@ mod tests {
         // with no measurable deficit takes one pod, as the kubelet does.
         assert_eq!(ids(&plan_victims(&ranked, 0)), ["a"]);
         assert!(plan_victims(&[], 10).is_empty());
+    }
+
+    #[test]
+    fn reclaim_in_flight_counts_until_it_lands_or_expires() {
+        let t0 = std::time::Instant::now();
+        let secs = std::time::Duration::from_secs;
+        let mut f = vec![InFlight {
+            signal: Signal::ImagefsAvailable,
+            amount: 40,
+            baseline: 100,
+            until: t0 + secs(30),
+        }];
+        // Nothing visible yet: all 40 still on the way.
+        assert_eq!(pending(&mut f, Signal::ImagefsAvailable, 100, t0), 40);
+        // Another signal is not helped by it.
+        assert_eq!(pending(&mut f, Signal::NodefsAvailable, 0, t0), 0);
+        // Half landed.
+        assert_eq!(
+            pending(&mut f, Signal::ImagefsAvailable, 120, t0 + secs(1)),
+            20
+        );
+        // All landed: forgotten.
+        assert_eq!(
+            pending(&mut f, Signal::ImagefsAvailable, 140, t0 + secs(2)),
+            0
+        );
+        assert!(f.is_empty());
+        // Expired: forgotten even if never seen.
+        let mut f = vec![InFlight {
+            signal: Signal::PidAvailable,
+            amount: 5,
+            baseline: 10,
+            until: t0 + secs(30),
+        }];
+        assert_eq!(pending(&mut f, Signal::PidAvailable, 10, t0 + secs(31)), 0);
+        assert!(f.is_empty());
     }
 }

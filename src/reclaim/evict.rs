@@ -16,10 +16,11 @@
 //! A pod is stopped with StopContainer for each running container (grace 0
 //! under a hard threshold, the pod's grace capped by
 //! `evictionMaxPodGracePeriod` under a soft one) then StopPodSandbox,
-//! through the runtime. Stops are awaited and rounds never overlap, so no
-//! stop is in flight when the next victim is chosen: the manager observes
-//! again after each one, and one pressure episode takes no more pods than it
-//! needs.
+//! through the runtime. Stops are awaited and rounds never overlap, and the
+//! manager observes again after each one. For disk, where containerd gives
+//! the space of removed writable layers back in the background, the reclaim
+//! each eviction started counts as in flight until the signal shows it (or
+//! 10 s pass), so one pressure episode takes no more pods than it needs.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
@@ -32,7 +33,9 @@ use crate::config::{EvictionConfig, Signal, Threshold};
 use crate::metrics::{ConditionLabels, EvictionLabels, EvictionMetrics, Metrics, SignalLabels};
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
 use crate::policy::rank::{PodMemory, rank_memory};
-use crate::policy::reclaim::{NodeAction, PodUse, node_actions, plan_victims, rank_usage};
+use crate::policy::reclaim::{
+    InFlight, NodeAction, PodUse, node_actions, pending, plan_victims, rank_usage,
+};
 use crate::policy::thresholds::{Condition, EvictionState, Observations, condition_of, deficit};
 use crate::quantity::format_bytes;
 use crate::reclaim::container_gc::{ContainerGc, remove_container};
@@ -96,7 +99,12 @@ pub struct EvictionManager {
     metrics: EvictionMetrics,
     node_reclaim: Option<(ContainerGc, ImageGc)>,
     usage: Option<UsageReader>,
+    in_flight: Vec<InFlight>,
 }
+
+/// How long a disk eviction's reclaim counts as on its way: containerd
+/// removes snapshots in its background garbage collection, within seconds.
+const IN_FLIGHT_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How a signal is reclaimed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -133,6 +141,8 @@ struct Victim {
     request: i64,
     /// Its heaviest container: name, usage, request.
     heaviest: Option<(String, i64, i64)>,
+    /// What evicting it is expected to give back, in the signal's units.
+    reclaimable: u64,
 }
 
 impl EvictionManager {
@@ -156,6 +166,7 @@ impl EvictionManager {
             metrics: Metrics::new().eviction,
             node_reclaim: None,
             usage: None,
+            in_flight: Vec::new(),
         }
     }
 
@@ -233,9 +244,19 @@ impl EvictionManager {
             let Some(t) = act_on.into_iter().next() else {
                 break;
             };
-            if class(t.signal) == Class::Disk && reclaimed.insert(t.signal) {
-                if self.reclaim_node(&t, &obs).await {
-                    continue; // observe again: it may have been enough
+            if class(t.signal) == Class::Disk
+                && reclaimed.insert(t.signal)
+                && self.reclaim_node(&t, &obs).await
+            {
+                continue; // observe again: it may have been enough
+            }
+            if class(t.signal) == Class::Disk {
+                let available = obs.get(&t.signal).map_or(0, |o| o.available);
+                let need = deficit(&t, &obs, true).unwrap_or(0);
+                let coming = pending(&mut self.in_flight, t.signal, available, Instant::now());
+                if coming > 0 && coming >= need {
+                    tracing::info!(threshold = %t, need, coming, "reclaim already on its way covers the deficit; no other pod is chosen");
+                    break;
                 }
             }
             let victim = match class(t.signal) {
@@ -329,6 +350,7 @@ impl EvictionManager {
             usage: victim_usage,
             request: pod.memory_request(),
             heaviest,
+            reclaimable: victim_usage.max(0) as u64,
             pod,
         })
     }
@@ -362,6 +384,7 @@ impl EvictionManager {
             usage: usage.unwrap_or(0) as i64,
             request: 0,
             heaviest,
+            reclaimable: usage.unwrap_or(0),
             pod,
         })
     }
@@ -423,6 +446,7 @@ impl EvictionManager {
             usage: first.usage.unwrap_or(0) as i64,
             request: 0,
             heaviest,
+            reclaimable: first.reclaimable,
             pod,
         })
     }
@@ -465,6 +489,12 @@ impl EvictionManager {
         if !self.dry_run {
             self.stop(pod, grace_s).await;
             if class(t.signal) == Class::Disk {
+                self.in_flight.push(InFlight {
+                    signal: t.signal,
+                    amount: v.reclaimable,
+                    baseline: available,
+                    until: Instant::now() + IN_FLIGHT_FOR,
+                });
                 // Stopping frees no disk: the writable layers and logs go
                 // with the containers. The kubelet would do this when it
                 // deletes the evicted pod; it does not know of this eviction.

@@ -1,0 +1,230 @@
+//! Disk pressure, for real: containerd's root, the kubelet root and the pod
+//! logs share one small tmpfs. Filled past `imagefs.available`, criguard
+//! first removes what no pod needs (the dead container of a terminated pod,
+//! an unused image), sees that it was not enough, and then evicts the pod
+//! with the largest disk usage, a Guaranteed one, whose writable layer it
+//! removes so that the space comes back; the small BestEffort pod, which
+//! memory ranking would have taken first, stays.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use common::containerd::{CriguardProcess, PrivateContainerd, unique};
+use common::pods::{BUSYBOX, CgroupRoot, remove_pods, run_pod};
+use criguard::kubelet::{ContainerSpec, PodSpec};
+use criguard::signals::node::fs_stats;
+use k8s_cri::v1 as cri;
+
+const MI: u64 = 1 << 20;
+
+fn available(p: &Path) -> u64 {
+    fs_stats(p).unwrap().available
+}
+
+fn writer(name: &str, mib: u64, then: &str) -> ContainerSpec {
+    ContainerSpec {
+        name: name.into(),
+        image: BUSYBOX.into(),
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "dd if=/dev/zero of=/fill bs=1M count={mib} 2>/dev/null && touch /done; {then}"
+            ),
+        ],
+        ..Default::default()
+    }
+}
+
+async fn wait_exited(
+    rt: &mut cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
+    id: &str,
+) {
+    common::poll_until(Duration::from_secs(30), "the container to exit", || {
+        let (mut rt, id) = (rt.clone(), id.to_owned());
+        async move {
+            let s = rt
+                .container_status(cri::ContainerStatusRequest {
+                    container_id: id,
+                    verbose: false,
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .status?;
+            (s.state == cri::ContainerState::ContainerExited as i32).then_some(())
+        }
+    })
+    .await;
+}
+
+async fn wait_written(
+    rt: &mut cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
+    id: &str,
+) {
+    common::poll_until(Duration::from_secs(30), "the writer to finish", || {
+        let (mut rt, id) = (rt.clone(), id.to_owned());
+        async move {
+            let r = rt
+                .exec_sync(cri::ExecSyncRequest {
+                    container_id: id,
+                    cmd: vec!["test".into(), "-e".into(), "/done".into()],
+                    timeout: 5,
+                })
+                .await
+                .ok()?
+                .into_inner();
+            (r.exit_code == 0).then_some(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_reclaim_first_then_the_largest_disk_user_even_if_guaranteed() {
+    let root = format!("/{}", unique("criguard-disk"));
+    let _cg = CgroupRoot(root.clone());
+    let ctrd = PrivateContainerd::start_on_tmpfs(256, None);
+    let fs = ctrd.root();
+    let kubelet = fs.join("kubelet");
+    std::fs::create_dir_all(&kubelet).unwrap();
+    let unused = "docker.io/library/criguard-disk-unused:latest";
+    ctrd.import_filler(unused, 8);
+
+    let args = [
+        "--eviction-hard=imagefs.available<100Mi".to_owned(),
+        format!("--imagefs={}", fs.display()),
+        format!("--nodefs={}", kubelet.display()),
+        format!("--kubepods-cgroup={root}/kubepods"),
+        "--housekeeping-interval=1s".into(),
+        "--minimum-image-ttl-duration=0s".into(),
+        "--eviction-pressure-transition-period=1m".into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let guard = CriguardProcess::start(&ctrd.dir.join("criguard.sock"), &ctrd.socket, &args).await;
+    let mut rt = guard.clients().rt;
+    let pod = |name: &str, c: ContainerSpec| {
+        let mut p = PodSpec::new(name, &unique(name)).container(c);
+        p.cgroup_root = format!("{root}/kubepods");
+        p.log_root = fs.join("logs").to_str().unwrap().into();
+        p
+    };
+
+    // A: Guaranteed, 40 MiB in its writable layer. B: BestEffort, 5 MiB.
+    // C: terminated, its dead container holding 10 MiB.
+    let big = pod(
+        "big-guaranteed",
+        ContainerSpec {
+            memory_request: 64 << 20,
+            memory_limit: 64 << 20,
+            cpu_request_milli: 100,
+            cpu_limit_milli: 100,
+            ..writer("big", 40, "sleep 3600")
+        },
+    );
+    let small = pod("small-besteffort", writer("small", 5, "sleep 3600"));
+    let dead = pod("terminated", writer("dead", 10, "exit 0"));
+    let (big_sb, big_ids) = run_pod(&mut rt, &big, None).await;
+    let (small_sb, small_ids) = run_pod(&mut rt, &small, None).await;
+    let (dead_sb, dead_ids) = run_pod(&mut rt, &dead, None).await;
+    wait_written(&mut rt, &big_ids[0]).await;
+    wait_written(&mut rt, &small_ids[0]).await;
+    wait_exited(&mut rt, &dead_ids[0]).await;
+    rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
+        pod_sandbox_id: dead_sb.clone(),
+    })
+    .await
+    .unwrap();
+    assert!(guard.evictions().await.is_empty(), "no pressure yet");
+
+    // Pressure: leave 54 MiB available against a 100 Mi threshold. The dead
+    // container (10 MiB) and the unused image (~16 MiB) cannot cover the
+    // 46 MiB deficit; evicting the 40 MiB pod then can.
+    let target = 54 * MI;
+    let mut ballast = std::fs::File::create(fs.join("ballast")).unwrap();
+    let chunk = vec![0x77u8; MI as usize];
+    while available(&fs) > target + MI {
+        ballast.write_all(&chunk).unwrap();
+        ballast.flush().unwrap();
+    }
+    let rest = available(&fs) - target;
+    ballast.write_all(&chunk[..rest as usize]).unwrap();
+    ballast.sync_all().unwrap();
+    drop(ballast);
+
+    let evictions = common::poll_until(Duration::from_secs(30), "a disk eviction", || async {
+        let e = guard.evictions().await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    let e = &evictions[0];
+    assert_eq!(e.sandbox_id, big_sb, "the largest disk user goes: {e:?}");
+    assert_eq!(e.signal, "imagefs.available");
+    assert!(
+        e.message
+            .starts_with("The node was low on resource: ephemeral-storage."),
+        "{}",
+        e.message
+    );
+    // Node-level reclaim ran first: at the decision more was available
+    // than the 54 MiB of the fill.
+    assert!(
+        e.available as u64 > target + 20 * MI,
+        "node-level reclaim should have freed ~26 MiB before the eviction: {e:?}"
+    );
+
+    let mut direct = ctrd.direct();
+    let images = direct
+        .img
+        .list_images(cri::ListImagesRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .images;
+    let tags: Vec<&String> = images.iter().flat_map(|i| &i.repo_tags).collect();
+    assert!(
+        !tags.iter().any(|t| *t == unused),
+        "the unused image went first: {tags:?}"
+    );
+    assert!(tags.iter().any(|t| *t == BUSYBOX), "an image in use stays");
+    let containers: Vec<String> = direct
+        .rt
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .containers
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    assert!(
+        !containers.contains(&dead_ids[0]),
+        "the dead container went first"
+    );
+    assert!(
+        !containers.contains(&big_ids[0]),
+        "the evicted pod's writable layer is removed with its container"
+    );
+    assert!(containers.contains(&small_ids[0]), "the small pod stays");
+
+    // One eviction was enough, and the pressure is gone.
+    common::poll_until(
+        Duration::from_secs(10),
+        "available back above 100Mi",
+        || async { (available(&fs) >= 100 * MI).then_some(()) },
+    )
+    .await;
+    assert_eq!(guard.evictions().await.len(), 1, "no more pods than needed");
+    let conditions = guard.conditions().await;
+    assert!(
+        conditions.to_string().contains("DiskPressure"),
+        "DiskPressure holds for the transition period: {conditions}"
+    );
+
+    // criguard first, so that its GC does not race the teardown.
+    drop(guard);
+    remove_pods(&mut direct.rt, [small_sb, big_sb, dead_sb]).await;
+}
