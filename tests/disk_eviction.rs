@@ -228,3 +228,98 @@ async fn node_reclaim_first_then_the_largest_disk_user_even_if_guaranteed() {
     drop(guard);
     remove_pods(&mut direct.rt, [small_sb, big_sb, dead_sb]).await;
 }
+
+fn inodes_free(p: &Path) -> u64 {
+    fs_stats(p).unwrap().inodes_free
+}
+
+/// A container that creates `n` files once `/go` exists.
+fn file_maker(name: &str, n: u32) -> ContainerSpec {
+    let script = format!(
+        "while [ ! -e /go ]; do sleep 0.1; done; i=0; while [ $i -lt {n} ]; do : > /f$i; i=$((i+1)); done; touch /done; sleep 3600"
+    );
+    ContainerSpec {
+        name: name.into(),
+        image: BUSYBOX.into(),
+        command: vec!["sh".into(), "-c".into(), script],
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inode_pressure_takes_the_pod_with_most_inodes() {
+    let root = format!("/{}", unique("criguard-inodes"));
+    let _cg = CgroupRoot(root.clone());
+    let ctrd = PrivateContainerd::start_on_tmpfs(256, Some(6000));
+    let fs = ctrd.root();
+    let kubelet = fs.join("kubelet");
+    std::fs::create_dir_all(&kubelet).unwrap();
+    // Pods, logs and the two containers' files take a few hundred inodes;
+    // the threshold sits 600 below what is free now, so only the 2000
+    // files of the big maker cross it.
+    let threshold = inodes_free(&fs) - 600;
+    let args = [
+        format!("--eviction-hard=imagefs.inodesFree<{threshold}"),
+        format!("--imagefs={}", fs.display()),
+        format!("--nodefs={}", kubelet.display()),
+        format!("--kubepods-cgroup={root}/kubepods"),
+        "--housekeeping-interval=1s".into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let guard = CriguardProcess::start(&ctrd.dir.join("criguard.sock"), &ctrd.socket, &args).await;
+    let mut rt = guard.clients().rt;
+    let pod = |name: &str, c: ContainerSpec| {
+        let mut p = PodSpec::new(name, &unique(name)).container(c);
+        p.cgroup_root = format!("{root}/kubepods");
+        p.log_root = fs.join("logs").to_str().unwrap().into();
+        p
+    };
+    let (few_sb, few_ids) = run_pod(&mut rt, &pod("few", file_maker("few", 100)), None).await;
+    let (many_sb, many_ids) = run_pod(&mut rt, &pod("many", file_maker("many", 2000)), None).await;
+    let go = |id: String| {
+        let mut rt = guard.clients().rt;
+        async move {
+            rt.exec_sync(cri::ExecSyncRequest {
+                container_id: id,
+                cmd: vec!["touch".into(), "/go".into()],
+                timeout: 5,
+            })
+            .await
+            .unwrap();
+        }
+    };
+    go(few_ids[0].clone()).await;
+    wait_written(&mut rt, &few_ids[0]).await;
+    assert!(
+        inodes_free(&fs) > threshold,
+        "the small pod alone must not cross the threshold"
+    );
+    assert!(guard.evictions().await.is_empty());
+    go(many_ids[0].clone()).await;
+
+    let evictions = common::poll_until(Duration::from_secs(60), "an inode eviction", || async {
+        let e = guard.evictions().await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    let e = &evictions[0];
+    assert_eq!(e.sandbox_id, many_sb, "{e:?}");
+    assert_eq!(e.signal, "imagefs.inodesFree");
+    assert!(e.usage >= 2000, "its inodes: {e:?}");
+    assert!(
+        e.message
+            .starts_with("The node was low on resource: inodes."),
+        "{}",
+        e.message
+    );
+    common::poll_until(
+        Duration::from_secs(20),
+        "the inodes to come back",
+        || async { (inodes_free(&fs) > threshold).then_some(()) },
+    )
+    .await;
+    assert_eq!(guard.evictions().await.len(), 1, "one pod was enough");
+
+    drop(guard);
+    remove_pods(&mut ctrd.direct().rt, [few_sb, many_sb]).await;
+}
