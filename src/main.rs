@@ -557,8 +557,11 @@ fn main() -> ExitCode {
         },
         Command::Signals { node } => match node.sources() {
             Ok(src) => {
+                let obs = src.observe();
+                let ms = criguard::signals::unix_ms(obs.at);
+                println!("read at {}.{:03} (Unix time, s)", ms / 1000, ms % 1000);
                 println!("{:<28} {:>16} {:>16}", "SIGNAL", "AVAILABLE", "CAPACITY");
-                for (sig, o) in src.observe() {
+                for (sig, o) in obs.signals {
                     let show = |v: i64| {
                         if sig.is_bytes() && v >= 0 {
                             criguard::quantity::format_bytes(v as u64)

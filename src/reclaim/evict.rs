@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_cri::v1 as cri;
 use serde::{Deserialize, Serialize};
@@ -64,8 +64,8 @@ pub struct NodeStatus {
     pub evicted: HashMap<String, Condition>,
     /// Every eviction since start.
     pub evictions: Vec<Eviction>,
-    /// The last observations.
-    pub observations: Observations,
+    /// The last observations (none before the first round).
+    pub observations: Option<Observations>,
 }
 
 /// The eviction manager's state and handles.
@@ -119,7 +119,7 @@ impl EvictionManager {
         let label = |s: Signal| SignalLabels {
             signal: s.to_string(),
         };
-        for (sig, o) in obs {
+        for (sig, o) in &obs.signals {
             self.metrics
                 .available
                 .get_or_create(&label(*sig))
@@ -149,12 +149,12 @@ impl EvictionManager {
 
     fn observe(&mut self) -> (Observations, Vec<Threshold>) {
         let obs = self.sources.observe();
-        let d = self.state.step(&self.config, &obs, Instant::now());
+        let d = self.state.step(&self.config, &obs, obs.at);
         self.publish(&obs, &d.conditions);
         let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
         st.evicted.retain(|_, c| d.conditions.contains(c));
         st.conditions = d.conditions;
-        st.observations = obs.clone();
+        st.observations = Some(obs.clone());
         (obs, d.act_on)
     }
 

@@ -26,6 +26,14 @@ pub fn read(path: &Path) -> Result<String, ReadError> {
     })
 }
 
+/// Milliseconds since the Unix epoch of a past monotonic instant `at`, for
+/// display (the wall clock now, less the time elapsed since `at`).
+pub fn unix_ms(at: std::time::Instant) -> u64 {
+    let wall = std::time::SystemTime::now() - at.elapsed();
+    wall.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Writes a fixture file, creating its directories (tests only).
 #[cfg(test)]
 pub(crate) fn write_fixture(root: &Path, rel: &str, text: &str) {
