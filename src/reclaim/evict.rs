@@ -7,7 +7,9 @@
 //! capped by `evictionMaxPodGracePeriod` under a soft one) then
 //! StopPodSandbox, through the runtime. It then observes again before
 //! choosing another victim, so one pressure episode takes no more pods than
-//! it needs. Disk and pid signals are observed and raise conditions (and so
+//! it needs. [`EvictionManager::run`] starts a round on every housekeeping
+//! tick and, between ticks, as soon as a memory event says to look
+//! ([`crate::signals::events`]). Disk and pid signals are observed and raise conditions (and so
 //! admission refusals); reclaiming them is not implemented yet.
 
 use std::collections::{BTreeSet, HashMap};
@@ -18,12 +20,15 @@ use k8s_cri::v1 as cri;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{EvictionConfig, Signal, Threshold};
-use crate::metrics::{ConditionLabels, EvictionLabels, EvictionMetrics, Metrics, SignalLabels};
+use crate::metrics::{
+    ConditionLabels, EvictionLabels, EvictionMetrics, Metrics, SignalLabels, TriggerLabels,
+};
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
 use crate::policy::rank::{PodMemory, rank_memory};
 use crate::policy::thresholds::{Condition, EvictionState, Observations, condition_of};
 use crate::quantity::format_bytes;
 use crate::runtime::Upstream;
+use crate::signals::events::{MemoryEvent, MemoryEvents};
 use crate::signals::node::NodeSources;
 
 /// One eviction, as logged and as `criguard evictions` shows it.
@@ -156,6 +161,45 @@ impl EvictionManager {
         st.conditions = d.conditions;
         st.observations = Some(obs.clone());
         (obs, d.act_on)
+    }
+
+    /// Runs rounds until `stopped` resolves: on every housekeeping tick and,
+    /// at once, on every memory event from `events` (`None`: the tick
+    /// alone). After each round the events are re-armed from its last
+    /// observations. A round in progress finishes first, and a slow round
+    /// delays the next tick instead of piling rounds up.
+    pub async fn run(
+        mut self,
+        mut events: Option<MemoryEvents>,
+        stopped: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(stopped);
+        let mut tick = tokio::time::interval(self.config.housekeeping_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let trigger = tokio::select! {
+                _ = tick.tick() => "tick",
+                ev = next_event(&mut events) => {
+                    tracing::debug!(watch = %ev.watch, detail = %ev.detail, "memory event: observing now");
+                    ev.watch.kind()
+                }
+                () = &mut stopped => return,
+            };
+            if let Some(ev) = events.as_mut() {
+                ev.drain();
+            }
+            let labels = TriggerLabels {
+                trigger: trigger.to_owned(),
+            };
+            self.metrics.rounds.get_or_create(&labels).inc();
+            self.round().await;
+            let last = self.status.read().unwrap_or_else(|e| e.into_inner());
+            let obs = last.observations.clone();
+            drop(last);
+            if let (Some(ev), Some(obs)) = (events.as_mut(), obs) {
+                ev.rearm(&obs);
+            }
+        }
     }
 
     /// One round; returns the evictions it made.
@@ -328,5 +372,13 @@ impl EvictionManager {
         if let Err(err) = rt.stop_pod_sandbox(req).await {
             tracing::error!(sandbox = %pod.sandbox_id, %err, "StopPodSandbox failed");
         }
+    }
+}
+
+/// The next memory event, or never when there are no events.
+async fn next_event(events: &mut Option<MemoryEvents>) -> MemoryEvent {
+    match events {
+        Some(e) => e.next().await,
+        None => std::future::pending().await,
     }
 }
