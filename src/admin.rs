@@ -8,7 +8,7 @@
 //! | --- | --- |
 //! | `GET /v1/pods` | the node model, synced with the runtime first |
 //! | `GET /v1/evictions` | every eviction since start, oldest first |
-//! | `GET /v1/conditions` | node conditions and the last signal observations |
+//! | `GET /v1/conditions` | node conditions, the last signal observations and when they were read |
 //! | `GET /v1/usage` | per-pod disk and process usage, read now (model synced first) |
 
 use std::convert::Infallible;
@@ -24,6 +24,7 @@ use tokio::net::{UnixListener, UnixStream};
 use crate::model::{NodeModel, Pod, sync};
 use crate::reclaim::evict::{Eviction, NodeStatus};
 use crate::runtime::Upstream;
+use crate::signals::unix_ms;
 use crate::signals::usage::{NodeUsage, UsageReader};
 
 /// What the admin endpoint serves from.
@@ -78,11 +79,17 @@ async fn handle(
             let observations: std::collections::BTreeMap<String, (i64, u64)> = st
                 .observations
                 .iter()
+                .flat_map(|o| &o.signals)
                 .map(|(s, o)| (s.to_string(), (o.available, o.capacity)))
                 .collect();
+            let observed_at = st.observations.as_ref().map(|o| unix_ms(o.at));
             json(
                 http::StatusCode::OK,
-                &serde_json::json!({ "conditions": st.conditions.iter().map(|c| format!("{c:?}")).collect::<Vec<_>>(), "observations": observations }),
+                &serde_json::json!({
+                    "conditions": st.conditions.iter().map(|c| format!("{c:?}")).collect::<Vec<_>>(),
+                    "observations": observations,
+                    "observed_at_unix_ms": observed_at,
+                }),
             )
         }
         (_, path) => json(

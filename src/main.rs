@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use criguard::signals::events::{MemoryEvents, v2::PsiSettings};
 use criguard::{admin, config, cri, listen, model, runtime};
 
 /// A CRI proxy that guards the node against resource pressure.
@@ -196,6 +197,48 @@ struct ServeCmd {
     state_dir: PathBuf,
     #[command(flatten)]
     gc: GcArgs,
+    #[command(flatten)]
+    events: EventArgs,
+}
+
+/// Memory events: eviction rounds between housekeeping ticks.
+#[derive(clap::Args, Debug, Clone)]
+struct EventArgs {
+    /// Start an eviction round as soon as the kernel reports memory
+    /// pressure (cgroup v1: memcg usage thresholds at each memory threshold;
+    /// v2: PSI triggers and memory.events), not only on the housekeeping
+    /// tick (false: the tick alone).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    memory_events: bool,
+    /// cgroup v2: memory stall time within --memory-psi-window that fires
+    /// the PSI trigger, e.g. 150ms.
+    #[arg(long, default_value = "150ms")]
+    memory_psi_stall: String,
+    /// cgroup v2: the PSI trigger's window, 500ms to 10s (without
+    /// CAP_SYS_RESOURCE the kernel wants a multiple of 2s).
+    #[arg(long, default_value = "2s")]
+    memory_psi_window: String,
+}
+
+impl EventArgs {
+    /// The PSI settings when events are on, or the configuration error naming the flag.
+    fn load(&self) -> Result<Option<PsiSettings>, config::ConfigError> {
+        let dur = |key: &str, v: &str| {
+            criguard::quantity::parse_duration(v).map_err(|e| config::ConfigError {
+                key: key.to_owned(),
+                value: v.to_owned(),
+                rule: e.to_string(),
+            })
+        };
+        let (stall, window) = ("--memory-psi-stall", "--memory-psi-window");
+        let psi = PsiSettings::new(
+            dur(stall, &self.memory_psi_stall)?,
+            dur(window, &self.memory_psi_window)?,
+            stall,
+            window,
+        )?;
+        Ok(self.memory_events.then_some(psi))
+    }
 }
 
 /// Dead-container garbage collection, with the kubelet's flag names.
@@ -404,12 +447,13 @@ async fn shutdown_signal() {
     }
 }
 
-/// Runs the proxy and its loops; `eviction` and `gc` are the validated
-/// forms of `cmd`'s settings.
+/// Runs the proxy and its loops; `eviction`, `gc` and `psi` (memory events
+/// on) are the validated forms of `cmd`'s settings.
 async fn serve(
     activated: Option<std::os::unix::net::UnixListener>,
     cmd: ServeCmd,
     settings: Settings,
+    psi: Option<PsiSettings>,
 ) -> anyhow::Result<()> {
     let Settings {
         eviction,
@@ -514,7 +558,7 @@ async fn serve(
         status: status.clone(),
         usage: usage.clone(),
     };
-    let housekeeping = eviction.housekeeping_interval;
+    let events = psi.map(|psi| MemoryEvents::new(sources.clone(), &eviction, psi));
     let manager = criguard::reclaim::evict::EvictionManager::new(
         eviction,
         sources,
@@ -526,13 +570,7 @@ async fn serve(
     .with_metrics(metrics.eviction.clone())
     .with_node_reclaim(collector.clone(), images.clone())
     .with_usage(usage);
-    let manager = Arc::new(tokio::sync::Mutex::new(manager));
-    let evict_task = tokio::spawn(periodic(housekeeping, stopped(), move || {
-        let m = manager.clone();
-        async move {
-            m.lock().await.round().await;
-        }
-    }));
+    let evict_task = tokio::spawn(manager.run(events, stopped()));
     let admin_task = tokio::spawn(admin::serve(admin_listener, admin_state, stopped()));
     let metrics_task = tokio::spawn({
         let (metrics, stopped) = (metrics.clone(), stopped());
@@ -711,8 +749,11 @@ fn main() -> ExitCode {
         },
         Command::Signals { node } => match node.sources() {
             Ok(src) => {
+                let obs = src.observe();
+                let ms = criguard::signals::unix_ms(obs.at);
+                println!("read at {}.{:03} (Unix time, s)", ms / 1000, ms % 1000);
                 println!("{:<28} {:>16} {:>16}", "SIGNAL", "AVAILABLE", "CAPACITY");
-                for (sig, o) in src.observe() {
+                for (sig, o) in obs.signals {
                     let show = |v: i64| {
                         if sig.is_bytes() && v >= 0 {
                             criguard::quantity::format_bytes(v as u64)
@@ -740,7 +781,9 @@ fn main() -> ExitCode {
         Command::Serve(cmd) => {
             // Refused before anything starts, with the exit code systemd
             // does not restart on.
-            let settings = match Settings::load(&cmd.eviction, &cmd.gc) {
+            let loaded =
+                Settings::load(&cmd.eviction, &cmd.gc).and_then(|s| Ok((s, cmd.events.load()?)));
+            let (settings, psi) = match loaded {
                 Ok(c) => c,
                 Err(err) => {
                     eprintln!("criguard: invalid configuration: {err}");
@@ -748,7 +791,7 @@ fn main() -> ExitCode {
                 }
             };
             let dry_run = cmd.dry_run;
-            tracing::info!(config = %settings.describe().replace('\n', "; "), dry_run, "configuration");
+            tracing::info!(config = %settings.describe().replace('\n', "; "), dry_run, memory_events = psi.is_some(), "configuration");
             let run = || -> anyhow::Result<()> {
                 let activated = listen::from_systemd()?;
                 // One thread: every call costs two HTTP/2 hops of CPU, and on
@@ -761,7 +804,7 @@ fn main() -> ExitCode {
                     .enable_all()
                     .build()
                     .context("start tokio runtime")?;
-                rt.block_on(serve(activated, *cmd, settings))
+                rt.block_on(serve(activated, *cmd, settings, psi))
             };
             match run() {
                 Ok(()) => ExitCode::SUCCESS,

@@ -96,6 +96,14 @@ pub struct EvictionLabels {
     pub qos: String,
 }
 
+/// Labels saying what started an eviction round.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TriggerLabels {
+    /// `tick` (housekeeping), or the memory event: `memcg_threshold`,
+    /// `psi` or `memory_events`.
+    pub trigger: String,
+}
+
 /// Metrics of the eviction manager and admission.
 #[derive(Clone, Debug)]
 pub struct EvictionMetrics {
@@ -111,6 +119,8 @@ pub struct EvictionMetrics {
     pub admission_refusals: Family<ConditionLabels, Counter>,
     /// From the first observation of a met threshold to the pod's StopPodSandbox returning.
     pub pressure_to_action: Histogram,
+    /// Eviction rounds, by what started them.
+    pub rounds: Family<TriggerLabels, Counter>,
 }
 
 impl EvictionMetrics {
@@ -122,6 +132,7 @@ impl EvictionMetrics {
             evictions: Family::default(),
             admission_refusals: Family::default(),
             pressure_to_action: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            rounds: Family::default(),
         };
         registry.register(
             "criguard_signal_available",
@@ -152,6 +163,11 @@ impl EvictionMetrics {
             "criguard_pressure_to_action_seconds",
             "Time from the first observation of a met threshold to the evicted pod's StopPodSandbox",
             m.pressure_to_action.clone(),
+        );
+        registry.register(
+            "criguard_eviction_rounds",
+            "Eviction rounds (observe, decide, act), by what started them: the housekeeping tick or a memory event",
+            m.rounds.clone(),
         );
         m
     }

@@ -273,3 +273,32 @@ fn every_invalid_form_exits_2_naming_key_and_value() {
         }
     }
 }
+
+#[test]
+fn serve_refuses_bad_psi_settings_before_starting_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = dir.path().join("criguard.sock");
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "--memory-psi-window=30s",
+            &["--memory-psi-window", "30s", "500ms to 10s"],
+        ),
+        ("--memory-psi-stall=3s", &["--memory-psi-stall", "3s"]),
+        ("--memory-psi-stall=lots", &["--memory-psi-stall", "lots"]),
+    ];
+    for (arg, needles) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
+            .arg("serve")
+            .arg("--listen")
+            .arg(&listen)
+            .arg(arg)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{arg}: {err}");
+        for n in *needles {
+            assert!(err.contains(n), "{arg}: {err:?} lacks {n:?}");
+        }
+        assert!(!listen.exists(), "{arg}: nothing may start");
+    }
+}

@@ -30,8 +30,9 @@ struct Scenario {
 }
 
 impl Scenario {
-    /// Starts everything with `thresholds` (criguard flags) and waits until
-    /// every pod holds its memory: a 320Mi pods memcg about 150Mi full.
+    /// Starts everything with `thresholds` (criguard flags; housekeeping
+    /// every 1s unless they set it) and waits until every pod holds its
+    /// memory: a 320Mi pods memcg about 150Mi full.
     async fn start(thresholds: &[&str]) -> Self {
         let root = format!("/{}", unique("criguard-evict"));
         let cg = CgroupRoot(root.clone());
@@ -52,10 +53,15 @@ impl Scenario {
             &dir,
             "--imagefs",
             &dir,
-            "--housekeeping-interval=1s",
             "--eviction-pressure-transition-period=5s",
             "--dynamic-oom-score-adj=false",
         ];
+        if !thresholds
+            .iter()
+            .any(|a| a.starts_with("--housekeeping-interval"))
+        {
+            args.push("--housekeeping-interval=1s");
+        }
         args.extend_from_slice(thresholds);
         let guard =
             CriguardProcess::start(&ctrd.dir.join("criguard.sock"), &ctrd.socket, &args).await;
@@ -324,5 +330,56 @@ async fn soft_threshold_waits_for_its_grace_period_then_evicts_with_the_capped_g
         "soft eviction grace: min(pod's 30 s, evictionMaxPodGracePeriod 5 s)"
     );
     assert!(e.threshold.contains("for 4s"), "{}", e.threshold);
+    sc.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_event_evicts_between_housekeeping_ticks() {
+    // The housekeeping tick runs once at start, then not for 300 s: only a
+    // memory event can start a round in between.
+    let t0 = std::time::SystemTime::now();
+    let sc = Scenario::start(&[
+        "--housekeeping-interval=300s",
+        "--eviction-hard=allocatableMemory.available<64Mi",
+    ])
+    .await;
+    let ms = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+    };
+    let grown = std::time::SystemTime::now();
+    sc.grow().await;
+    let evictions = common::poll_until(Duration::from_secs(60), "an eviction", || async {
+        let e = sc.guard.evictions().await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    let e = &evictions[0];
+    assert_eq!(e.uid, sc.pods[0].uid, "the BestEffort hog: {evictions:#?}");
+    assert!(
+        e.at_unix_ms < ms(t0) + 300_000,
+        "evicted before the second tick"
+    );
+    eprintln!(
+        "pressure started {} ms before the eviction",
+        e.at_unix_ms - ms(grown)
+    );
+
+    // criguard's own account agrees: one tick, and rounds started by memcg thresholds.
+    use common::metrics::{parse, scrape, value};
+    let m = parse(&scrape(sc.port));
+    let rounds = |trigger| {
+        value(
+            &m,
+            "criguard_eviction_rounds_total",
+            &[("trigger", trigger)],
+        )
+    };
+    assert_eq!(rounds("tick"), Some(1.0));
+    assert!(rounds("memcg_threshold") >= Some(1.0), "{m:?}");
+    assert_eq!(
+        sc.guard.evictions().await.len(),
+        1,
+        "no more pods than needed"
+    );
     sc.teardown().await;
 }

@@ -26,8 +26,31 @@ pub struct Observation {
     pub capacity: u64,
 }
 
-/// Fresh readings of the signals criguard could read.
-pub type Observations = BTreeMap<Signal, Observation>;
+/// Fresh readings of the signals criguard could read, and when they were
+/// read. Plain data: the policy takes the time from here (or from its
+/// caller), never from the clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observations {
+    /// When the reading started (monotonic clock).
+    pub at: Instant,
+    /// Each signal that could be read; a signal that could not is absent.
+    pub signals: BTreeMap<Signal, Observation>,
+}
+
+impl Observations {
+    /// No readings yet, taken at `at`.
+    pub fn new(at: Instant) -> Self {
+        Self {
+            at,
+            signals: BTreeMap::new(),
+        }
+    }
+
+    /// The reading of `signal`, if it was observed.
+    pub fn get(&self, signal: &Signal) -> Option<&Observation> {
+        self.signals.get(signal)
+    }
+}
 
 /// A node condition the kubelet reports under pressure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -94,7 +117,8 @@ impl EvictionState {
         self.first_observed.get(&key(t)).copied()
     }
 
-    /// One evaluation with fresh `obs` at `now`.
+    /// One evaluation with fresh `obs` at `now` (normally `obs.at`, when
+    /// they were read).
     pub fn step(&mut self, config: &EvictionConfig, obs: &Observations, now: Instant) -> Decision {
         let all: Vec<&Threshold> = config.hard.iter().chain(&config.soft).collect();
         let met: Vec<&Threshold> = all
@@ -150,14 +174,21 @@ mod tests {
         }
     }
 
+    fn readings(signal: Signal, available: i64, capacity: u64) -> Observations {
+        Observations {
+            at: Instant::now(),
+            signals: BTreeMap::from([(
+                signal,
+                Observation {
+                    available,
+                    capacity,
+                },
+            )]),
+        }
+    }
+
     fn memory(available: i64) -> Observations {
-        BTreeMap::from([(
-            Signal::MemoryAvailable,
-            Observation {
-                available,
-                capacity: 10 << 30,
-            },
-        )])
+        readings(Signal::MemoryAvailable, available, 10 << 30)
     }
 
     fn t(signal: Signal, amount: Amount, grace: Option<u64>, reclaim: Option<Amount>) -> Threshold {
@@ -256,15 +287,7 @@ mod tests {
             Some(Amount::Quantity(500 << 20)),
         );
         let c = config(vec![th], vec![]);
-        let disk = |available: i64| {
-            BTreeMap::from([(
-                Signal::NodefsAvailable,
-                Observation {
-                    available,
-                    capacity: 100 << 30,
-                },
-            )])
-        };
+        let disk = |available: i64| readings(Signal::NodefsAvailable, available, 100 << 30);
         let mut s = EvictionState::default();
         let t0 = Instant::now();
         assert_eq!(s.step(&c, &disk(900 * MI), t0).act_on.len(), 1);

@@ -21,6 +21,10 @@
 //! the space of removed writable layers back in the background, the reclaim
 //! each eviction started counts as in flight until the signal shows it (or
 //! 10 s pass), so one pressure episode takes no more pods than it needs.
+//!
+//! [`EvictionManager::run`] starts a round on every housekeeping tick and,
+//! between ticks, as soon as a memory event says to look
+//! ([`crate::signals::events`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
@@ -30,7 +34,9 @@ use k8s_cri::v1 as cri;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{EvictionConfig, Signal, Threshold};
-use crate::metrics::{ConditionLabels, EvictionLabels, EvictionMetrics, Metrics, SignalLabels};
+use crate::metrics::{
+    ConditionLabels, EvictionLabels, EvictionMetrics, Metrics, SignalLabels, TriggerLabels,
+};
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
 use crate::policy::rank::{PodMemory, rank_memory};
 use crate::policy::reclaim::{
@@ -42,6 +48,7 @@ use crate::reclaim::container_gc::{ContainerGc, remove_container};
 use crate::reclaim::image_gc::ImageGc;
 use crate::runtime::Upstream;
 use crate::signals::disk::DiskUsage;
+use crate::signals::events::{MemoryEvent, MemoryEvents};
 use crate::signals::node::NodeSources;
 use crate::signals::usage::{PodUsage, UsageReader, counted};
 
@@ -83,8 +90,8 @@ pub struct NodeStatus {
     pub evicted: HashMap<String, Condition>,
     /// Every eviction since start.
     pub evictions: Vec<Eviction>,
-    /// The last observations.
-    pub observations: Observations,
+    /// The last observations (none before the first round).
+    pub observations: Option<Observations>,
 }
 
 /// The eviction manager's state and handles.
@@ -194,7 +201,7 @@ impl EvictionManager {
         let label = |s: Signal| SignalLabels {
             signal: s.to_string(),
         };
-        for (sig, o) in obs {
+        for (sig, o) in &obs.signals {
             self.metrics
                 .available
                 .get_or_create(&label(*sig))
@@ -224,13 +231,52 @@ impl EvictionManager {
 
     fn observe(&mut self) -> (Observations, Vec<Threshold>) {
         let obs = self.sources.observe();
-        let d = self.state.step(&self.config, &obs, Instant::now());
+        let d = self.state.step(&self.config, &obs, obs.at);
         self.publish(&obs, &d.conditions);
         let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
         st.evicted.retain(|_, c| d.conditions.contains(c));
         st.conditions = d.conditions;
-        st.observations = obs.clone();
+        st.observations = Some(obs.clone());
         (obs, d.act_on)
+    }
+
+    /// Runs rounds until `stopped` resolves: on every housekeeping tick and,
+    /// at once, on every memory event from `events` (`None`: the tick
+    /// alone). After each round the events are re-armed from its last
+    /// observations. A round in progress finishes first, and a slow round
+    /// delays the next tick instead of piling rounds up.
+    pub async fn run(
+        mut self,
+        mut events: Option<MemoryEvents>,
+        stopped: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(stopped);
+        let mut tick = tokio::time::interval(self.config.housekeeping_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let trigger = tokio::select! {
+                _ = tick.tick() => "tick",
+                ev = next_event(&mut events) => {
+                    tracing::debug!(watch = %ev.watch, detail = %ev.detail, "memory event: observing now");
+                    ev.watch.kind()
+                }
+                () = &mut stopped => return,
+            };
+            if let Some(ev) = events.as_mut() {
+                ev.drain();
+            }
+            let labels = TriggerLabels {
+                trigger: trigger.to_owned(),
+            };
+            self.metrics.rounds.get_or_create(&labels).inc();
+            self.round().await;
+            let last = self.status.read().unwrap_or_else(|e| e.into_inner());
+            let obs = last.observations.clone();
+            drop(last);
+            if let (Some(ev), Some(obs)) = (events.as_mut(), obs) {
+                ev.rearm(&obs);
+            }
+        }
     }
 
     /// One round; returns the evictions it made.
@@ -545,6 +591,14 @@ impl EvictionManager {
         if let Err(err) = rt.stop_pod_sandbox(req).await {
             tracing::error!(sandbox = %pod.sandbox_id, %err, "StopPodSandbox failed");
         }
+    }
+}
+
+/// The next memory event, or never when there are no events.
+async fn next_event(events: &mut Option<MemoryEvents>) -> MemoryEvent {
+    match events {
+        Some(e) => e.next().await,
+        None => std::future::pending().await,
     }
 }
 

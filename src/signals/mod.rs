@@ -4,6 +4,7 @@
 //! text, so tests run them against fixture trees. Errors carry the path.
 
 pub mod disk;
+pub mod events;
 pub mod memory;
 pub mod node;
 pub mod usage;
@@ -26,6 +27,14 @@ pub fn read(path: &Path) -> Result<String, ReadError> {
         path: path.to_owned(),
         source,
     })
+}
+
+/// Milliseconds since the Unix epoch of a past monotonic instant `at`, for
+/// display (the wall clock now, less the time elapsed since `at`).
+pub fn unix_ms(at: std::time::Instant) -> u64 {
+    let wall = std::time::SystemTime::now() - at.elapsed();
+    wall.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Writes a fixture file, creating its directories (tests only).

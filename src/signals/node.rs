@@ -98,13 +98,14 @@ pub fn pids_in_use(proc_root: &Path) -> Result<u64, ReadError> {
 }
 
 impl NodeSources {
-    /// Reads every signal it can; a signal whose source cannot be read is
-    /// left out (and logged), never guessed.
+    /// Reads every signal it can, stamped with the time the reading started;
+    /// a signal whose source cannot be read is left out (and logged), never
+    /// guessed.
     pub fn observe(&self) -> Observations {
-        let mut obs = Observations::new();
+        let mut obs = Observations::new(std::time::Instant::now());
         let mut put = |sig: Signal, r: Result<Observation, ReadError>| match r {
             Ok(o) => {
-                obs.insert(sig, o);
+                obs.signals.insert(sig, o);
             }
             Err(err) => tracing::debug!(signal = %sig, %err, "signal not observed"),
         };
@@ -214,30 +215,36 @@ mod tests {
             nodefs: t.path().to_owned(),
             imagefs: t.path().to_owned(),
         };
+        let before = std::time::Instant::now();
         let o = src.observe();
+        assert!(
+            before <= o.at && o.at <= std::time::Instant::now(),
+            "stamped when read"
+        );
         assert_eq!(
-            o[&Signal::MemoryAvailable],
+            o.signals[&Signal::MemoryAvailable],
             Observation {
                 available: 8000,
                 capacity: 10_000
             }
         );
         assert_eq!(
-            o[&Signal::AllocatableMemoryAvailable],
+            o.signals[&Signal::AllocatableMemoryAvailable],
             Observation {
                 available: 3000,
                 capacity: 4000
             }
         );
         assert_eq!(
-            o[&Signal::PidAvailable],
+            o.signals[&Signal::PidAvailable],
             Observation {
                 available: 750,
                 capacity: 1000
             }
         );
         assert!(
-            o.contains_key(&Signal::NodefsAvailable) && o.contains_key(&Signal::ImagefsInodesFree)
+            o.signals.contains_key(&Signal::NodefsAvailable)
+                && o.signals.contains_key(&Signal::ImagefsInodesFree)
         );
     }
 

@@ -1,0 +1,553 @@
+//! Memory events: the kernel telling criguard "look now" between
+//! housekeeping ticks, so that eviction starts as soon as a memory threshold
+//! is crossed instead of up to a tick later.
+//!
+//! One interface over both cgroup versions: [`MemoryEvents`] is re-armed
+//! after every observation ([`MemoryEvents::rearm`]) and awaited
+//! ([`MemoryEvents::next`]).
+//! - cgroup v1 ([`v1`]): a memcg usage threshold per memory threshold, hard
+//!   and soft, placed where the kubelet's memory threshold notifier places
+//!   them: `memory.available` on the root memcg, `allocatableMemory.available`
+//!   on the pods' cgroup. `inactive_file` moves, so the lines move with it.
+//! - cgroup v2 ([`v2`]): a PSI trigger on the `memory.pressure` of each
+//!   memory signal's cgroup (the system-wide `/proc/pressure/memory` for the
+//!   root when the root has none), and change notification of the pods'
+//!   `memory.events` (`max` and `oom` going up).
+//!
+//! Events are an accelerator, never a single point of failure: a watch
+//! that cannot be armed, or that fails while armed, is logged and left to
+//! the next re-arm, and the housekeeping tick keeps working regardless. An
+//! event decides nothing: it only makes the eviction loop observe fresh.
+
+pub mod v1;
+pub mod v2;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use futures::FutureExt;
+
+use super::memory::Layout;
+use super::node::NodeSources;
+use crate::config::{EvictionConfig, Signal, Threshold};
+use crate::policy::thresholds::Observations;
+use v1::{UsageThreshold, usage_threshold};
+use v2::{FileModified, PsiSettings, PsiTrigger};
+
+/// An event source that could not be set up or read, with its file.
+#[derive(Debug, thiserror::Error)]
+#[error("{action} {path}: {source}")]
+pub struct EventError {
+    /// What was being done.
+    pub action: &'static str,
+    /// The file or cgroup.
+    pub path: PathBuf,
+    /// The error.
+    pub source: std::io::Error,
+}
+
+impl EventError {
+    fn new(action: &'static str, path: &Path, source: std::io::Error) -> Self {
+        Self {
+            action,
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// Registers `file` with the tokio reactor for `interest`; needs a runtime.
+fn register(
+    file: std::fs::File,
+    interest: tokio::io::Interest,
+    path: &Path,
+) -> Result<tokio::io::unix::AsyncFd<std::fs::File>, EventError> {
+    // SAFETY: the File owns its fd and is only ever borrowed afterwards, so
+    // the fd stays open and the same for the AsyncFd's whole life.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(file, interest) }
+        .map_err(|e| EventError::new("poll", path, e.into()))
+}
+
+/// One thing to watch, as planned from the configuration and the readings.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Watch {
+    /// cgroup v1: the usage of the memcg at `dir` crossing `bytes`.
+    Usage {
+        /// The signal whose threshold this is.
+        signal: Signal,
+        /// Whether the threshold is soft.
+        soft: bool,
+        /// The memcg directory.
+        dir: PathBuf,
+        /// The usage line, bytes ([`usage_threshold`]).
+        bytes: u64,
+    },
+    /// A PSI trigger on a pressure file.
+    Pressure {
+        /// `memory.pressure` of a cgroup, or `/proc/pressure/memory`.
+        path: PathBuf,
+    },
+    /// Changes of a cgroup's `memory.events`.
+    Modified {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+impl Watch {
+    /// A short label for metrics: `memcg_threshold`, `psi` or `memory_events`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Watch::Usage { .. } => "memcg_threshold",
+            Watch::Pressure { .. } => "psi",
+            Watch::Modified { .. } => "memory_events",
+        }
+    }
+
+    /// What is watched, without the line (which moves): names log entries.
+    fn place(&self) -> String {
+        match self {
+            Watch::Usage {
+                signal, soft, dir, ..
+            } => {
+                let kind = if *soft { "soft" } else { "hard" };
+                format!("{kind} {signal} threshold on {}", dir.display())
+            }
+            Watch::Pressure { path } => format!("PSI trigger on {}", path.display()),
+            Watch::Modified { path } => format!("changes of {}", path.display()),
+        }
+    }
+}
+
+impl std::fmt::Display for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Watch::Usage { bytes, .. } => write!(f, "{} (usage {bytes})", self.place()),
+            _ => f.write_str(&self.place()),
+        }
+    }
+}
+
+/// The cgroup a memory signal is read from, or `None` for other signals.
+pub fn signal_cgroup(signal: Signal, pods_cgroup: &str) -> Option<&str> {
+    match signal {
+        Signal::MemoryAvailable => Some("/"),
+        Signal::AllocatableMemoryAvailable => Some(pods_cgroup),
+        _ => None,
+    }
+}
+
+/// A memory signal's memcg as re-read for arming: its directory and
+/// `inactive_file` (usage − working set).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemcgReading {
+    /// The memcg directory.
+    pub dir: PathBuf,
+    /// Inactive page cache, bytes.
+    pub inactive_file: u64,
+}
+
+/// cgroup v1: one usage line per memory threshold (hard and soft) whose
+/// signal was observed and whose memcg was read.
+pub fn plan_v1(
+    thresholds: &[Threshold],
+    obs: &Observations,
+    memcgs: &BTreeMap<Signal, MemcgReading>,
+) -> Vec<Watch> {
+    thresholds
+        .iter()
+        .filter_map(|t| {
+            let o = obs.get(&t.signal)?;
+            let m = memcgs.get(&t.signal)?;
+            Some(Watch::Usage {
+                signal: t.signal,
+                soft: t.grace_period.is_some(),
+                dir: m.dir.clone(),
+                bytes: usage_threshold(o.capacity, t.amount.resolve(o.capacity), m.inactive_file),
+            })
+        })
+        .collect()
+}
+
+/// cgroup v2: a PSI trigger on each signal's cgroup (`/proc/pressure/memory`
+/// for the root when the root has no `memory.pressure`) and changes of the
+/// pods' `memory.events`.
+pub fn plan_v2(sources: &NodeSources, signals: &BTreeSet<Signal>) -> Vec<Watch> {
+    let mut out = BTreeSet::new();
+    for s in signals {
+        let Some(cgroup) = signal_cgroup(*s, &sources.pods_cgroup) else {
+            continue;
+        };
+        let dir = sources.cgroups.memory_dir(cgroup);
+        let pressure = dir.join("memory.pressure");
+        let is_root = cgroup.trim_matches('/').is_empty();
+        out.insert(Watch::Pressure {
+            path: if is_root && !pressure.exists() {
+                sources.proc_root.join("pressure/memory")
+            } else {
+                pressure
+            },
+        });
+        if !is_root {
+            out.insert(Watch::Modified {
+                path: dir.join("memory.events"),
+            });
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// An armed watch.
+#[derive(Debug)]
+enum Source {
+    Usage(UsageThreshold),
+    Pressure(PsiTrigger),
+    Modified(FileModified),
+}
+
+impl Source {
+    fn arm(w: &Watch, psi: &PsiSettings) -> Result<Self, EventError> {
+        Ok(match w {
+            Watch::Usage { dir, bytes, .. } => {
+                Source::Usage(UsageThreshold::register(dir, *bytes)?)
+            }
+            Watch::Pressure { path } => Source::Pressure(PsiTrigger::arm(path, psi)?),
+            Watch::Modified { path } => Source::Modified(FileModified::watch(path)?),
+        })
+    }
+
+    fn is_stale(&self) -> bool {
+        match self {
+            Source::Usage(s) => s.is_stale(),
+            Source::Pressure(s) => s.is_stale(),
+            Source::Modified(s) => s.is_stale(),
+        }
+    }
+
+    /// Waits for the source to fire; says what it saw.
+    async fn fired(&mut self) -> Result<String, EventError> {
+        Ok(match self {
+            Source::Usage(s) => format!("{} crossing(s)", s.fired().await?),
+            Source::Pressure(s) => {
+                s.fired().await?;
+                "stall".to_owned()
+            }
+            Source::Modified(s) => {
+                let up: Vec<String> = s
+                    .changed()
+                    .await?
+                    .into_iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect();
+                up.join(", ")
+            }
+        })
+    }
+}
+
+/// What woke the eviction loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryEvent {
+    /// The watch that fired.
+    pub watch: Watch,
+    /// What it reported (crossings, counters that went up).
+    pub detail: String,
+    /// When criguard saw it.
+    pub at: Instant,
+}
+
+/// The node's memory events, armed from the eviction configuration.
+#[derive(Debug)]
+pub struct MemoryEvents {
+    sources: NodeSources,
+    thresholds: Vec<Threshold>,
+    psi: PsiSettings,
+    armed: Vec<(Watch, Source)>,
+    /// Places whose last arming failed, so a failure is warned about once.
+    failing: BTreeSet<String>,
+}
+
+impl MemoryEvents {
+    /// Events for the memory thresholds of `config` (nothing is armed until
+    /// the first [`MemoryEvents::rearm`]); `psi` is used on cgroup v2.
+    pub fn new(sources: NodeSources, config: &EvictionConfig, psi: PsiSettings) -> Self {
+        let thresholds = config
+            .hard
+            .iter()
+            .chain(&config.soft)
+            .filter(|t| signal_cgroup(t.signal, "").is_some())
+            .cloned()
+            .collect();
+        Self {
+            sources,
+            thresholds,
+            psi,
+            armed: Vec::new(),
+            failing: BTreeSet::new(),
+        }
+    }
+
+    /// The watches armed now.
+    pub fn armed(&self) -> Vec<Watch> {
+        self.armed.iter().map(|(w, _)| w.clone()).collect()
+    }
+
+    /// What should be armed after `obs` (v1 re-reads each memcg's inactive page cache).
+    fn plan(&self, obs: &Observations) -> Vec<Watch> {
+        match self.sources.cgroups.layout() {
+            Layout::V1 => {
+                let mut memcgs = BTreeMap::new();
+                for t in &self.thresholds {
+                    let Some(cg) = signal_cgroup(t.signal, &self.sources.pods_cgroup) else {
+                        continue;
+                    };
+                    match self.sources.cgroups.memory(cg) {
+                        Ok(m) => {
+                            let reading = MemcgReading {
+                                dir: self.sources.cgroups.memory_dir(cg),
+                                inactive_file: m.usage.saturating_sub(m.working_set),
+                            };
+                            memcgs.insert(t.signal, reading);
+                        }
+                        Err(err) => {
+                            tracing::debug!(%err, "memcg not read; no threshold event for it")
+                        }
+                    }
+                }
+                plan_v1(&self.thresholds, obs, &memcgs)
+            }
+            Layout::V2 => {
+                let signals = self.thresholds.iter().map(|t| t.signal).collect();
+                plan_v2(&self.sources, &signals)
+            }
+        }
+    }
+
+    /// Re-arms after fresh observations: moved usage lines are registered
+    /// anew (before the old ones close, so no crossing falls in between),
+    /// watches of vanished or re-created cgroups are replaced, and watches
+    /// that failed before are tried again. Failures are logged, never returned.
+    pub fn rearm(&mut self, obs: &Observations) {
+        let want = self.plan(obs);
+        let mut old = std::mem::take(&mut self.armed);
+        for w in want {
+            if let Some(i) = old.iter().position(|(a, s)| *a == w && !s.is_stale()) {
+                self.armed.push(old.swap_remove(i));
+                continue;
+            }
+            let place = w.place();
+            match Source::arm(&w, &self.psi) {
+                Ok(s) => {
+                    if self.failing.remove(&place) {
+                        tracing::info!(watch = %w, "memory event armed again");
+                    }
+                    tracing::debug!(watch = %w, "memory event armed");
+                    self.armed.push((w, s));
+                }
+                Err(err) if self.failing.insert(place) => {
+                    tracing::warn!(watch = %w, %err, "memory event not armed; the housekeeping tick still runs");
+                }
+                Err(err) => tracing::debug!(watch = %w, %err, "memory event still not armed"),
+            }
+        }
+    }
+
+    /// Waits for the next event from any armed watch (forever when none is
+    /// armed). A watch that fails is logged and dropped until the next
+    /// re-arm. Cancel-safe: dropping the future loses no event.
+    pub async fn next(&mut self) -> MemoryEvent {
+        loop {
+            if self.armed.is_empty() {
+                return std::future::pending().await;
+            }
+            let waits = self.armed.iter_mut().map(|(_, s)| Box::pin(s.fired()));
+            let (result, i, rest) = futures::future::select_all(waits).await;
+            drop(rest);
+            match result {
+                Ok(detail) => {
+                    return MemoryEvent {
+                        watch: self.armed[i].0.clone(),
+                        detail,
+                        at: Instant::now(),
+                    };
+                }
+                Err(err) => {
+                    let (w, _) = self.armed.swap_remove(i);
+                    tracing::warn!(watch = %w, %err, "memory event failed; re-armed after the next observation");
+                }
+            }
+        }
+    }
+
+    /// Takes the events that are already pending (one episode often fires
+    /// several watches), so that one round answers them all; returns them.
+    pub fn drain(&mut self) -> Vec<MemoryEvent> {
+        std::iter::from_fn(|| self.next().now_or_never()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Amount;
+    use crate::policy::thresholds::Observation;
+    use crate::signals::memory::CgroupFs;
+    use crate::signals::write_fixture as write;
+
+    const MI: u64 = 1 << 20;
+
+    fn sources(cg: &Path, proc_root: &Path) -> NodeSources {
+        NodeSources {
+            cgroups: CgroupFs::detect(cg),
+            proc_root: proc_root.to_owned(),
+            memory_capacity: 1 << 30,
+            pods_cgroup: "/kubepods".into(),
+            nodefs: cg.to_owned(),
+            imagefs: cg.to_owned(),
+        }
+    }
+
+    fn threshold(signal: Signal, amount: Amount, grace_s: Option<u64>) -> Threshold {
+        Threshold {
+            signal,
+            amount,
+            grace_period: grace_s.map(std::time::Duration::from_secs),
+            min_reclaim: None,
+        }
+    }
+
+    #[test]
+    fn v2_watches_each_signals_pressure_and_the_pods_memory_events() {
+        let t = tempfile::tempdir().unwrap();
+        let (cg, proc_root) = (t.path().join("cg"), t.path().join("proc"));
+        write(&cg, "cgroup.controllers", "cpu memory pids\n");
+        write(&cg, "kubepods/memory.pressure", "some total=0\n");
+        write(&cg, "kubepods/memory.events", "max 0\n");
+        write(&proc_root, "pressure/memory", "some total=0\n");
+        let src = sources(&cg, &proc_root);
+        let both = BTreeSet::from([Signal::MemoryAvailable, Signal::AllocatableMemoryAvailable]);
+        let pressure = |p: PathBuf| Watch::Pressure { path: p };
+        // No memory.pressure at the root: the system-wide file stands in.
+        assert_eq!(
+            plan_v2(&src, &both),
+            [
+                pressure(cg.join("kubepods/memory.pressure")),
+                pressure(proc_root.join("pressure/memory")),
+                Watch::Modified {
+                    path: cg.join("kubepods/memory.events")
+                },
+            ]
+        );
+        write(&cg, "memory.pressure", "some total=0\n");
+        let root_only = BTreeSet::from([Signal::MemoryAvailable]);
+        assert_eq!(
+            plan_v2(&src, &root_only),
+            [pressure(cg.join("memory.pressure"))]
+        );
+        // Disk and pid signals have no memory events.
+        assert!(plan_v2(&src, &BTreeSet::from([Signal::NodefsAvailable])).is_empty());
+    }
+
+    #[test]
+    fn v1_lines_are_the_kubelets_for_each_memory_threshold_hard_and_soft() {
+        let t = tempfile::tempdir().unwrap();
+        let src = sources(t.path(), t.path());
+        assert_eq!(src.cgroups.layout(), Layout::V1);
+        let at = Instant::now();
+        let obs = Observations {
+            at,
+            signals: BTreeMap::from([
+                (
+                    Signal::MemoryAvailable,
+                    Observation {
+                        available: 600 * MI as i64,
+                        capacity: 1024 * MI,
+                    },
+                ),
+                (
+                    Signal::AllocatableMemoryAvailable,
+                    Observation {
+                        available: 100 * MI as i64,
+                        capacity: 512 * MI,
+                    },
+                ),
+            ]),
+        };
+        let memcgs = BTreeMap::from([
+            (
+                Signal::MemoryAvailable,
+                MemcgReading {
+                    dir: t.path().join("memory"),
+                    inactive_file: 50 * MI,
+                },
+            ),
+            (
+                Signal::AllocatableMemoryAvailable,
+                MemcgReading {
+                    dir: t.path().join("memory/kubepods"),
+                    inactive_file: 8 * MI,
+                },
+            ),
+        ]);
+        let thresholds = [
+            threshold(Signal::MemoryAvailable, Amount::Quantity(100 * MI), None),
+            threshold(
+                Signal::AllocatableMemoryAvailable,
+                Amount::Percentage(25.0),
+                Some(60),
+            ),
+            threshold(Signal::NodefsAvailable, Amount::Percentage(10.0), None),
+        ];
+        assert_eq!(
+            plan_v1(&thresholds, &obs, &memcgs),
+            [
+                Watch::Usage {
+                    signal: Signal::MemoryAvailable,
+                    soft: false,
+                    dir: t.path().join("memory"),
+                    bytes: (1024 - 100 + 50) * MI,
+                },
+                Watch::Usage {
+                    signal: Signal::AllocatableMemoryAvailable,
+                    soft: true,
+                    dir: t.path().join("memory/kubepods"),
+                    // 25 % of 512Mi allocatable is 128Mi.
+                    bytes: (512 - 128 + 8) * MI,
+                },
+            ]
+        );
+        // A signal that was not observed gets no line.
+        let none = Observations::new(at);
+        assert!(plan_v1(&thresholds, &none, &memcgs).is_empty());
+    }
+
+    #[test]
+    fn only_memory_thresholds_are_watched() {
+        let t = tempfile::tempdir().unwrap();
+        let config = EvictionConfig {
+            hard: vec![
+                threshold(Signal::MemoryAvailable, Amount::Quantity(MI), None),
+                threshold(Signal::PidAvailable, Amount::Quantity(100), None),
+            ],
+            soft: vec![threshold(
+                Signal::AllocatableMemoryAvailable,
+                Amount::Quantity(MI),
+                Some(30),
+            )],
+            max_pod_grace_period: None,
+            pressure_transition_period: std::time::Duration::from_secs(300),
+            housekeeping_interval: std::time::Duration::from_secs(10),
+        };
+        let ev = MemoryEvents::new(sources(t.path(), t.path()), &config, PsiSettings::default());
+        let signals: Vec<Signal> = ev.thresholds.iter().map(|t| t.signal).collect();
+        assert_eq!(
+            signals,
+            [Signal::MemoryAvailable, Signal::AllocatableMemoryAvailable]
+        );
+        assert!(
+            ev.armed().is_empty(),
+            "nothing armed before the first observation"
+        );
+    }
+}

@@ -1,0 +1,163 @@
+//! Cgroups made by a test (a v1 memcg, a v2 cgroup in the unified
+//! hierarchy) and processes placed in them: on drop, the processes are
+//! killed by PID and the directory removed.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::containerd::unique;
+
+/// The v1 memory hierarchy.
+pub const MEMORY: &str = "/sys/fs/cgroup/memory";
+/// The v2 (unified) hierarchy of a hybrid host.
+pub const UNIFIED: &str = "/sys/fs/cgroup/unified";
+
+/// A fresh cgroup `<hierarchy>/<prefix>-<unique>`.
+pub struct TestCgroup {
+    /// Its directory.
+    pub dir: PathBuf,
+}
+
+impl TestCgroup {
+    /// Creates it; panics when the hierarchy is missing or not writable.
+    pub fn create(hierarchy: &str, prefix: &str) -> Self {
+        let dir = Path::new(hierarchy).join(unique(prefix));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        Self { dir }
+    }
+
+    /// The cgroup's path below its hierarchy, e.g. `/criguard-ev-12-ab`.
+    pub fn name(&self) -> String {
+        format!("/{}", self.dir.file_name().unwrap().to_str().unwrap())
+    }
+
+    /// One of its files.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// A file holding one number.
+    pub fn read_u64(&self, name: &str) -> u64 {
+        let p = self.file(name);
+        let t = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        t.trim().parse().unwrap()
+    }
+
+    /// Writes a control file.
+    pub fn write(&self, name: &str, value: &str) {
+        let p = self.file(name);
+        std::fs::write(&p, value).unwrap_or_else(|e| panic!("{} <- {value}: {e}", p.display()));
+    }
+
+    /// The pids in it now.
+    pub fn pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.file("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Only processes this test put here can be in it.
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            for pid in self.pids() {
+                // SAFETY: kill(2) on a pid read from our own cgroup.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            match std::fs::remove_dir(&self.dir) {
+                Ok(()) => return,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+                Err(e) if Instant::now() > end => {
+                    eprintln!("could not remove {}: {e}", self.dir.display());
+                    return;
+                }
+                // Killed processes leave the cgroup when they are reaped.
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}
+
+/// A `sh -c` script that first moves itself into each of `cgroups`.
+pub fn in_cgroups(cgroups: &[&TestCgroup], script: &str) -> Command {
+    let mut join = String::new();
+    for c in cgroups {
+        join.push_str(&format!(
+            "echo $$ > {} && ",
+            c.file("cgroup.procs").display()
+        ));
+    }
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(format!("{join}{script}"));
+    cmd
+}
+
+/// A child process killed by PID (and reaped) on drop.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A shell in a memcg that grows its heap on request, 1 MiB per variable,
+/// using shell builtins only (no fork, so nothing but the growth is charged),
+/// and allocates nothing while it waits for the next request.
+pub struct Filler {
+    proc: Proc,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+const FILLER: &str = "c=x; i=0; while [ $i -lt 20 ]; do c=$c$c; i=$((i+1)); done; n=0; echo ready; \
+     while read want; do while [ $n -lt $want ]; do n=$((n+1)); eval \"v$n=\\$c\"; done; echo $n; done";
+
+impl Filler {
+    /// Starts one in `cgroups` and waits until it holds its 1 MiB seed.
+    pub fn start(cgroups: &[&TestCgroup]) -> Self {
+        let mut child = in_cgroups(cgroups, FILLER)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn sh");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut me = Self {
+            proc: Proc(child),
+            stdin,
+            stdout,
+        };
+        assert_eq!(me.reply(), "ready");
+        me
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.proc.0.id()
+    }
+
+    fn reply(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    }
+
+    /// Grows to `mib` MiB of variables (it never shrinks) and returns once
+    /// they are all written.
+    pub fn grow_to(&mut self, mib: u64) {
+        writeln!(self.stdin, "{mib}").unwrap();
+        let got = self.reply();
+        assert!(
+            got.parse::<u64>().unwrap() >= mib,
+            "filler answered {got:?}"
+        );
+    }
+}
