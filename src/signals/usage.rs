@@ -131,6 +131,13 @@ pub struct NodeUsage {
     pub read_us: u64,
 }
 
+impl NodeUsage {
+    /// The usage of the pod with sandbox `sandbox_id`.
+    pub fn pod(&self, sandbox_id: &str) -> Option<&PodUsage> {
+        self.pods.iter().find(|p| p.sandbox_id == sandbox_id)
+    }
+}
+
 /// The part of a pod's usage that `signal` ranks by, as the kubelet's
 /// eviction manager chooses it (`buildSignalToRankFunc`): with a dedicated
 /// imagefs, nodefs signals count logs and volumes and imagefs signals the
@@ -548,6 +555,7 @@ mod tests {
         let node = read_node(std::slice::from_ref(&pod), &layers, &src);
         assert_eq!(node.images, None);
         assert!(!node.dedicated_imagefs, "one filesystem for both");
+        assert_eq!(node.pod("s1"), Some(&u));
         assert_eq!(node.pods, vec![u]);
     }
 
