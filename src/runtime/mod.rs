@@ -3,10 +3,10 @@
 //! One [`Upstream`] holds two lazily dialled HTTP/2 connections to the
 //! runtime's unix socket: a bare one the proxy forwards raw requests over
 //! ([`raw`]), and a tonic channel for criguard's own CRI calls
-//! ([`Upstream::runtime`]) and its native snapshots service
-//! ([`Upstream::snapshots`]). Both reconnect by themselves: while the runtime is
-//! down every call fails at once, and the first call after it is back opens a
-//! new connection. Nothing is locked per call; HTTP/2 multiplexes concurrent
+//! ([`Upstream::runtime`]) and containerd's native snapshots service
+//! ([`Upstream::snapshots`]). Both reconnect by themselves: while the
+//! runtime is down every call fails at once, and the first call after it is
+//! back opens a new connection. Nothing is locked per call; HTTP/2 multiplexes concurrent
 //! calls.
 
 pub mod raw;

@@ -269,7 +269,7 @@ mod tests {
             nodefs: t.path().to_owned(),
             imagefs: t.path().to_owned(),
         };
-        let pid = |src: &NodeSources| src.observe()[&Signal::PidAvailable];
+        let pid = |src: &NodeSources| *src.observe().get(&Signal::PidAvailable).unwrap();
         let bounded = Observation {
             available: 10,
             capacity: 100,

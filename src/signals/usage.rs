@@ -9,9 +9,10 @@
 //!   walked; containerd's own CRI stats refresh this only every ~10 s;
 //! - **logs**: the pod's log directory (the kubelet writes each container's
 //!   logs to `<log_directory>/<container name>/<restart>.log`);
-//! - **volumes**: the pod's emptyDirs, `<kubelet root>/pods/<uid>/volumes/kubernetes.io~empty-dir/*`,
-//!   counted on the kubelet root's filesystem only (a memory-backed emptyDir
-//!   is a tmpfs mount and takes no disk);
+//! - **volumes**: the pod's emptyDirs,
+//!   `<kubelet root>/pods/<uid>/volumes/kubernetes.io~empty-dir/*`, counted
+//!   on the kubelet root's filesystem only (a memory-backed emptyDir is a
+//!   tmpfs mount and takes no disk);
 //! - **processes**: pids in the pod's cgroup;
 //! - and, for the node, the image content store
 //!   (`<containerd root>/io.containerd.content.v1.content/blobs`), which
@@ -131,6 +132,13 @@ pub struct NodeUsage {
     pub read_us: u64,
 }
 
+impl NodeUsage {
+    /// The usage of the pod with sandbox `sandbox_id`.
+    pub fn pod(&self, sandbox_id: &str) -> Option<&PodUsage> {
+        self.pods.iter().find(|p| p.sandbox_id == sandbox_id)
+    }
+}
+
 /// The part of a pod's usage that `signal` ranks by, as the kubelet's
 /// eviction manager chooses it (`buildSignalToRankFunc`): with a dedicated
 /// imagefs, nodefs signals count logs and volumes and imagefs signals the
@@ -194,14 +202,19 @@ pub fn content_blobs(containerd_root: &Path) -> PathBuf {
     containerd_root.join("io.containerd.content.v1.content/blobs")
 }
 
-/// Walks `path`, or zero when absent; other errors go to `errors`.
-fn walk_or_zero(path: &Path, errors: &mut Vec<String>) -> DiskUsage {
+/// Walks `path`: `None` when it does not exist (nothing to count); other
+/// errors go to `errors`, prefixed with `what` when it names more than the
+/// path does.
+fn walk_some(path: &Path, what: Option<&str>, errors: &mut Vec<String>) -> Option<DiskUsage> {
     match disk::walk(path) {
-        Ok(w) => w.usage,
-        Err(e) if e.is_not_found() => DiskUsage::default(),
+        Ok(w) => Some(w.usage),
+        Err(e) if e.is_not_found() => None,
         Err(e) => {
-            errors.push(e.to_string());
-            DiskUsage::default()
+            errors.push(match what {
+                Some(w) => format!("{w}: {e}"),
+                None => e.to_string(),
+            });
+            None
         }
     }
 }
@@ -218,33 +231,19 @@ pub fn read_pod(pod: &Pod, layers: &Layers, src: &UsageSources) -> PodUsage {
     let log_dir = (!pod.log_directory.is_empty()).then(|| PathBuf::from(&pod.log_directory));
     let mut logs_by_name: HashMap<&str, Option<DiskUsage>> = HashMap::new();
     for c in pod.containers.values() {
+        let what = format!("container {}", c.id);
         let rootfs = match layers.get(&c.id) {
-            Some(Ok(Some(dir))) => match disk::walk(dir) {
-                Ok(w) => Some(w.usage),
-                // Removed with its container since the lookup.
-                Err(e) if e.is_not_found() => None,
-                Err(e) => {
-                    errors.push(format!("container {}: {e}", c.id));
-                    None
-                }
-            },
+            // Absent: removed with its container since the lookup.
+            Some(Ok(Some(dir))) => walk_some(dir, Some(&what), &mut errors),
             Some(Err(e)) => {
-                errors.push(format!("container {}: {e}", c.id));
+                errors.push(format!("{what}: {e}"));
                 None
             }
             Some(Ok(None)) | None => None,
         };
-        let logs = *logs_by_name.entry(&c.name).or_insert_with(|| {
-            let dir = log_dir.as_ref()?.join(&c.name);
-            match disk::walk(&dir) {
-                Ok(w) => Some(w.usage),
-                Err(e) if e.is_not_found() => None,
-                Err(e) => {
-                    errors.push(e.to_string());
-                    None
-                }
-            }
-        });
+        let logs = *logs_by_name
+            .entry(&c.name)
+            .or_insert_with(|| walk_some(&log_dir.as_ref()?.join(&c.name), None, &mut errors));
         containers.push(ContainerUsage {
             id: c.id.clone(),
             name: c.name.clone(),
@@ -253,10 +252,9 @@ pub fn read_pod(pod: &Pod, layers: &Layers, src: &UsageSources) -> PodUsage {
         });
     }
     let rootfs = containers.iter().filter_map(|c| c.rootfs).sum();
-    let logs = match &log_dir {
-        Some(dir) => walk_or_zero(dir, &mut errors),
-        None => DiskUsage::default(),
-    };
+    let logs = log_dir
+        .and_then(|dir| walk_some(&dir, None, &mut errors))
+        .unwrap_or_default();
     let mut empty_dirs = BTreeMap::new();
     if !pod.uid.is_empty() {
         let root = empty_dir_root(&src.nodefs, &pod.uid);
@@ -548,6 +546,7 @@ mod tests {
         let node = read_node(std::slice::from_ref(&pod), &layers, &src);
         assert_eq!(node.images, None);
         assert!(!node.dedicated_imagefs, "one filesystem for both");
+        assert_eq!(node.pod("s1"), Some(&u));
         assert_eq!(node.pods, vec![u]);
     }
 
