@@ -122,10 +122,9 @@ async fn unused_images_go_least_recently_used_first_down_to_the_low_threshold() 
     })
     .await;
     guard.signal_and_wait(libc::SIGTERM);
-    let guard = CriguardProcess::start(&listen, &ctrd.socket, &args).await;
-    let mut c = guard.clients();
 
-    // Fill imagefs past the high threshold so that 3.5 fillers must go.
+    // While criguard is down, fill imagefs past the high threshold so that
+    // 3.5 fillers must go.
     let each = footprint.values().sum::<u64>() / footprint.len() as u64;
     let cap = fs_stats(&imagefs).unwrap().capacity;
     let target = cap * (100 - LOW) / 100;
@@ -146,6 +145,10 @@ async fn unused_images_go_least_recently_used_first_down_to_the_low_threshold() 
     f.sync_all().unwrap();
     drop(f);
     let before = available(&imagefs);
+    // criguard comes back to a full imagefs (filled while it was down, so
+    // that no collection races the fill).
+    let guard = CriguardProcess::start(&listen, &ctrd.socket, &args).await;
+    let mut c = guard.clients();
 
     // The order the policy must follow: never used (f4, f5: first detected
     // together, ties by id), then f1, f2 by their last use. Predict how many
