@@ -10,6 +10,7 @@
 //! | `GET /v1/evictions` | every eviction since start, oldest first |
 //! | `GET /v1/conditions` | node conditions, the last signal observations and when they were read |
 //! | `GET /v1/usage` | per-pod disk and process usage, read now (model synced first) |
+//! | `GET /v1/rank` | the eviction order for each configured signal, read now (model synced first) |
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,8 +22,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 
+use crate::config::Signal;
 use crate::model::{NodeModel, Pod, sync};
 use crate::reclaim::evict::{Eviction, NodeStatus};
+use crate::reclaim::rank::{RankEntry, Ranker};
 use crate::runtime::Upstream;
 use crate::signals::unix_ms;
 use crate::signals::usage::{NodeUsage, UsageReader};
@@ -38,6 +41,10 @@ pub struct AdminState {
     pub status: Arc<RwLock<NodeStatus>>,
     /// Per-pod usage, read on request.
     pub usage: UsageReader,
+    /// Eviction orders, read on request.
+    pub ranker: Ranker,
+    /// The signals with a threshold, which `/v1/rank` ranks for.
+    pub rank_signals: Vec<Signal>,
 }
 
 fn json<T: serde::Serialize>(status: http::StatusCode, value: &T) -> http::Response<Full<Bytes>> {
@@ -69,6 +76,15 @@ async fn handle(
             }
             let pods = state.model.read().unwrap_or_else(|e| e.into_inner()).pods();
             json(http::StatusCode::OK, &state.usage.read(pods).await)
+        }
+        (&http::Method::GET, "/v1/rank") => {
+            if let Err(err) = sync::sync(&state.model, &state.upstream).await {
+                tracing::warn!(%err, "sync before /v1/rank failed; answering from the model as it is");
+            }
+            json(
+                http::StatusCode::OK,
+                &state.ranker.report(&state.rank_signals).await,
+            )
         }
         (&http::Method::GET, "/v1/evictions") => {
             let st = state.status.read().unwrap_or_else(|e| e.into_inner());
@@ -151,6 +167,40 @@ pub async fn get_evictions(socket: &Path) -> Result<Vec<Eviction>, ClientError> 
 /// `GET /v1/usage` from a running criguard.
 pub async fn get_usage(socket: &Path) -> Result<NodeUsage, ClientError> {
     get(socket, "/v1/usage").await
+}
+
+/// `GET /v1/rank` from a running criguard.
+pub async fn get_rank(socket: &Path) -> Result<Vec<RankEntry>, ClientError> {
+    get(socket, "/v1/rank").await
+}
+
+/// The ranking as a table: one line per pod and signal, first victim first.
+pub fn rank_table(entries: &[RankEntry]) -> String {
+    let mut out = format!(
+        "{:<28} {:>4}  {:<40} {:<10} {:>9} {:>12} {:>12}\n",
+        "SIGNAL", "RANK", "POD", "QOS", "PRIORITY", "USAGE", "REQUEST"
+    );
+    for e in entries {
+        let bytes = Signal::parse(&e.signal).is_some_and(|s| s.is_bytes());
+        let show = |v: i64| {
+            if bytes {
+                crate::quantity::format_bytes(v.max(0) as u64)
+            } else {
+                v.to_string()
+            }
+        };
+        out.push_str(&format!(
+            "{:<28} {:>4}  {:<40} {:<10} {:>9} {:>12} {:>12}\n",
+            e.signal,
+            e.rank,
+            e.pod,
+            e.qos,
+            e.priority,
+            e.usage.map_or("?".to_owned(), show),
+            show(e.request)
+        ));
+    }
+    out
 }
 
 /// `GET /v1/conditions` from a running criguard, as JSON.

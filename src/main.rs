@@ -58,6 +58,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print, for each signal, the order in which a running criguard would
+    /// evict pods now (a dry run: nothing is stopped).
+    Rank {
+        /// criguard's admin socket.
+        #[arg(long, default_value = DEFAULT_ADMIN)]
+        admin_socket: PathBuf,
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the node model of a running criguard.
     Pods {
         /// criguard's admin socket.
@@ -296,6 +306,8 @@ fn positive(key: &str, v: &str) -> Result<Duration, config::ConfigError> {
 /// Every validated setting `serve` runs with.
 struct Settings {
     eviction: config::EvictionConfig,
+    /// `--dry-run` or the file's `dryRun`.
+    dry_run: bool,
     container_gc: (criguard::policy::gc::GcPolicy, Duration),
     image_gc: (criguard::policy::image_gc::ImageGcPolicy, Duration),
 }
@@ -305,6 +317,7 @@ impl Settings {
     fn load(eviction: &EvictionArgs, gc: &GcArgs) -> Result<Self, config::ConfigError> {
         let file = eviction.file()?;
         Ok(Self {
+            dry_run: file.dry_run.unwrap_or(false),
             eviction: eviction.load(file.eviction)?,
             container_gc: gc.load()?,
             image_gc: gc.load_images(file.image_gc)?,
@@ -315,7 +328,8 @@ impl Settings {
     fn describe(&self) -> String {
         let (c, period) = &self.container_gc;
         format!(
-            "{}{}imageGCPeriod: {}\nminimumContainerTTLDuration: {}\nmaximumDeadContainersPerContainer: {}\nmaximumDeadContainers: {}\ncontainerGCPeriod: {}\n",
+            "dryRun: {}\n{}{}imageGCPeriod: {}\nminimumContainerTTLDuration: {}\nmaximumDeadContainersPerContainer: {}\nmaximumDeadContainers: {}\ncontainerGCPeriod: {}\n",
+            self.dry_run,
             self.eviction.describe(),
             config::image_gc::describe(&self.image_gc.0),
             criguard::quantity::format_duration(self.image_gc.1),
@@ -413,6 +427,23 @@ impl NodeArgs {
     }
 }
 
+/// The signals `criguard rank` orders pods for: one memory signal, pid,
+/// and each disk signal that has a threshold.
+fn rank_signals(c: &config::EvictionConfig) -> Vec<criguard::config::Signal> {
+    use criguard::config::Signal;
+    let mut with: Vec<Signal> = c.hard.iter().chain(&c.soft).map(|t| t.signal).collect();
+    with.sort();
+    with.dedup();
+    let mut out = vec![Signal::MemoryAvailable, Signal::PidAvailable];
+    out.extend(with.into_iter().filter(|s| {
+        !matches!(
+            s,
+            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable | Signal::PidAvailable
+        )
+    }));
+    out
+}
+
 /// Exit code for a configuration error: systemd's RestartPreventExitStatus=2.
 const EXIT_CONFIG: u8 = 2;
 
@@ -459,6 +490,7 @@ async fn serve(
         eviction,
         container_gc: gc,
         image_gc,
+        dry_run,
     } = settings;
     let ServeCmd {
         listen: listen_path,
@@ -471,7 +503,6 @@ async fn serve(
         oom_adjust_interval,
         metrics_address,
         node: node_args,
-        dry_run,
         state_dir,
         ..
     } = cmd;
@@ -557,6 +588,12 @@ async fn serve(
         upstream: upstream.clone(),
         status: status.clone(),
         usage: usage.clone(),
+        ranker: criguard::reclaim::rank::Ranker::new(
+            node.clone(),
+            sources.clone(),
+            Some(usage.clone()),
+        ),
+        rank_signals: rank_signals(&eviction),
     };
     let events = psi.map(|psi| MemoryEvents::new(sources.clone(), &eviction, psi));
     let manager = criguard::reclaim::evict::EvictionManager::new(
@@ -709,6 +746,16 @@ async fn evictions(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn rank(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
+    let r = admin::get_rank(&admin_socket).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", admin::rank_table(&r));
+    }
+    Ok(())
+}
+
 async fn usage(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
     let u = admin::get_usage(&admin_socket).await?;
     if json {
@@ -777,21 +824,22 @@ fn main() -> ExitCode {
         },
         Command::Evictions { admin_socket, json } => run_client(evictions(admin_socket, json)),
         Command::Pods { admin_socket, json } => run_client(pods(admin_socket, json)),
+        Command::Rank { admin_socket, json } => run_client(rank(admin_socket, json)),
         Command::Usage { admin_socket, json } => run_client(usage(admin_socket, json)),
         Command::Serve(cmd) => {
             // Refused before anything starts, with the exit code systemd
             // does not restart on.
             let loaded =
                 Settings::load(&cmd.eviction, &cmd.gc).and_then(|s| Ok((s, cmd.events.load()?)));
-            let (settings, psi) = match loaded {
+            let (mut settings, psi) = match loaded {
                 Ok(c) => c,
                 Err(err) => {
                     eprintln!("criguard: invalid configuration: {err}");
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
-            let dry_run = cmd.dry_run;
-            tracing::info!(config = %settings.describe().replace('\n', "; "), dry_run, memory_events = psi.is_some(), "configuration");
+            settings.dry_run |= cmd.dry_run;
+            tracing::info!(config = %settings.describe().replace('\n', "; "), memory_events = psi.is_some(), "configuration");
             let run = || -> anyhow::Result<()> {
                 let activated = listen::from_systemd()?;
                 // One thread: every call costs two HTTP/2 hops of CPU, and on

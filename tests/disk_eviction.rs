@@ -140,6 +140,36 @@ async fn node_reclaim_first_then_the_largest_disk_user_even_if_guaranteed() {
     .unwrap();
     assert!(guard.evictions().await.is_empty(), "no pressure yet");
 
+    // `criguard rank`, the dry run: memory would take the BestEffort pod
+    // first, imagefs the Guaranteed pod with the largest writable layer.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_criguard"))
+        .args(["rank", "--json", "--admin-socket"])
+        .arg(&guard.admin)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rank: Vec<criguard::reclaim::rank::RankEntry> =
+        serde_json::from_slice(&out.stdout).unwrap();
+    let first = |signal: &str| {
+        rank.iter()
+            .find(|e| e.signal == signal && e.rank == 1)
+            .map(|e| e.pod.clone())
+    };
+    assert_eq!(
+        first("memory.available").as_deref(),
+        Some("default/small-besteffort"),
+        "{rank:?}"
+    );
+    assert_eq!(
+        first("imagefs.available").as_deref(),
+        Some("default/big-guaranteed"),
+        "{rank:?}"
+    );
+
     // Pressure: leave 54 MiB available against a 100 Mi threshold. The dead
     // container (10 MiB) and the unused image (~16 MiB) cannot cover the
     // 46 MiB deficit; evicting the 40 MiB pod then can.

@@ -12,6 +12,7 @@
 //! imageGCLowThresholdPercent = 80
 //! imageMinimumGCAge = "2m"
 //! imageMaximumGCAge = "0s"
+//! dryRun = false          # true: decide and log evictions, stop nothing
 //! ```
 //!
 //! Unknown keys are refused, naming the key, so a typo never silently
@@ -46,6 +47,8 @@ struct FileConfig {
     image_minimum_gc_age: Option<String>,
     #[serde(rename = "imageMaximumGCAge")]
     image_maximum_gc_age: Option<String>,
+    #[serde(alias = "dry_run")]
+    dry_run: Option<bool>,
 }
 
 /// Everything a configuration file sets, before validation.
@@ -55,6 +58,8 @@ pub struct RawFile {
     pub eviction: RawEviction,
     /// The image GC keys.
     pub image_gc: RawImageGc,
+    /// `dryRun` (also `dry_run`): decide and log evictions, stop nothing.
+    pub dry_run: Option<bool>,
 }
 
 /// Parses the file's text; `origin` names it in errors.
@@ -89,7 +94,11 @@ pub fn parse(origin: &str, text: &str) -> Result<RawFile, ConfigError> {
         min_age: f.image_minimum_gc_age,
         max_age: f.image_maximum_gc_age,
     };
-    Ok(RawFile { eviction, image_gc })
+    Ok(RawFile {
+        eviction,
+        image_gc,
+        dry_run: f.dry_run,
+    })
 }
 
 /// Reads and parses a configuration file.
@@ -121,8 +130,10 @@ mod tests {
             imageGCLowThresholdPercent = 70
             imageMinimumGCAge = "5m"
             imageMaximumGCAge = "168h"
+            dry_run = true
         "#;
         let f = parse("config.toml", text).unwrap();
+        assert_eq!(f.dry_run, Some(true));
         let g = f.image_gc.validate().unwrap();
         assert_eq!((g.high_percent, g.low_percent), (90, 70));
         assert_eq!(g.max_age, Some(std::time::Duration::from_secs(7 * 86400)));

@@ -38,19 +38,16 @@ use crate::metrics::{
     ConditionLabels, EvictionLabels, EvictionMetrics, Metrics, SignalLabels, TriggerLabels,
 };
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
-use crate::policy::rank::{PodMemory, rank_memory};
-use crate::policy::reclaim::{
-    InFlight, NodeAction, PodUse, node_actions, pending, plan_victims, rank_usage,
-};
+use crate::policy::reclaim::{InFlight, NodeAction, PodUse, node_actions, pending, plan_victims};
 use crate::policy::thresholds::{Condition, EvictionState, Observations, condition_of, deficit};
 use crate::quantity::format_bytes;
 use crate::reclaim::container_gc::{ContainerGc, remove_container};
 use crate::reclaim::image_gc::ImageGc;
+use crate::reclaim::rank::{Ranker, Victim};
 use crate::runtime::Upstream;
-use crate::signals::disk::DiskUsage;
 use crate::signals::events::{MemoryEvent, MemoryEvents};
 use crate::signals::node::NodeSources;
-use crate::signals::usage::{PodUsage, UsageReader, counted};
+use crate::signals::usage::UsageReader;
 
 /// One eviction, as logged and as `criguard evictions` shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -105,7 +102,7 @@ pub struct EvictionManager {
     dry_run: bool,
     metrics: EvictionMetrics,
     node_reclaim: Option<(ContainerGc, ImageGc)>,
-    usage: Option<UsageReader>,
+    ranker: Ranker,
     in_flight: Vec<InFlight>,
 }
 
@@ -139,19 +136,6 @@ fn resource(s: Signal) -> &'static str {
     }
 }
 
-/// The pod chosen, with what the signal counts of it.
-struct Victim {
-    pod: Pod,
-    /// Usage the signal counts (bytes, inodes or tasks).
-    usage: i64,
-    /// Request (memory only; CRI carries no other).
-    request: i64,
-    /// Its heaviest container: name, usage, request.
-    heaviest: Option<(String, i64, i64)>,
-    /// What evicting it is expected to give back, in the signal's units.
-    reclaimable: u64,
-}
-
 impl EvictionManager {
     /// A manager acting on `config` with the given sources and handles.
     pub fn new(
@@ -163,6 +147,7 @@ impl EvictionManager {
         dry_run: bool,
     ) -> Self {
         Self {
+            ranker: Ranker::new(model.clone(), sources.clone(), None),
             config,
             sources,
             model,
@@ -172,7 +157,6 @@ impl EvictionManager {
             dry_run,
             metrics: Metrics::new().eviction,
             node_reclaim: None,
-            usage: None,
             in_flight: Vec::new(),
         }
     }
@@ -187,7 +171,7 @@ impl EvictionManager {
     /// The same manager, ranking pods under disk pressure by the usage
     /// `reader` reads (without it, disk signals get node-level reclaim only).
     pub fn with_usage(mut self, reader: UsageReader) -> Self {
-        self.usage = Some(reader);
+        self.ranker = Ranker::new(self.model.clone(), self.sources.clone(), Some(reader));
         self
     }
 
@@ -306,8 +290,8 @@ impl EvictionManager {
                 }
             }
             let victim = match class(t.signal) {
-                Class::Memory => self.memory_victim(&tried),
-                Class::Pid => self.pid_victim(&tried),
+                Class::Memory => self.ranker.memory(&tried).into_iter().next(),
+                Class::Pid => self.ranker.pids(&tried).into_iter().next(),
                 Class::Disk => self.disk_victim(&t, &tried).await,
             };
             let Some(victim) = victim else {
@@ -354,147 +338,20 @@ impl EvictionManager {
         true
     }
 
-    /// The first pod of the kubelet's memory ranking, with its working set.
-    fn memory_victim(&self, tried: &BTreeSet<String>) -> Option<Victim> {
-        let pods = self.candidates(tried);
-        let usage: HashMap<&str, i64> = pods
-            .iter()
-            .filter_map(|p| {
-                Some((
-                    p.sandbox_id.as_str(),
-                    self.sources
-                        .cgroups
-                        .memory(&p.cgroup_parent)
-                        .ok()?
-                        .working_set as i64,
-                ))
-            })
-            .collect();
-        let ranked: Vec<PodMemory> = pods
-            .iter()
-            .map(|p| PodMemory {
-                sandbox_id: p.sandbox_id.clone(),
-                priority: p.priority,
-                request: p.memory_request(),
-                usage: usage.get(p.sandbox_id.as_str()).copied(),
-                critical: p.critical,
-            })
-            .collect();
-        let first = rank_memory(&ranked).first()?.sandbox_id.clone();
-        let victim_usage = usage.get(first.as_str()).copied().unwrap_or(0);
-        let pod = pods.iter().find(|p| p.sandbox_id == first)?.clone();
-        let heaviest = pod
-            .containers
-            .values()
-            .filter(|c| c.state == ContainerState::Running)
-            .filter_map(|c| {
-                let u = self.sources.cgroups.memory(&c.cgroup_path).ok()?;
-                Some((c.name.clone(), u.working_set as i64, c.memory_request))
-            })
-            .max_by_key(|(_, u, _)| *u);
-        Some(Victim {
-            usage: victim_usage,
-            request: pod.memory_request(),
-            heaviest,
-            reclaimable: victim_usage.max(0) as u64,
-            pod,
-        })
-    }
-
-    /// The pod with the most tasks among the lowest priority.
-    fn pid_victim(&self, tried: &BTreeSet<String>) -> Option<Victim> {
-        let pods = self.candidates(tried);
-        let tasks = |cgroup: &str| self.sources.cgroups.pids_counter(cgroup).ok().map(|c| c.0);
-        let uses: Vec<PodUse> = pods
-            .iter()
-            .map(|p| {
-                let n = tasks(&p.cgroup_parent);
-                PodUse {
-                    sandbox_id: p.sandbox_id.clone(),
-                    priority: p.priority,
-                    critical: p.critical,
-                    usage: n,
-                    reclaimable: n.unwrap_or(0),
-                }
-            })
-            .collect();
-        let first = rank_usage(&uses).first()?.sandbox_id.clone();
-        let usage = uses.iter().find(|u| u.sandbox_id == first)?.usage;
-        let pod = pods.into_iter().find(|p| p.sandbox_id == first)?;
-        let heaviest = pod
-            .containers
-            .values()
-            .filter_map(|c| Some((c.name.clone(), tasks(&c.cgroup_path)? as i64, 0)))
-            .max_by_key(|(_, n, _)| *n);
-        Some(Victim {
-            usage: usage.unwrap_or(0) as i64,
-            request: 0,
-            heaviest,
-            reclaimable: usage.unwrap_or(0),
-            pod,
-        })
-    }
-
-    /// Running pods not tried yet this round.
-    fn candidates(&self, tried: &BTreeSet<String>) -> Vec<Pod> {
-        let pods = self.model.read().unwrap_or_else(|e| e.into_inner()).pods();
-        pods.into_iter()
-            .filter(|p| p.state == SandboxState::Ready && !tried.contains(&p.sandbox_id))
-            .collect()
-    }
-
-    /// The pod with the largest usage that the disk signal counts, among
-    /// the lowest priority.
+    /// The first pod of the disk ranking; logs how many pods the deficit
+    /// is expected to take.
     async fn disk_victim(&self, t: &Threshold, tried: &BTreeSet<String>) -> Option<Victim> {
-        let reader = self.usage.as_ref()?;
-        let pods = self.candidates(tried);
-        let node = reader.read(pods.clone()).await;
-        let dedicated = node.dedicated_imagefs;
-        let inodes = !t.signal.is_bytes();
-        let pick = |d: DiskUsage| if inodes { d.inodes } else { d.bytes };
-        let uses: Vec<PodUse> = pods
-            .iter()
-            .map(|p| {
-                let u = node.pods.iter().find(|u| u.sandbox_id == p.sandbox_id);
-                PodUse {
-                    sandbox_id: p.sandbox_id.clone(),
-                    priority: p.priority,
-                    critical: p.critical,
-                    usage: u.and_then(|u| counted(t.signal, u, dedicated)),
-                    reclaimable: u.map_or(0, |u| pick(reclaimable(t.signal, u, dedicated))),
-                }
-            })
-            .collect();
-        let ranked = rank_usage(&uses);
+        let ranked = self.ranker.disk(t.signal, tried).await;
         let need = deficit(t, &self.sources.observe(), true).unwrap_or(0);
-        let plan = plan_victims(&ranked, need);
-        let first = plan.first()?;
+        let uses: Vec<PodUse> = ranked.iter().map(Victim::as_use).collect();
+        let refs: Vec<&PodUse> = uses.iter().collect();
+        let plan = plan_victims(&refs, need);
         tracing::info!(
             threshold = %t, need, planned = plan.len(),
             victims = ?plan.iter().map(|p| p.sandbox_id.as_str()).collect::<Vec<_>>(),
             "disk pressure: pods expected to cover the deficit, evicted one at a time"
         );
-        let pod = pods
-            .iter()
-            .find(|p| p.sandbox_id == first.sandbox_id)?
-            .clone();
-        let u = node.pods.iter().find(|u| u.sandbox_id == pod.sandbox_id);
-        let heaviest = u.and_then(|u| {
-            u.containers
-                .iter()
-                .map(|c| {
-                    let part = c.rootfs.unwrap_or_default() + c.logs.unwrap_or_default();
-                    (c.name.clone(), pick(part) as i64, 0)
-                })
-                .max_by_key(|(_, n, _)| *n)
-        });
-        Some(Victim {
-            usage: first.usage.unwrap_or(0) as i64,
-            request: 0,
-            heaviest,
-            reclaimable: first.reclaimable,
-            pod,
-        })
+        ranked.into_iter().next()
     }
 
     async fn evict(&mut self, v: &Victim, t: &Threshold, obs: &Observations) -> Eviction {
@@ -521,7 +378,7 @@ impl EvictionManager {
             signal: t.signal.to_string(),
             threshold: t.to_string(),
             available,
-            usage: v.usage,
+            usage: v.usage.unwrap_or(0),
             request: v.request,
             grace_s,
             message,
@@ -630,17 +487,6 @@ pub fn eviction_message(
         ));
     }
     m
-}
-
-/// The part of a pod's usage that evicting it gives back for `signal`:
-/// writable layers and logs (emptyDirs stay), limited to the filesystem
-/// the signal watches.
-fn reclaimable(signal: Signal, u: &PodUsage, dedicated_imagefs: bool) -> DiskUsage {
-    match signal {
-        Signal::NodefsAvailable | Signal::NodefsInodesFree if dedicated_imagefs => u.logs,
-        Signal::ImagefsAvailable | Signal::ImagefsInodesFree if dedicated_imagefs => u.rootfs,
-        _ => u.rootfs + u.logs,
-    }
 }
 
 /// True when the runtime's root is on a filesystem of its own.

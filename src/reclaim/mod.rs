@@ -4,3 +4,4 @@ pub mod container_gc;
 pub mod evict;
 pub mod image_gc;
 pub mod oom_adjust;
+pub mod rank;
