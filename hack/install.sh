@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install criguard next to containerd: the binary, its systemd units, a
-# defaults file and the README; then enable the socket and the service when
+# defaults file, an annotated /etc/criguard/config.toml (kept if present)
+# and the README; then enable the socket and the service when
 # systemd runs this machine. Idempotent. `--uninstall` removes it all again.
 #
 # Usage: hack/install.sh [--uninstall]
@@ -14,6 +15,7 @@ dest="${DESTDIR:-}"
 bin="$dest/usr/local/bin/criguard"
 units="$dest/etc/systemd/system"
 defaults="$dest/etc/default/criguard"
+config="$dest/etc/criguard/config.toml"
 doc="$dest/usr/local/share/doc/criguard"
 
 systemd_live() { [[ -z "$dest" && -d /run/systemd/system ]]; }
@@ -25,7 +27,7 @@ if [[ "${1:-}" == "--uninstall" ]]; then
     rm -f "$bin" "$units/criguard.service" "$units/criguard.socket" "$doc/README.md"
     rmdir "$doc" 2>/dev/null || true
     systemd_live && systemctl daemon-reload
-    echo "criguard removed; $defaults kept if you edited it (remove it by hand)."
+    echo "criguard removed; $defaults and $config kept (remove them by hand)."
     echo "Point the kubelet back at containerd: --container-runtime-endpoint=unix:///run/containerd/containerd.sock"
     exit 0
 fi
@@ -38,6 +40,10 @@ install -D -m 0755 "$CRIGUARD_BIN" "$bin"
 install -D -m 0644 systemd/criguard.service "$units/criguard.service"
 install -D -m 0644 systemd/criguard.socket "$units/criguard.socket"
 install -D -m 0644 README.md "$doc/README.md"
+if [[ ! -e "$config" ]]; then
+    install -D -m 0644 etc/config.toml "$config"
+fi
+"$CRIGUARD_BIN" check-config --config "$config" >/dev/null
 if [[ ! -e "$defaults" ]]; then
     install -D -m 0644 /dev/null "$defaults"
     cat >"$defaults" <<'DEFAULTS'

@@ -69,9 +69,29 @@ fn install_is_idempotent_keeps_edited_defaults_and_uninstalls() {
         "etc/systemd/system/criguard.service",
         "etc/systemd/system/criguard.socket",
         "etc/default/criguard",
+        "etc/criguard/config.toml",
     ] {
         assert!(d.join(f).is_file(), "{f} missing");
     }
+    // The shipped config is valid and is the kubelet's defaults.
+    let config = d.join("etc/criguard/config.toml");
+    let out = std::process::Command::new(&bin)
+        .arg("check-config")
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("evictionHard: imagefs.available<15%, memory.available<100Mi, nodefs.available<10%, nodefs.inodesFree<5%"),
+        "{text}"
+    );
+    std::fs::write(
+        &config,
+        "evictionHard = { \"memory.available\" = \"1Gi\" }\n",
+    )
+    .unwrap();
     let defaults = d.join("etc/default/criguard");
     std::fs::write(&defaults, "CRIGUARD_OPTS=\"--log-format json\"\n").unwrap();
     install(d, &[]);
@@ -85,6 +105,11 @@ fn install_is_idempotent_keeps_edited_defaults_and_uninstalls() {
     assert!(
         defaults.exists(),
         "an operator's defaults survive uninstall"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&config).unwrap(),
+        "evictionHard = { \"memory.available\" = \"1Gi\" }\n",
+        "an operator's config survives reinstall and uninstall"
     );
     install(d, &["--uninstall"]); // twice is fine
 }
