@@ -32,7 +32,8 @@ cleanup() {
 hack/containerd.sh stop "$dir" --purge >/dev/null 2>&1 || true   # a previous --keep run
 hack/containerd.sh start "$dir" >/dev/null
 target/debug/criguard serve --listen "$dir/criguard.sock" --admin-socket "$dir/admin.sock" --metrics-address none \
-    --runtime-endpoint "unix://$dir/containerd.sock" 2>"$dir/criguard.log" &
+    --runtime-endpoint "unix://$dir/containerd.sock" --imagefs "$dir/root" --nodefs "$dir" \
+    --state-dir "$dir/criguard-state" 2>"$dir/criguard.log" &
 criguard_pid=$!
 echo "$criguard_pid" >"$dir/criguard.pid"
 for _ in $(seq 100); do [[ -S "$dir/criguard.sock" ]] && break; sleep 0.1; done
@@ -43,6 +44,12 @@ target/debug/examples/demo_pod "$dir/criguard.sock" "$dir/pods" --keep
 echo
 echo "what criguard knows (criguard pods):"
 target/debug/criguard pods --admin-socket "$dir/admin.sock"
+echo
+echo "what each pod uses, read now (criguard usage):"
+target/debug/criguard usage --admin-socket "$dir/admin.sock"
+echo
+echo "who would be evicted first, per signal (criguard rank):"
+target/debug/criguard rank --admin-socket "$dir/admin.sock"
 
 if [[ -z "$keep" ]]; then
     echo
