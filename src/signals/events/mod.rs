@@ -22,7 +22,7 @@
 pub mod v1;
 pub mod v2;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -31,7 +31,7 @@ use futures::FutureExt;
 use super::memory::Layout;
 use super::node::NodeSources;
 use crate::config::{EvictionConfig, Signal, Threshold};
-use crate::policy::thresholds::Observations;
+use crate::policy::thresholds::{Observations, deficit};
 use v1::{UsageThreshold, usage_threshold};
 use v2::{FileModified, PsiSettings, PsiTrigger};
 
@@ -264,6 +264,8 @@ pub struct MemoryEvents {
     thresholds: Vec<Threshold>,
     psi: PsiSettings,
     armed: Vec<(Watch, Source)>,
+    /// Crossings found while arming, reported before waiting.
+    pending: VecDeque<MemoryEvent>,
     /// Places whose last arming failed, so a failure is warned about once.
     failing: BTreeSet<String>,
 }
@@ -284,6 +286,7 @@ impl MemoryEvents {
             thresholds,
             psi,
             armed: Vec::new(),
+            pending: VecDeque::new(),
             failing: BTreeSet::new(),
         }
     }
@@ -324,10 +327,24 @@ impl MemoryEvents {
         }
     }
 
+    /// Whether `obs` already meets the threshold a usage watch stands for.
+    fn met(&self, w: &Watch, obs: &Observations) -> bool {
+        let Watch::Usage { signal, soft, .. } = w else {
+            return false;
+        };
+        self.thresholds
+            .iter()
+            .filter(|t| t.signal == *signal && t.grace_period.is_some() == *soft)
+            .any(|t| deficit(t, obs, false).is_some())
+    }
+
     /// Re-arms after fresh observations: moved usage lines are registered
     /// anew (before the old ones close, so no crossing falls in between),
     /// watches of vanished or re-created cgroups are replaced, and watches
-    /// that failed before are tried again. Failures are logged, never returned.
+    /// that failed before are tried again. A line that usage passed after
+    /// `obs` was read but before it was registered is reported by the next
+    /// [`MemoryEvents::next`] at once (the kernel reports crossings only).
+    /// Failures are logged, never returned.
     pub fn rearm(&mut self, obs: &Observations) {
         let want = self.plan(obs);
         let mut old = std::mem::take(&mut self.armed);
@@ -343,6 +360,14 @@ impl MemoryEvents {
                         tracing::info!(watch = %w, "memory event armed again");
                     }
                     tracing::debug!(watch = %w, "memory event armed");
+                    let passed = matches!(&s, Source::Usage(u) if u.past_when_registered());
+                    if passed && !self.met(&w, obs) {
+                        self.pending.push_back(MemoryEvent {
+                            watch: w.clone(),
+                            detail: "crossed while being armed".into(),
+                            at: Instant::now(),
+                        });
+                    }
                     self.armed.push((w, s));
                 }
                 Err(err) if self.failing.insert(place) => {
@@ -357,6 +382,9 @@ impl MemoryEvents {
     /// armed). A watch that fails is logged and dropped until the next
     /// re-arm. Cancel-safe: dropping the future loses no event.
     pub async fn next(&mut self) -> MemoryEvent {
+        if let Some(ev) = self.pending.pop_front() {
+            return ev;
+        }
         loop {
             if self.armed.is_empty() {
                 return std::future::pending().await;
