@@ -202,6 +202,7 @@ async fn pressure_to_stop(
     let mut rt = guard.clients().rt;
     let mut direct = ctrd.direct();
     let read = |name: &str| std::fs::read_to_string(memcg.join(name)).unwrap();
+    let period = criguard::quantity::parse_duration(housekeeping).unwrap();
     let mut out = Vec::new();
     // Trial 0 warms containerd and criguard up and is not counted.
     for i in 0..=trials {
@@ -236,6 +237,9 @@ async fn pressure_to_stop(
         assert!(usage < line, "already past the line before the trial");
         let crossing = threshold_witness(&memcg, line);
         let (app_dead, pause_dead) = (death_witness(app), death_witness(pause));
+        // Trials run back to back, so without this each crossing would fall
+        // at the same phase of the housekeeping tick: sweep the phase evenly.
+        tokio::time::sleep(period.mul_f64(i as f64 / (trials + 1) as f64)).await;
         direct
             .rt
             .exec_sync(exec(&["touch", "/tmp/go"]))
