@@ -196,16 +196,32 @@ impl EvictionManager {
             };
             self.metrics.rounds.get_or_create(&labels).inc();
             self.round().await;
-            let last = self.status.read().unwrap_or_else(|e| e.into_inner());
-            let Some(obs) = last.observations.clone() else {
+            let Some(obs) = self.last_observations() else {
                 continue;
             };
-            drop(last);
             deadline = self.state.next_deadline(&self.config, obs.at);
-            if let Some(ev) = events.as_mut() {
-                ev.rearm(&obs);
+            if let Some(mut ev) = events.take() {
+                // Registering a memcg threshold waits for an RCU grace period
+                // in the kernel (milliseconds): off the proxy's thread.
+                let rearmed = tokio::task::spawn_blocking(move || {
+                    ev.rearm(&obs);
+                    ev
+                });
+                events = match rearmed.await {
+                    Ok(ev) => Some(ev),
+                    Err(err) => {
+                        tracing::error!(%err, "re-arming memory events failed; the housekeeping tick goes on alone");
+                        None
+                    }
+                };
             }
         }
+    }
+
+    /// The last round's last observations.
+    fn last_observations(&self) -> Option<Observations> {
+        let st = self.status.read().unwrap_or_else(|e| e.into_inner());
+        st.observations.clone()
     }
 
     /// One round; returns the evictions it made.
