@@ -99,8 +99,9 @@ pub struct EvictionLabels {
 /// Labels saying what started an eviction round.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TriggerLabels {
-    /// `tick` (housekeeping), or the memory event: `memcg_threshold`,
-    /// `psi` or `memory_events`.
+    /// `tick` (housekeeping), `deadline` (a grace or transition period
+    /// ran out), or the memory event: `memcg_threshold`, `psi` or
+    /// `memory_events`.
     pub trigger: String,
 }
 
@@ -166,7 +167,7 @@ impl EvictionMetrics {
         );
         registry.register(
             "criguard_eviction_rounds",
-            "Eviction rounds (observe, decide, act), by what started them: the housekeeping tick or a memory event",
+            "Eviction rounds (observe, decide, act), by what started them: the housekeeping tick, a deadline or a memory event",
             m.rounds.clone(),
         );
         m

@@ -302,3 +302,28 @@ fn serve_refuses_bad_psi_settings_before_starting_naming_the_flag() {
         assert!(!listen.exists(), "{arg}: nothing may start");
     }
 }
+
+#[test]
+fn signals_says_when_it_read_them() {
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
+        .args(["signals", "--node-memory-capacity", "1000000000"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let first = text.lines().next().unwrap_or_default();
+    let at: f64 = first
+        .strip_prefix("read at ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no read time in {first:?}"));
+    assert!(
+        (at - before).abs() < 60.0,
+        "read at {at}, started at {before}"
+    );
+    assert!(text.contains("memory.available"), "{text}");
+}

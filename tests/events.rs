@@ -156,6 +156,47 @@ async fn a_removed_memcg_fires_once_and_a_recreated_one_is_armed_anew() {
     drop(filler);
 }
 
+#[tokio::test]
+async fn a_line_passed_between_observing_and_arming_is_reported_at_once() {
+    // The kernel reports crossings only; a line registered below usage is
+    // never signalled, so criguard must notice that itself.
+    let cg = TestCgroup::create(MEMORY, "criguard-ev");
+    let limit = 256 * MI;
+    cg.write("memory.limit_in_bytes", &limit.to_string());
+    let mut filler = Filler::start(&[&cg]);
+    let src = sources(&cg.name());
+    let amount = limit - cg.read_u64("memory.usage_in_bytes") - 8 * MI;
+    let config = allocatable_below(amount);
+    let before = src.observe();
+    filler.grow_to(24);
+    let mut events = MemoryEvents::new(src.clone(), &config, Default::default());
+    events.rearm(&before);
+    let ev = event_within(&mut events, Duration::from_millis(200))
+        .await
+        .expect("the line passed after the observation is reported");
+    assert_eq!(ev.detail, "crossed while being armed");
+
+    // Armed from an observation that already meets the threshold: the round
+    // that read it has acted, so there is nothing new to report.
+    let after = src.observe();
+    assert!(
+        after
+            .get(&Signal::AllocatableMemoryAvailable)
+            .unwrap()
+            .available
+            < amount as i64
+    );
+    let mut events = MemoryEvents::new(src.clone(), &config, Default::default());
+    events.rearm(&after);
+    assert_eq!(events.armed().len(), 1);
+    assert!(
+        event_within(&mut events, Duration::from_millis(200))
+            .await
+            .is_none(),
+        "no event for a threshold the observation already met"
+    );
+}
+
 /// Whether this process holds CAP_SYS_RESOURCE (PSI windows of any length).
 fn has_cap_sys_resource() -> bool {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();

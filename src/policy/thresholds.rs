@@ -117,6 +117,22 @@ impl EvictionState {
         self.first_observed.get(&key(t)).copied()
     }
 
+    /// The first instant after `now` at which a step would decide
+    /// differently on the same readings: a met soft threshold's grace period
+    /// running out, or a node condition's transition period ending. `None`
+    /// when no such instant is pending.
+    pub fn next_deadline(&self, config: &EvictionConfig, now: Instant) -> Option<Instant> {
+        let graces = config.soft.iter().filter_map(|t| {
+            let since = self.first_observed.get(&key(t))?;
+            Some(*since + t.grace_period?)
+        });
+        let transitions = self
+            .condition_seen
+            .values()
+            .map(|seen| *seen + config.pressure_transition_period);
+        graces.chain(transitions).filter(|d| *d > now).min()
+    }
+
     /// One evaluation with fresh `obs` at `now` (normally `obs.at`, when
     /// they were read).
     pub fn step(&mut self, config: &EvictionConfig, obs: &Observations, now: Instant) -> Decision {
@@ -328,6 +344,34 @@ mod tests {
                 .conditions
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn the_next_deadline_is_a_grace_period_or_a_transition_period_running_out() {
+        let soft = t(
+            Signal::MemoryAvailable,
+            Amount::Quantity(1 << 30),
+            Some(90),
+            None,
+        );
+        let mut c = config(vec![], vec![soft]);
+        c.pressure_transition_period = Duration::from_secs(300);
+        let mut s = EvictionState::default();
+        let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        assert_eq!(s.next_deadline(&c, t0), None, "nothing met yet");
+        s.step(&c, &memory(500 * MI), t0);
+        assert_eq!(s.next_deadline(&c, t0), Some(at(90)), "the grace period");
+        s.step(&c, &memory(500 * MI), at(90));
+        assert_eq!(
+            s.next_deadline(&c, at(90)),
+            Some(at(390)),
+            "acting: the condition, seen last at 90 s, lasts 300 s more"
+        );
+        s.step(&c, &memory(2000 * MI), at(100));
+        assert_eq!(s.next_deadline(&c, at(100)), Some(at(390)));
+        s.step(&c, &memory(2000 * MI), at(390));
+        assert_eq!(s.next_deadline(&c, at(390)), None, "all over");
     }
 
     #[test]

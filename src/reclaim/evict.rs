@@ -224,11 +224,12 @@ impl EvictionManager {
         (obs, d.act_on)
     }
 
-    /// Runs rounds until `stopped` resolves: on every housekeeping tick and,
-    /// at once, on every memory event from `events` (`None`: the tick
-    /// alone). After each round the events are re-armed from its last
-    /// observations. A round in progress finishes first, and a slow round
-    /// delays the next tick instead of piling rounds up.
+    /// Runs rounds until `stopped` resolves: on every housekeeping tick; at
+    /// once on every memory event from `events` (`None`: no events); and
+    /// when a soft threshold's grace period or a condition's transition
+    /// period runs out. After each round the events are re-armed from its
+    /// last observations. A round in progress finishes first, and a slow
+    /// round delays the next tick instead of piling rounds up.
     pub async fn run(
         mut self,
         mut events: Option<MemoryEvents>,
@@ -237,9 +238,11 @@ impl EvictionManager {
         tokio::pin!(stopped);
         let mut tick = tokio::time::interval(self.config.housekeeping_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut deadline = None;
         loop {
             let trigger = tokio::select! {
                 _ = tick.tick() => "tick",
+                () = until(deadline) => "deadline",
                 ev = next_event(&mut events) => {
                     tracing::debug!(watch = %ev.watch, detail = %ev.detail, "memory event: observing now");
                     ev.watch.kind()
@@ -254,13 +257,32 @@ impl EvictionManager {
             };
             self.metrics.rounds.get_or_create(&labels).inc();
             self.round().await;
-            let last = self.status.read().unwrap_or_else(|e| e.into_inner());
-            let obs = last.observations.clone();
-            drop(last);
-            if let (Some(ev), Some(obs)) = (events.as_mut(), obs) {
-                ev.rearm(&obs);
+            let Some(obs) = self.last_observations() else {
+                continue;
+            };
+            deadline = self.state.next_deadline(&self.config, obs.at);
+            if let Some(mut ev) = events.take() {
+                // Registering a memcg threshold waits for an RCU grace period
+                // in the kernel (milliseconds): off the proxy's thread.
+                let rearmed = tokio::task::spawn_blocking(move || {
+                    ev.rearm(&obs);
+                    ev
+                });
+                events = match rearmed.await {
+                    Ok(ev) => Some(ev),
+                    Err(err) => {
+                        tracing::error!(%err, "re-arming memory events failed; the housekeeping tick goes on alone");
+                        None
+                    }
+                };
             }
         }
+    }
+
+    /// The last round's last observations.
+    fn last_observations(&self) -> Option<Observations> {
+        let st = self.status.read().unwrap_or_else(|e| e.into_inner());
+        st.observations.clone()
     }
 
     /// One round; returns the evictions it made.
@@ -448,6 +470,14 @@ impl EvictionManager {
         if let Err(err) = rt.stop_pod_sandbox(req).await {
             tracing::error!(sandbox = %pod.sandbox_id, %err, "StopPodSandbox failed");
         }
+    }
+}
+
+/// Resolves at `deadline`, or never without one.
+async fn until(deadline: Option<std::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -42,6 +42,7 @@ pub struct UsageThreshold {
     usage_file: File,
     dir: PathBuf,
     bytes: u64,
+    past_when_registered: bool,
 }
 
 impl UsageThreshold {
@@ -66,12 +67,28 @@ impl UsageThreshold {
             .and_then(|mut f| f.write_all(line.as_bytes()))
             .map_err(|e| EventError::new("register a threshold in", &control, e))?;
         let eventfd = super::register(eventfd, tokio::io::Interest::READABLE, dir)?;
+        // The kernel signals crossings only: usage already past the line
+        // when it was registered is never signalled. Past means above, as
+        // for the policy (`available < threshold`), so that usage resting
+        // exactly on the line is not reported again and again.
+        let mut text = String::new();
+        (&usage_file)
+            .read_to_string(&mut text)
+            .map_err(|e| EventError::new("read", &usage_path, e))?;
+        let past_when_registered = text.trim().parse::<u64>().is_ok_and(|u| u > bytes);
         Ok(Self {
             eventfd,
             usage_file,
             dir: dir.to_owned(),
             bytes,
+            past_when_registered,
         })
+    }
+
+    /// Whether usage was already above the line once it was registered
+    /// (a crossing the eventfd will never report).
+    pub fn past_when_registered(&self) -> bool {
+        self.past_when_registered
     }
 
     /// The usage line, bytes.

@@ -1,0 +1,279 @@
+//! What to watch, planned from the eviction configuration and fresh
+//! readings: pure functions over plain data (v2 also looks at which
+//! pressure files exist), tested against fixture trees.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use super::v1::usage_threshold;
+use crate::config::{Signal, Threshold};
+use crate::policy::thresholds::Observations;
+use crate::signals::node::NodeSources;
+
+/// One thing to watch, as planned from the configuration and the readings.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Watch {
+    /// cgroup v1: the usage of the memcg at `dir` crossing `bytes`.
+    Usage {
+        /// The signal whose threshold this is.
+        signal: Signal,
+        /// Whether the threshold is soft.
+        soft: bool,
+        /// The memcg directory.
+        dir: PathBuf,
+        /// The usage line, bytes ([`usage_threshold`]).
+        bytes: u64,
+    },
+    /// A PSI trigger on a pressure file.
+    Pressure {
+        /// `memory.pressure` of a cgroup, or `/proc/pressure/memory`.
+        path: PathBuf,
+    },
+    /// Changes of a cgroup's `memory.events`.
+    Modified {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+impl Watch {
+    /// A short label for metrics: `memcg_threshold`, `psi` or `memory_events`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Watch::Usage { .. } => "memcg_threshold",
+            Watch::Pressure { .. } => "psi",
+            Watch::Modified { .. } => "memory_events",
+        }
+    }
+
+    /// What is watched, without the line (which moves): names log entries.
+    pub(super) fn place(&self) -> String {
+        match self {
+            Watch::Usage {
+                signal, soft, dir, ..
+            } => {
+                let kind = if *soft { "soft" } else { "hard" };
+                format!("{kind} {signal} threshold on {}", dir.display())
+            }
+            Watch::Pressure { path } => format!("PSI trigger on {}", path.display()),
+            Watch::Modified { path } => format!("changes of {}", path.display()),
+        }
+    }
+}
+
+impl std::fmt::Display for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Watch::Usage { bytes, .. } => write!(f, "{} (usage {bytes})", self.place()),
+            _ => f.write_str(&self.place()),
+        }
+    }
+}
+
+/// The cgroup a memory signal is read from, or `None` for other signals.
+pub fn signal_cgroup(signal: Signal, pods_cgroup: &str) -> Option<&str> {
+    match signal {
+        Signal::MemoryAvailable => Some("/"),
+        Signal::AllocatableMemoryAvailable => Some(pods_cgroup),
+        _ => None,
+    }
+}
+
+/// A memory signal's memcg as re-read for arming: its directory and
+/// `inactive_file` (usage − working set).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemcgReading {
+    /// The memcg directory.
+    pub dir: PathBuf,
+    /// Inactive page cache, bytes.
+    pub inactive_file: u64,
+}
+
+/// cgroup v1: one usage line per memory threshold (hard and soft) whose
+/// signal was observed and whose memcg was read.
+pub fn plan_v1(
+    thresholds: &[Threshold],
+    obs: &Observations,
+    memcgs: &BTreeMap<Signal, MemcgReading>,
+) -> Vec<Watch> {
+    thresholds
+        .iter()
+        .filter_map(|t| {
+            let o = obs.get(&t.signal)?;
+            let m = memcgs.get(&t.signal)?;
+            Some(Watch::Usage {
+                signal: t.signal,
+                soft: t.grace_period.is_some(),
+                dir: m.dir.clone(),
+                bytes: usage_threshold(o.capacity, t.amount.resolve(o.capacity), m.inactive_file),
+            })
+        })
+        .collect()
+}
+
+/// cgroup v2: a PSI trigger on each signal's cgroup (`/proc/pressure/memory`
+/// for the root when the root has no `memory.pressure`) and changes of the
+/// pods' `memory.events`.
+pub fn plan_v2(sources: &NodeSources, signals: &BTreeSet<Signal>) -> Vec<Watch> {
+    let mut out = BTreeSet::new();
+    for s in signals {
+        let Some(cgroup) = signal_cgroup(*s, &sources.pods_cgroup) else {
+            continue;
+        };
+        let dir = sources.cgroups.memory_dir(cgroup);
+        let pressure = dir.join("memory.pressure");
+        let is_root = cgroup.trim_matches('/').is_empty();
+        out.insert(Watch::Pressure {
+            path: if is_root && !pressure.exists() {
+                sources.proc_root.join("pressure/memory")
+            } else {
+                pressure
+            },
+        });
+        if !is_root {
+            out.insert(Watch::Modified {
+                path: dir.join("memory.events"),
+            });
+        }
+    }
+    out.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Instant;
+
+    use super::*;
+    use crate::config::Amount;
+    use crate::policy::thresholds::Observation;
+    use crate::signals::memory::{CgroupFs, Layout};
+    use crate::signals::write_fixture as write;
+
+    const MI: u64 = 1 << 20;
+
+    fn sources(cg: &Path, proc_root: &Path) -> NodeSources {
+        NodeSources {
+            cgroups: CgroupFs::detect(cg),
+            proc_root: proc_root.to_owned(),
+            memory_capacity: 1 << 30,
+            pods_cgroup: "/kubepods".into(),
+            nodefs: cg.to_owned(),
+            imagefs: cg.to_owned(),
+        }
+    }
+
+    fn threshold(signal: Signal, amount: Amount, grace_s: Option<u64>) -> Threshold {
+        Threshold {
+            signal,
+            amount,
+            grace_period: grace_s.map(std::time::Duration::from_secs),
+            min_reclaim: None,
+        }
+    }
+
+    #[test]
+    fn v2_watches_each_signals_pressure_and_the_pods_memory_events() {
+        let t = tempfile::tempdir().unwrap();
+        let (cg, proc_root) = (t.path().join("cg"), t.path().join("proc"));
+        write(&cg, "cgroup.controllers", "cpu memory pids\n");
+        write(&cg, "kubepods/memory.pressure", "some total=0\n");
+        write(&cg, "kubepods/memory.events", "max 0\n");
+        write(&proc_root, "pressure/memory", "some total=0\n");
+        let src = sources(&cg, &proc_root);
+        let both = BTreeSet::from([Signal::MemoryAvailable, Signal::AllocatableMemoryAvailable]);
+        let pressure = |p: PathBuf| Watch::Pressure { path: p };
+        // No memory.pressure at the root: the system-wide file stands in.
+        assert_eq!(
+            plan_v2(&src, &both),
+            [
+                pressure(cg.join("kubepods/memory.pressure")),
+                pressure(proc_root.join("pressure/memory")),
+                Watch::Modified {
+                    path: cg.join("kubepods/memory.events")
+                },
+            ]
+        );
+        write(&cg, "memory.pressure", "some total=0\n");
+        let root_only = BTreeSet::from([Signal::MemoryAvailable]);
+        assert_eq!(
+            plan_v2(&src, &root_only),
+            [pressure(cg.join("memory.pressure"))]
+        );
+        // Disk and pid signals have no memory events.
+        assert!(plan_v2(&src, &BTreeSet::from([Signal::NodefsAvailable])).is_empty());
+    }
+
+    #[test]
+    fn v1_lines_are_the_kubelets_for_each_memory_threshold_hard_and_soft() {
+        let t = tempfile::tempdir().unwrap();
+        let src = sources(t.path(), t.path());
+        assert_eq!(src.cgroups.layout(), Layout::V1);
+        let at = Instant::now();
+        let obs = Observations {
+            at,
+            signals: BTreeMap::from([
+                (
+                    Signal::MemoryAvailable,
+                    Observation {
+                        available: 600 * MI as i64,
+                        capacity: 1024 * MI,
+                    },
+                ),
+                (
+                    Signal::AllocatableMemoryAvailable,
+                    Observation {
+                        available: 100 * MI as i64,
+                        capacity: 512 * MI,
+                    },
+                ),
+            ]),
+        };
+        let memcgs = BTreeMap::from([
+            (
+                Signal::MemoryAvailable,
+                MemcgReading {
+                    dir: t.path().join("memory"),
+                    inactive_file: 50 * MI,
+                },
+            ),
+            (
+                Signal::AllocatableMemoryAvailable,
+                MemcgReading {
+                    dir: t.path().join("memory/kubepods"),
+                    inactive_file: 8 * MI,
+                },
+            ),
+        ]);
+        let thresholds = [
+            threshold(Signal::MemoryAvailable, Amount::Quantity(100 * MI), None),
+            threshold(
+                Signal::AllocatableMemoryAvailable,
+                Amount::Percentage(25.0),
+                Some(60),
+            ),
+            threshold(Signal::NodefsAvailable, Amount::Percentage(10.0), None),
+        ];
+        assert_eq!(
+            plan_v1(&thresholds, &obs, &memcgs),
+            [
+                Watch::Usage {
+                    signal: Signal::MemoryAvailable,
+                    soft: false,
+                    dir: t.path().join("memory"),
+                    bytes: (1024 - 100 + 50) * MI,
+                },
+                Watch::Usage {
+                    signal: Signal::AllocatableMemoryAvailable,
+                    soft: true,
+                    dir: t.path().join("memory/kubepods"),
+                    // 25 % of 512Mi allocatable is 128Mi.
+                    bytes: (512 - 128 + 8) * MI,
+                },
+            ]
+        );
+        // A signal that was not observed gets no line.
+        let none = Observations::new(at);
+        assert!(plan_v1(&thresholds, &none, &memcgs).is_empty());
+    }
+}
