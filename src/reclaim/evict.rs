@@ -45,6 +45,7 @@ use crate::reclaim::container_gc::{ContainerGc, remove_container};
 use crate::reclaim::image_gc::ImageGc;
 use crate::reclaim::rank::{Ranker, Victim};
 use crate::runtime::Upstream;
+use crate::signals::disk::dedicated_imagefs;
 use crate::signals::events::{MemoryEvent, MemoryEvents};
 use crate::signals::node::NodeSources;
 use crate::signals::usage::UsageReader;
@@ -296,25 +297,22 @@ impl EvictionManager {
             let Some(t) = act_on.into_iter().next() else {
                 break;
             };
-            if class(t.signal) == Class::Disk
-                && reclaimed.insert(t.signal)
-                && self.reclaim_node(&t, &obs).await
-            {
-                continue; // observe again: it may have been enough
-            }
-            if class(t.signal) == Class::Disk {
-                let available = obs.get(&t.signal).map_or(0, |o| o.available);
-                let need = deficit(&t, &obs, true).unwrap_or(0);
-                let coming = pending(&mut self.in_flight, t.signal, available, Instant::now());
-                if coming > 0 && coming >= need {
-                    tracing::info!(threshold = %t, need, coming, "reclaim already on its way covers the deficit; no other pod is chosen");
-                    break;
-                }
-            }
             let victim = match class(t.signal) {
                 Class::Memory => self.ranker.memory(&tried).into_iter().next(),
                 Class::Pid => self.ranker.pids(&tried).into_iter().next(),
-                Class::Disk => self.disk_victim(&t, &tried).await,
+                Class::Disk => {
+                    if reclaimed.insert(t.signal) && self.reclaim_node(&t, &obs).await {
+                        continue; // observe again: it may have been enough
+                    }
+                    let available = obs.get(&t.signal).map_or(0, |o| o.available);
+                    let need = deficit(&t, &obs, true).unwrap_or(0);
+                    let coming = pending(&mut self.in_flight, t.signal, available, Instant::now());
+                    if coming > 0 && coming >= need {
+                        tracing::info!(threshold = %t, need, coming, "reclaim already on its way covers the deficit; no other pod is chosen");
+                        break;
+                    }
+                    self.disk_victim(&t, need, &tried).await
+                }
             };
             let Some(victim) = victim else {
                 tracing::warn!(threshold = %t, "threshold met but no pod can be evicted");
@@ -330,17 +328,26 @@ impl EvictionManager {
         made
     }
 
-    /// Node-level reclaim for a disk threshold; true when something ran.
+    /// Node-level reclaim for a disk threshold, each action asked for what
+    /// is still missing; true when something ran (the caller observes
+    /// again). A dry run only logs what would run.
     async fn reclaim_node(&mut self, t: &Threshold, obs: &Observations) -> bool {
         let Some((containers, images)) = self.node_reclaim.clone() else {
             return false;
         };
-        let dedicated = dedicated_imagefs(&self.sources);
+        let dedicated = dedicated_imagefs(&self.sources.nodefs, &self.sources.imagefs);
+        let actions = node_actions(t.signal, dedicated);
+        if self.dry_run {
+            tracing::info!(threshold = %t, ?actions, "dry run: node-level reclaim skipped");
+            return false;
+        }
         let mut need = deficit(t, obs, true).unwrap_or(0);
-        for action in node_actions(t.signal, dedicated) {
-            if self.dry_run {
-                tracing::info!(threshold = %t, ?action, "dry run: node-level reclaim skipped");
-                continue;
+        for (i, action) in actions.iter().enumerate() {
+            if i > 0 {
+                match deficit(t, &self.sources.observe(), true) {
+                    None => break,
+                    Some(d) => need = d,
+                }
             }
             let freed = match action {
                 NodeAction::ContainerGc => containers.reclaim().await.freed,
@@ -351,20 +358,19 @@ impl EvictionManager {
                 }
             };
             tracing::info!(threshold = %t, ?action, freed, "node-level reclaim");
-            let fresh = self.sources.observe();
-            match deficit(t, &fresh, true) {
-                None => return true,
-                Some(d) => need = d,
-            }
         }
-        true
+        !actions.is_empty()
     }
 
     /// The first pod of the disk ranking; logs how many pods the deficit
     /// is expected to take.
-    async fn disk_victim(&self, t: &Threshold, tried: &BTreeSet<String>) -> Option<Victim> {
+    async fn disk_victim(
+        &self,
+        t: &Threshold,
+        need: u64,
+        tried: &BTreeSet<String>,
+    ) -> Option<Victim> {
         let ranked = self.ranker.disk(t.signal, tried).await;
-        let need = deficit(t, &self.sources.observe(), true).unwrap_or(0);
         let uses: Vec<PodUse> = ranked.iter().map(Victim::as_use).collect();
         let refs: Vec<&PodUse> = uses.iter().collect();
         let plan = plan_victims(&refs, need);
@@ -517,15 +523,6 @@ pub fn eviction_message(
         ));
     }
     m
-}
-
-/// True when the runtime's root is on a filesystem of its own.
-fn dedicated_imagefs(s: &NodeSources) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(&s.nodefs), std::fs::metadata(&s.imagefs)) {
-        (Ok(n), Ok(i)) => n.dev() != i.dev(),
-        _ => false,
-    }
 }
 
 #[cfg(test)]

@@ -114,6 +114,16 @@ pub fn device_of(path: &Path) -> Result<u64, WalkError> {
         })
 }
 
+/// True when `imagefs` is on a filesystem of its own, not the one holding
+/// `nodefs` (symlinks followed, as `statvfs` follows them); false when
+/// either cannot be read.
+pub fn dedicated_imagefs(nodefs: &Path, imagefs: &Path) -> bool {
+    match (std::fs::metadata(nodefs), std::fs::metadata(imagefs)) {
+        (Ok(n), Ok(i)) => n.dev() != i.dev(),
+        _ => false,
+    }
+}
+
 /// Counts one inode unless a hard link to it was counted already.
 struct Counter {
     usage: DiskUsage,

@@ -310,10 +310,7 @@ pub fn read_node(pods: &[Pod], layers: &Layers, src: &UsageSources) -> NodeUsage
     let imagefs = fs_stats(&src.imagefs)
         .inspect_err(|e| tracing::debug!(%e, "imagefs not read"))
         .ok();
-    let dedicated_imagefs = match (disk::device_of(&src.nodefs), disk::device_of(&src.imagefs)) {
-        (Ok(a), Ok(b)) => a != b,
-        _ => false,
-    };
+    let dedicated_imagefs = disk::dedicated_imagefs(&src.nodefs, &src.imagefs);
     let images = match disk::walk(&content_blobs(&src.imagefs)) {
         Ok(w) => Some(w.usage),
         Err(e) => {
