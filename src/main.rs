@@ -233,17 +233,10 @@ struct EventArgs {
 impl EventArgs {
     /// The PSI settings when events are on, or the configuration error naming the flag.
     fn load(&self) -> Result<Option<PsiSettings>, config::ConfigError> {
-        let dur = |key: &str, v: &str| {
-            criguard::quantity::parse_duration(v).map_err(|e| config::ConfigError {
-                key: key.to_owned(),
-                value: v.to_owned(),
-                rule: e.to_string(),
-            })
-        };
         let (stall, window) = ("--memory-psi-stall", "--memory-psi-window");
         let psi = PsiSettings::new(
-            dur(stall, &self.memory_psi_stall)?,
-            dur(window, &self.memory_psi_window)?,
+            config::duration(stall, &self.memory_psi_stall)?,
+            config::duration(window, &self.memory_psi_window)?,
             stall,
             window,
         )?;
@@ -283,16 +276,8 @@ struct GcArgs {
     image_gc_interval: String,
 }
 
-fn dur(key: &str, v: &str) -> Result<Duration, config::ConfigError> {
-    criguard::quantity::parse_duration(v).map_err(|e| config::ConfigError {
-        key: key.to_owned(),
-        value: v.to_owned(),
-        rule: e.to_string(),
-    })
-}
-
 fn positive(key: &str, v: &str) -> Result<Duration, config::ConfigError> {
-    let d = dur(key, v)?;
+    let d = config::duration(key, v)?;
     if d.is_zero() {
         return Err(config::ConfigError {
             key: key.into(),
@@ -364,7 +349,7 @@ impl GcArgs {
     fn load(&self) -> Result<(criguard::policy::gc::GcPolicy, Duration), config::ConfigError> {
         let period = positive("--container-gc-interval", &self.container_gc_interval)?;
         let policy = criguard::policy::gc::GcPolicy {
-            min_age: dur(
+            min_age: config::duration(
                 "--minimum-container-ttl-duration",
                 &self.minimum_container_ttl_duration,
             )?,

@@ -240,7 +240,8 @@ fn amount(key: &str, sig: &str, value: &str) -> Result<Amount, ConfigError> {
     }
 }
 
-pub(crate) fn duration(key: &str, value: &str) -> Result<Duration, ConfigError> {
+/// A duration (`90s`, `1m30s`, …) given for `key`, or the error naming both.
+pub fn duration(key: &str, value: &str) -> Result<Duration, ConfigError> {
     quantity::parse_duration(value).map_err(|e| ConfigError::new(key, value, e.to_string()))
 }
 
