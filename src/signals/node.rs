@@ -192,6 +192,15 @@ mod tests {
 
     use crate::signals::write_fixture as write;
 
+    /// A procfs fixture: a pid limit of 1000 (threads-max) and 250 tasks.
+    fn proc_fixture(dir: &Path) -> PathBuf {
+        let proc = dir.join("proc");
+        write(&proc, "sys/kernel/pid_max", "32768\n");
+        write(&proc, "sys/kernel/threads-max", "1000\n");
+        write(&proc, "loadavg", "0.10 0.20 0.30 2/250 12345\n");
+        proc
+    }
+
     #[test]
     fn memory_and_pid_signals_from_a_v2_fixture_tree() {
         let t = tempfile::tempdir().unwrap();
@@ -203,10 +212,7 @@ mod tests {
         write(&cg, "kubepods/memory.current", "1500\n");
         write(&cg, "kubepods/memory.stat", "inactive_file 500\n");
         write(&cg, "kubepods/memory.max", "4000\n");
-        let proc = t.path().join("proc");
-        write(&proc, "sys/kernel/pid_max", "32768\n");
-        write(&proc, "sys/kernel/threads-max", "1000\n");
-        write(&proc, "loadavg", "0.10 0.20 0.30 2/250 12345\n");
+        let proc = proc_fixture(t.path());
         let src = NodeSources {
             cgroups: CgroupFs::detect(&cg),
             proc_root: proc,
@@ -257,10 +263,7 @@ mod tests {
         write(&cg, "kubepods/pids.max", "100\n");
         write(&cg, "unlimited/pids.current", "90\n");
         write(&cg, "unlimited/pids.max", "max\n");
-        let proc = t.path().join("proc");
-        write(&proc, "sys/kernel/pid_max", "32768\n");
-        write(&proc, "sys/kernel/threads-max", "1000\n");
-        write(&proc, "loadavg", "0.10 0.20 0.30 2/250 12345\n");
+        let proc = proc_fixture(t.path());
         let mut src = NodeSources {
             cgroups: CgroupFs::detect(&cg),
             proc_root: proc,

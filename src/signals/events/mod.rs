@@ -290,31 +290,11 @@ impl MemoryEvents {
 
 #[cfg(test)]
 mod tests {
+    use super::plan::tests::{sources, threshold};
     use super::*;
     use crate::config::{Amount, Signal};
-    use crate::signals::memory::CgroupFs;
 
     const MI: u64 = 1 << 20;
-
-    fn sources(cg: &Path, proc_root: &Path) -> NodeSources {
-        NodeSources {
-            cgroups: CgroupFs::detect(cg),
-            proc_root: proc_root.to_owned(),
-            memory_capacity: 1 << 30,
-            pods_cgroup: "/kubepods".into(),
-            nodefs: cg.to_owned(),
-            imagefs: cg.to_owned(),
-        }
-    }
-
-    fn threshold(signal: Signal, amount: Amount, grace_s: Option<u64>) -> Threshold {
-        Threshold {
-            signal,
-            amount,
-            grace_period: grace_s.map(std::time::Duration::from_secs),
-            min_reclaim: None,
-        }
-    }
 
     #[test]
     fn only_memory_thresholds_are_watched() {

@@ -140,7 +140,7 @@ pub fn plan_v2(sources: &NodeSources, signals: &BTreeSet<Signal>) -> Vec<Watch> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::path::Path;
     use std::time::Instant;
 
@@ -152,7 +152,8 @@ mod tests {
 
     const MI: u64 = 1 << 20;
 
-    fn sources(cg: &Path, proc_root: &Path) -> NodeSources {
+    /// Sources over a fixture tree (shared with the events tests).
+    pub(in crate::signals::events) fn sources(cg: &Path, proc_root: &Path) -> NodeSources {
         NodeSources {
             cgroups: CgroupFs::detect(cg),
             proc_root: proc_root.to_owned(),
@@ -163,7 +164,12 @@ mod tests {
         }
     }
 
-    fn threshold(signal: Signal, amount: Amount, grace_s: Option<u64>) -> Threshold {
+    /// A threshold with no minimum reclaim (shared with the events tests).
+    pub(in crate::signals::events) fn threshold(
+        signal: Signal,
+        amount: Amount,
+        grace_s: Option<u64>,
+    ) -> Threshold {
         Threshold {
             signal,
             amount,
