@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
-use common::pods::{BUSYBOX, CgroupRoot, remove_pods, run_pod};
+use common::pods::{BUSYBOX, CgroupRoot, remove_pods, run_pod, wait_exited};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::signals::node::fs_stats;
 use k8s_cri::v1 as cri;
@@ -37,28 +37,6 @@ fn writer(name: &str, mib: u64, then: &str) -> ContainerSpec {
         ],
         ..Default::default()
     }
-}
-
-async fn wait_exited(
-    rt: &mut cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
-    id: &str,
-) {
-    common::poll_until(Duration::from_secs(30), "the container to exit", || {
-        let (mut rt, id) = (rt.clone(), id.to_owned());
-        async move {
-            let s = rt
-                .container_status(cri::ContainerStatusRequest {
-                    container_id: id,
-                    verbose: false,
-                })
-                .await
-                .ok()?
-                .into_inner()
-                .status?;
-            (s.state == cri::ContainerState::ContainerExited as i32).then_some(())
-        }
-    })
-    .await;
 }
 
 async fn wait_written(
@@ -132,7 +110,7 @@ async fn node_reclaim_first_then_the_largest_disk_user_even_if_guaranteed() {
     let (dead_sb, dead_ids) = run_pod(&mut rt, &dead, None).await;
     wait_written(&mut rt, &big_ids[0]).await;
     wait_written(&mut rt, &small_ids[0]).await;
-    wait_exited(&mut rt, &dead_ids[0]).await;
+    wait_exited(&rt, &dead_ids[0], Duration::from_secs(30)).await;
     rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
         pod_sandbox_id: dead_sb.clone(),
     })
@@ -185,11 +163,9 @@ async fn node_reclaim_first_then_the_largest_disk_user_even_if_guaranteed() {
     ballast.sync_all().unwrap();
     drop(ballast);
 
-    let evictions = common::poll_until(Duration::from_secs(30), "a disk eviction", || async {
-        let e = guard.evictions().await;
-        (!e.is_empty()).then_some(e)
-    })
-    .await;
+    let evictions = guard
+        .first_evictions(Duration::from_secs(30), "a disk eviction")
+        .await;
     let e = &evictions[0];
     assert_eq!(e.sandbox_id, big_sb, "the largest disk user goes: {e:?}");
     assert_eq!(e.signal, "imagefs.available");
@@ -327,11 +303,9 @@ async fn inode_pressure_takes_the_pod_with_most_inodes() {
     assert!(guard.evictions().await.is_empty());
     go(many_ids[0].clone()).await;
 
-    let evictions = common::poll_until(Duration::from_secs(60), "an inode eviction", || async {
-        let e = guard.evictions().await;
-        (!e.is_empty()).then_some(e)
-    })
-    .await;
+    let evictions = guard
+        .first_evictions(Duration::from_secs(60), "an inode eviction")
+        .await;
     let e = &evictions[0];
     assert_eq!(e.sandbox_id, many_sb, "{e:?}");
     assert_eq!(e.signal, "imagefs.inodesFree");

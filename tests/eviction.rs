@@ -161,11 +161,9 @@ async fn memory_pressure_evicts_the_first_ranked_pod_only_and_admission_follows(
     let rt = guard.clients().rt;
     let spec = |name: &str, c: ContainerSpec| sc.spec(name, c);
     sc.grow().await;
-    let evictions = common::poll_until(Duration::from_secs(60), "an eviction", || async {
-        let e = guard.evictions().await;
-        (!e.is_empty()).then_some(e)
-    })
-    .await;
+    let evictions = guard
+        .first_evictions(Duration::from_secs(60), "an eviction")
+        .await;
     assert_eq!(
         evictions[0].uid, besteffort.uid,
         "the BestEffort hog ranks first: {evictions:#?}"
@@ -311,11 +309,10 @@ async fn soft_threshold_waits_for_its_grace_period_then_evicts_with_the_capped_g
         sc.guard.evictions().await.is_empty(),
         "evicted inside the grace period"
     );
-    let evictions = common::poll_until(Duration::from_secs(60), "the soft eviction", || async {
-        let e = sc.guard.evictions().await;
-        (!e.is_empty()).then_some(e)
-    })
-    .await;
+    let evictions = sc
+        .guard
+        .first_evictions(Duration::from_secs(60), "the soft eviction")
+        .await;
     let e = &evictions[0];
     assert_eq!(e.uid, sc.pods[0].uid);
     let seen_ms = seen
@@ -363,11 +360,10 @@ async fn a_memory_event_evicts_between_housekeeping_ticks() {
     };
     let grown = std::time::SystemTime::now();
     sc.grow().await;
-    let evictions = common::poll_until(Duration::from_secs(60), "an eviction", || async {
-        let e = sc.guard.evictions().await;
-        (!e.is_empty()).then_some(e)
-    })
-    .await;
+    let evictions = sc
+        .guard
+        .first_evictions(Duration::from_secs(60), "an eviction")
+        .await;
     let e = &evictions[0];
     assert_eq!(e.uid, sc.pods[0].uid, "the BestEffort hog: {evictions:#?}");
     assert!(

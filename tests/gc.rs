@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
-use common::pods::{CgroupRoot, create_and_start, remove_pods, sleeper};
+use common::pods::{CgroupRoot, create_and_start, remove_pods, sleeper, wait_exited};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
@@ -64,21 +64,7 @@ async fn only_the_newest_dead_instance_and_the_newest_sandbox_remain() {
     let mut crashes = Vec::new();
     for attempt in 0..3 {
         let id = create(&p, &sandbox, 0, attempt).await;
-        common::poll_until(Duration::from_secs(20), "the crash to exit", || {
-            let (mut d, id) = (ctrd.direct().rt, id.clone());
-            async move {
-                let s = d
-                    .container_status(cri::ContainerStatusRequest {
-                        container_id: id,
-                        verbose: false,
-                    })
-                    .await
-                    .ok()?;
-                (s.into_inner().status?.state == cri::ContainerState::ContainerExited as i32)
-                    .then_some(())
-            }
-        })
-        .await;
+        wait_exited(&ctrd.direct().rt, &id, Duration::from_secs(20)).await;
         crashes.push(id);
     }
     // Pod Q: an old sandbox, stopped and empty, then a newer one.

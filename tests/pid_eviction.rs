@@ -67,11 +67,9 @@ async fn the_pod_with_most_tasks_goes_under_pid_pressure() {
     );
     let (forker_sb, _) = run_pod(&mut rt, &forker, None).await;
 
-    let evictions = common::poll_until(Duration::from_secs(30), "a pid eviction", || async {
-        let e = guard.evictions().await;
-        (!e.is_empty()).then_some(e)
-    })
-    .await;
+    let evictions = guard
+        .first_evictions(Duration::from_secs(30), "a pid eviction")
+        .await;
     let e = &evictions[0];
     assert_eq!(e.sandbox_id, forker_sb, "{e:?}");
     assert_eq!(e.signal, "pid.available");

@@ -272,6 +272,19 @@ impl CriguardProcess {
             .expect("criguard admin socket")
     }
 
+    /// The evictions made, once there is at least one (panics after `deadline`).
+    pub async fn first_evictions(
+        &self,
+        deadline: Duration,
+        what: &str,
+    ) -> Vec<criguard::reclaim::evict::Eviction> {
+        super::poll_until(deadline, what, || async {
+            let e = self.evictions().await;
+            (!e.is_empty()).then_some(e)
+        })
+        .await
+    }
+
     /// Conditions and observations, as the admin socket serves them.
     pub async fn conditions(&self) -> serde_json::Value {
         criguard::admin::get_conditions(&self.admin)

@@ -1,6 +1,8 @@
 //! Pods created the kubelet's way through a CRI client, and what the kernel
 //! says of their processes.
 
+use std::time::Duration;
+
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
@@ -93,6 +95,26 @@ pub async fn create_and_start(
     };
     rt.start_container(start).await.unwrap();
     id
+}
+
+/// Waits (up to `deadline`) until container `id` has exited.
+pub async fn wait_exited(rt: &RuntimeServiceClient<Channel>, id: &str, deadline: Duration) {
+    super::poll_until(deadline, "the container to exit", || {
+        let (mut rt, id) = (rt.clone(), id.to_owned());
+        async move {
+            let s = rt
+                .container_status(cri::ContainerStatusRequest {
+                    container_id: id,
+                    verbose: false,
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .status?;
+            (s.state == cri::ContainerState::ContainerExited as i32).then_some(())
+        }
+    })
+    .await;
 }
 
 /// The host pid of a container's (or, with `sandbox`, a sandbox's) init process.
