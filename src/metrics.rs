@@ -7,9 +7,8 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -28,10 +27,10 @@ use std::sync::atomic::AtomicI64;
 pub struct CallLabels {
     /// `service/method`, e.g. `runtime.v1.RuntimeService/Version`; `other`
     /// for paths outside CRI (keeps the label set bounded).
-    pub method: String,
+    pub method: &'static str,
     /// gRPC status code name, e.g. `OK`, `NotFound`; `Cancelled` when the
-    /// client went away before the answer ended.
-    pub code: String,
+    /// client reset the call before its answer ended.
+    pub code: &'static str,
 }
 
 /// Metrics of the CRI proxy.
@@ -54,11 +53,11 @@ impl CriMetrics {
         Self { duration }
     }
 
-    /// Records one finished call.
-    pub fn observe(&self, path: &str, code: i32, started: Instant) {
+    /// Records one finished call of `method` (a label from `cri::methods`).
+    pub fn observe(&self, method: &'static str, code: i32, started: Instant) {
         let labels = CallLabels {
-            method: method_label(path),
-            code: code_name(code).to_owned(),
+            method,
+            code: code_name(code),
         };
         self.duration
             .get_or_create(&labels)
@@ -267,15 +266,6 @@ impl Default for Metrics {
     }
 }
 
-fn method_label(path: &str) -> String {
-    let p = path.trim_start_matches('/');
-    if p.starts_with("runtime.v1.") || p.starts_with("runtime.v1alpha2.") {
-        p.to_owned()
-    } else {
-        "other".to_owned()
-    }
-}
-
 /// The canonical name of a gRPC status code.
 pub fn code_name(code: i32) -> &'static str {
     match code {
@@ -297,80 +287,6 @@ pub fn code_name(code: i32) -> &'static str {
         15 => "DataLoss",
         16 => "Unauthenticated",
         _ => "Unknown",
-    }
-}
-
-/// A response body that records the call when its trailers (or its end)
-/// pass, so streamed answers are measured without being held.
-pub struct Metered<B> {
-    inner: B,
-    done: Option<(CriMetrics, String, Instant)>,
-}
-
-impl<B> Metered<B> {
-    /// Wraps `inner`; `code` is known already for trailers-only answers.
-    pub fn new(
-        inner: B,
-        metrics: CriMetrics,
-        path: String,
-        started: Instant,
-        code: Option<i32>,
-    ) -> Self {
-        if let Some(code) = code {
-            metrics.observe(&path, code, started);
-            return Self { inner, done: None };
-        }
-        Self {
-            inner,
-            done: Some((metrics, path, started)),
-        }
-    }
-
-    fn finish(&mut self, code: i32) {
-        if let Some((m, path, started)) = self.done.take() {
-            m.observe(&path, code, started);
-        }
-    }
-}
-
-impl<B> Drop for Metered<B> {
-    fn drop(&mut self) {
-        self.finish(1); // the answer never ended: the client went away
-    }
-}
-
-impl<B: http_body::Body + Unpin> http_body::Body for Metered<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(t) = frame.trailers_ref() {
-                    let code = t
-                        .get("grpc-status")
-                        .and_then(|v| v.to_str().ok()?.parse().ok())
-                        .unwrap_or(2);
-                    self.finish(code);
-                }
-            }
-            Poll::Ready(Some(Err(_))) => self.finish(14),
-            Poll::Ready(None) => self.finish(2), // ended without a status
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
     }
 }
 

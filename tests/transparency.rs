@@ -224,16 +224,22 @@ async fn runtime_down_fails_fast_unavailable_then_reconnects() {
         "{resp:?}"
     );
 
-    // The runtime comes up: the same kubelet connection starts working.
+    // The runtime comes up. criguard cannot splice the connection it served
+    // alone onto the runtime, so it ends it with GOAWAY; the kubelet's next
+    // connection reaches the runtime.
     let _upstream = RecordingUpstream::start(&upstream_sock, |_| ok_reply(rawgrpc::frame(b"up")));
-    let resp = poll_until(Duration::from_secs(10), "criguard to reconnect", || {
-        let mut client = client.clone();
-        async move {
-            let resp = rawgrpc::call(&mut client, rawgrpc::empty_request(VERSION)).await;
-            (resp.grpc_status().as_deref() == Some("0")).then_some(resp)
-        }
-    })
+    poll_until(
+        Duration::from_secs(10),
+        "criguard to end the stand-in connection",
+        || {
+            let mut client = client.clone();
+            async move { client.ready().await.is_err().then_some(()) }
+        },
+    )
     .await;
+    let mut client = rawgrpc::connect(&proxy.socket).await;
+    let resp = rawgrpc::call(&mut client, rawgrpc::empty_request(VERSION)).await;
+    assert_eq!(resp.grpc_status().as_deref(), Some("0"), "{resp:?}");
     assert_eq!(resp.body, rawgrpc::frame(b"up"));
 }
 

@@ -1,14 +1,25 @@
 //! The CRI proxy: what the kubelet talks to.
 //!
-//! Every gRPC path is forwarded to the runtime as raw HTTP/2: headers
-//! (metadata, `grpc-timeout`), the body frames and the trailers pass through
-//! untouched, so fields newer than criguard's proto copy survive in both
-//! directions and streaming methods stream. The only header that changes is
-//! `:authority`, which names the upstream socket's placeholder host.
+//! An HTTP/2 frame relay, not a terminating server: each kubelet connection
+//! is relayed frame by frame to its own runtime connection, so criguard
+//! accepts whatever the runtime accepts (any `:authority`, any header,
+//! header blocks of any size the runtime takes) and changes nothing but
+//! the observed requests it patches or refuses. See `conn` for the frame
+//! handling, `held` for observed calls and flow control, `pump` for the
+//! I/O loop and `standin` for a runtime that is down.
 
+pub mod conn;
+mod flow;
+pub mod frame;
+pub mod headers;
+mod held;
+pub mod methods;
 pub mod observe;
+pub mod out;
 pub mod proxy;
+pub mod pump;
 pub mod server;
+pub mod standin;
 
 pub use proxy::Proxy;
 pub use server::serve;

@@ -1,19 +1,21 @@
-//! The HTTP/2 server on the kubelet-facing socket.
+//! Accepting kubelet connections.
 //!
-//! Each accepted connection is served on its own task; each call on a
-//! connection is its own HTTP/2 stream, so calls never wait for each other.
-//! On shutdown the server stops accepting, lets calls in flight finish for at
-//! most `drain`, then drops what is left.
+//! Each accepted connection gets its own connection to the runtime and its
+//! own task ([`super::pump`]); when the runtime cannot be dialled the
+//! connection is served by the stand-in ([`super::standin`]). On shutdown
+//! the listener closes, every connection gets GOAWAY, calls in flight
+//! finish for at most `drain`, and what is left is dropped.
 
 use std::future::Future;
 use std::time::Duration;
 
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
 
-use super::Proxy;
+use super::conn::Conn;
+use super::proxy::Proxy;
+use super::{pump, standin};
 
 /// Serves `proxy` on `listener` until `shutdown` resolves, then drains.
 pub async fn serve(
@@ -22,50 +24,46 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) {
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    // grpc-go (containerd) sets no stream limit; neither do we, so that the
-    // proxy never queues calls the runtime would have taken.
-    builder.max_concurrent_streams(None);
-    // The runtime's response headers pass as they are; add none of our own.
-    builder.auto_date_header(false);
-    let graceful = GracefulShutdown::new();
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let mut conns = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(err) => {
-                        // EMFILE and the like: back off briefly, keep serving.
-                        tracing::warn!(%err, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let proxy = proxy.clone();
-                let service = service_fn(move |req| {
-                    let proxy = proxy.clone();
-                    async move { proxy.forward(req).await }
-                });
-                let conn = builder.serve_connection(TokioIo::new(stream), service);
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(err) = conn.await {
-                        tracing::debug!(%err, "kubelet connection ended with an error");
-                    }
-                });
-            }
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    conns.spawn(connection(stream, proxy.clone(), drain_rx.clone()));
+                }
+                Err(err) => {
+                    // EMFILE and the like: back off briefly, keep serving.
+                    tracing::warn!(%err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
             () = &mut shutdown => break,
         }
     }
     drop(listener);
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let _ = drain_tx.send(true);
+    let drained =
+        tokio::time::timeout(drain, async { while conns.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
         tracing::warn!(
             ?drain,
             "calls still in flight after the drain period; dropping them"
         );
+        conns.shutdown().await;
+    }
+}
+
+/// Relays one kubelet connection to a fresh runtime connection.
+async fn connection(client: UnixStream, proxy: Proxy, drain: watch::Receiver<bool>) {
+    match UnixStream::connect(proxy.endpoint().path()).await {
+        Ok(server) => {
+            let ready = proxy.ready();
+            let mut conn = Conn::new(proxy);
+            pump::pump(&mut conn, client, server, ready, drain).await;
+        }
+        Err(err) => standin::serve(client, proxy, err, drain).await,
     }
 }

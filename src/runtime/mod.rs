@@ -1,19 +1,16 @@
 //! Clients to the container runtime that criguard stands in front of.
 //!
-//! One [`Upstream`] holds two lazily dialled HTTP/2 connections to the
-//! runtime's unix socket: a bare one the proxy forwards raw requests over
-//! ([`raw`]), and a tonic channel for criguard's own CRI calls
-//! ([`Upstream::runtime`]) and containerd's native snapshots service
-//! ([`Upstream::snapshots`]). Both reconnect by themselves: while the
-//! runtime is down every call fails at once, and the first call after it is
-//! back opens a new connection. Nothing is locked per call; HTTP/2 multiplexes concurrent
-//! calls.
+//! One [`Upstream`] holds a lazily dialled tonic channel to the runtime's
+//! unix socket for criguard's own CRI calls ([`Upstream::runtime`]) and
+//! containerd's native snapshots service ([`Upstream::snapshots`]). It
+//! reconnects by itself: while the runtime is down every call fails at
+//! once, and the first call after it is back opens a new connection. The
+//! kubelet's calls do not use it: the proxy relays each kubelet connection
+//! on a runtime connection of its own (`crate::cri`).
 
-pub mod raw;
 pub mod snapshots;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
@@ -70,7 +67,6 @@ impl std::fmt::Display for RuntimeEndpoint {
 pub struct Upstream {
     endpoint: RuntimeEndpoint,
     channel: Channel,
-    raw: Arc<raw::RawUpstream>,
 }
 
 impl Upstream {
@@ -86,17 +82,7 @@ impl Upstream {
                 async move { UnixStream::connect(path).await.map(TokioIo::new) }
             }),
         );
-        let raw = Arc::new(raw::RawUpstream::new(endpoint.path()));
-        Self {
-            endpoint,
-            channel,
-            raw,
-        }
-    }
-
-    /// The bare connection the proxy forwards over.
-    pub fn raw(&self) -> Arc<raw::RawUpstream> {
-        self.raw.clone()
+        Self { endpoint, channel }
     }
 
     /// The endpoint this channel dials.

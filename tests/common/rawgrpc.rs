@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use http_body_util::{BodyExt, Full, StreamBody};
+use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{UnixListener, UnixStream};
@@ -60,14 +60,14 @@ impl RawResponse {
 }
 
 /// An HTTP/2 connection to a unix socket.
-pub async fn connect(path: &Path) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+pub async fn connect(path: &Path) -> hyper::client::conn::http2::SendRequest<ReqBody> {
     connect_stream(UnixStream::connect(path).await.expect("connect")).await
 }
 
 /// An HTTP/2 connection over an already connected stream.
 pub async fn connect_stream(
     stream: UnixStream,
-) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+) -> hyper::client::conn::http2::SendRequest<ReqBody> {
     let io = TokioIo::new(stream);
     let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
         .await
@@ -77,25 +77,66 @@ pub async fn connect_stream(
 }
 
 /// A gRPC request with the given extra headers.
-pub fn request(path: &str, body: Bytes, headers: &[(&str, &str)]) -> http::Request<Full<Bytes>> {
+pub fn request(path: &str, body: Bytes, headers: &[(&str, &str)]) -> http::Request<ReqBody> {
     let mut req = http::Request::post(format!("http://localhost{path}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers");
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    req.body(Full::new(body)).unwrap()
+    req.body(ReqBody {
+        data: Some(body),
+        exact: false,
+    })
+    .unwrap()
+}
+
+/// The same request with a `content-length` header, which hyper adds for
+/// a body of known size (gRPC clients send none).
+pub fn with_content_length(req: http::Request<ReqBody>) -> http::Request<ReqBody> {
+    req.map(|b| ReqBody { exact: true, ..b })
+}
+
+/// A request body of one chunk; its size is announced only when `exact`.
+#[derive(Debug)]
+pub struct ReqBody {
+    data: Option<Bytes>,
+    exact: bool,
+}
+
+impl http_body::Body for ReqBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.data.take().map(|d| Ok(Frame::data(d))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match (&self.data, self.exact) {
+            (Some(d), true) => http_body::SizeHint::with_exact(d.len() as u64),
+            (None, _) => http_body::SizeHint::with_exact(0),
+            (Some(_), false) => http_body::SizeHint::default(),
+        }
+    }
 }
 
 /// A gRPC request to `path` carrying one empty message and no extra headers.
-pub fn empty_request(path: &str) -> http::Request<Full<Bytes>> {
+pub fn empty_request(path: &str) -> http::Request<ReqBody> {
     request(path, frame(b""), &[])
 }
 
 /// Sends one request and collects the whole answer.
 pub async fn call(
-    send: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
-    req: http::Request<Full<Bytes>>,
+    send: &mut hyper::client::conn::http2::SendRequest<ReqBody>,
+    req: http::Request<ReqBody>,
 ) -> RawResponse {
     send.ready().await.expect("ready");
     let resp = send.send_request(req).await.expect("send");

@@ -1,0 +1,615 @@
+//! One kubelet connection relayed to one runtime connection, as a state
+//! machine over the bytes each side sends (no I/O here: [`super::pump`]
+//! moves the bytes).
+//!
+//! Frames pass as they are, in order, each read whole and forwarded as the
+//! slice it was read into. criguard reads the 9-byte header of every frame
+//! and the payload of a few: header blocks (decoded by a shadow HPACK
+//! decoder per direction, to learn each stream's `:path` and its answer's
+//! `grpc-status`), SETTINGS and WINDOW_UPDATE (flow-control accounting),
+//! and the DATA of observed streams (see [`super::held`]). It validates
+//! nothing the runtime would accept; a frame larger than the receiving
+//! peer allows ends the connection with GOAWAY, as the peer itself would.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+use super::flow::ToServer;
+use super::frame::{self, Head, error, flag, kind, setting};
+use super::headers::{Fields, Reader};
+use super::held::Observed;
+use super::methods::{self, MethodInfo};
+use super::out::Out;
+use super::proxy::Proxy;
+
+/// The two byte queues of a connection, one per peer.
+#[derive(Debug, Default)]
+pub struct Io {
+    /// Bytes for the runtime.
+    pub to_server: Out,
+    /// Bytes for the kubelet.
+    pub to_client: Out,
+}
+
+/// How long criguard's own answer waits for the runtime's next header
+/// block after the client shrank its header table (RFC 7541 §4.2 wants
+/// the size update at the start of the first block after the change).
+const ANSWER_WAIT: Duration = Duration::from_secs(1);
+/// The most streams criguard remembers having answered itself.
+const ANSWERED_CAP: usize = 1024;
+
+/// A header block being received (HEADERS or PUSH_PROMISE, then CONTINUATION).
+#[derive(Debug)]
+struct Block {
+    stream: u32,
+    end_stream: bool,
+    buf: Vec<u8>,
+    malformed: bool,
+}
+
+/// The parsing state of the bytes one peer sends.
+#[derive(Debug)]
+struct Side {
+    /// Bytes of the client preface still to pass (client side only).
+    preface: usize,
+    block: Option<Block>,
+    reader: Reader,
+    /// The largest frame accepted from this peer: the largest
+    /// SETTINGS_MAX_FRAME_SIZE the other peer announced.
+    max_frame: u32,
+}
+
+impl Side {
+    fn new(preface: usize) -> Self {
+        Self {
+            preface,
+            block: None,
+            reader: Reader::new(),
+            max_frame: frame::DEFAULT_MAX_FRAME,
+        }
+    }
+}
+
+/// A call in flight.
+#[derive(Debug)]
+pub(super) struct Stream {
+    pub(super) info: &'static MethodInfo,
+    pub(super) started: Instant,
+    /// The client ended its side (END_STREAM).
+    pub(super) client_done: bool,
+    /// The answer's grpc-status, once seen.
+    pub(super) code: Option<i32>,
+    /// Credit the runtime will grant on this stream that the client must
+    /// not see (bytes criguard added or credited early).
+    pub(super) debt: u64,
+    /// Present for the calls criguard observes.
+    pub(super) observed: Option<Box<Observed>>,
+}
+
+/// A relayed connection.
+#[derive(Debug)]
+pub struct Conn {
+    pub(super) proxy: Proxy,
+    client: Side,
+    server: Side,
+    pub(super) streams: HashMap<u32, Stream>,
+    /// Streams criguard answered itself; the runtime's frames on them are
+    /// not the client's to see (header blocks excepted: HPACK state).
+    answered: BTreeSet<u32>,
+    pub(super) to_server: ToServer,
+    /// A runtime header block is open toward the client: criguard's own
+    /// frames wait in `deferred`.
+    client_block_open: bool,
+    deferred: Vec<Bytes>,
+    /// criguard's answers waiting for the runtime's next header block.
+    answers_waiting: Vec<Bytes>,
+    answers_since: Option<Instant>,
+    size_update_pending: bool,
+    client_table_size: u32,
+    /// The client's SETTINGS_MAX_FRAME_SIZE.
+    client_max_frame: u32,
+    /// Credit the runtime will grant on the connection that the client
+    /// must not see.
+    pub(super) conn_debt: u64,
+    /// Bytes of request bodies held on this connection.
+    pub(super) held: usize,
+    /// Observed calls waiting for the node model.
+    pub(super) parked: usize,
+    last_client_stream: u32,
+    goaway_sent: Option<u32>,
+    closing: bool,
+}
+
+impl Conn {
+    /// A connection relayed by `proxy`.
+    pub fn new(proxy: Proxy) -> Self {
+        Self {
+            proxy,
+            client: Side::new(frame::PREFACE.len()),
+            server: Side::new(0),
+            streams: HashMap::new(),
+            answered: BTreeSet::new(),
+            to_server: ToServer::default(),
+            client_block_open: false,
+            deferred: Vec::new(),
+            answers_waiting: Vec::new(),
+            answers_since: None,
+            size_update_pending: false,
+            client_table_size: 4096,
+            client_max_frame: frame::DEFAULT_MAX_FRAME,
+            conn_debt: 0,
+            held: 0,
+            parked: 0,
+            last_client_stream: 0,
+            goaway_sent: None,
+            closing: false,
+        }
+    }
+
+    /// Whether the connection should end once its queues are written: a
+    /// peer broke the protocol, or a drain finished.
+    pub fn done(&self) -> bool {
+        self.closing
+            || (self.goaway_sent.is_some()
+                && self.streams.is_empty()
+                && self.answers_waiting.is_empty()
+                && !self.to_server.is_blocked())
+    }
+
+    /// When [`Conn::on_deadline`] wants to run.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.answers_since.map(|t| t + ANSWER_WAIT)
+    }
+
+    /// The runtime sent no header block in time: criguard's answers go now.
+    pub fn on_deadline(&mut self, io: &mut Io) {
+        self.size_update_pending = false;
+        self.release_answers(io);
+    }
+
+    /// Stops new calls: GOAWAY to the client naming the last stream it
+    /// opened; calls in flight finish.
+    pub fn drain(&mut self, io: &mut Io) {
+        if self.goaway_sent.is_none() {
+            self.goaway_sent = Some(self.last_client_stream);
+            let f = frame::goaway(self.last_client_stream, error::NO_ERROR);
+            self.inject_client(io, f);
+        }
+    }
+
+    /// Bytes from the client. Whole frames are consumed from `input`; a
+    /// partial frame stays for the next read.
+    pub fn on_client(&mut self, input: &mut BytesMut, io: &mut Io) {
+        if self.closing {
+            input.clear();
+            return;
+        }
+        if self.client.preface > 0 {
+            let n = self.client.preface.min(input.len());
+            let preface = input.split_to(n).freeze();
+            self.to_server.forward(&mut io.to_server, preface, 0);
+            self.client.preface -= n;
+            if self.client.preface > 0 {
+                return;
+            }
+        }
+        while let Some((head, f)) = next_frame(input, self.client.max_frame) {
+            let Some(f) = f else {
+                return self.fail(io, error::FRAME_SIZE_ERROR);
+            };
+            match head.kind {
+                kind::DATA => self.client_data(head, f, io),
+                kind::HEADERS | kind::CONTINUATION | kind::PUSH_PROMISE => {
+                    self.client_block(head, f, io)
+                }
+                kind::RST_STREAM => self.client_rst(head, f, io),
+                kind::SETTINGS => {
+                    if !head.has(flag::ACK) {
+                        self.client_settings(&f[frame::HEADER_LEN..]);
+                    }
+                    self.to_server.forward(&mut io.to_server, f.freeze(), 0);
+                }
+                _ => self.to_server.forward(&mut io.to_server, f.freeze(), 0),
+            }
+        }
+    }
+
+    /// Bytes from the runtime, consumed as in [`Conn::on_client`].
+    pub fn on_server(&mut self, input: &mut BytesMut, io: &mut Io) {
+        if self.closing {
+            input.clear();
+            return;
+        }
+        while let Some((head, f)) = next_frame(input, self.server.max_frame) {
+            let Some(f) = f else {
+                tracing::warn!(
+                    len = head.len,
+                    "runtime sent a frame larger than the kubelet accepts; closing"
+                );
+                self.closing = true;
+                return;
+            };
+            match head.kind {
+                kind::DATA => self.server_data(head, f, io),
+                kind::HEADERS | kind::CONTINUATION | kind::PUSH_PROMISE => {
+                    self.server_block(head, f, io)
+                }
+                kind::RST_STREAM => self.server_rst(head, f, io),
+                kind::WINDOW_UPDATE => self.server_window_update(head, f, io),
+                kind::SETTINGS => {
+                    if !head.has(flag::ACK) {
+                        self.server_settings(&f[frame::HEADER_LEN..], io);
+                    }
+                    io.to_client.push(f.freeze());
+                }
+                _ => io.to_client.push(f.freeze()),
+            }
+        }
+    }
+
+    /// Ends the connection the way the runtime would: GOAWAY with `code`.
+    fn fail(&mut self, io: &mut Io, code: u32) {
+        tracing::info!(code, "kubelet connection broke the protocol; closing it");
+        io.to_client
+            .push(frame::goaway(self.last_client_stream, code));
+        self.closing = true;
+    }
+
+    /// Adds a frame of criguard's own for the client, after any open
+    /// runtime header block.
+    pub(super) fn inject_client(&mut self, io: &mut Io, f: Bytes) {
+        if self.client_block_open {
+            self.deferred.push(f);
+        } else {
+            io.to_client.push(f);
+        }
+    }
+
+    /// Answers `stream` on the runtime's behalf (trailers-only) and records
+    /// the call.
+    pub(super) fn answer(&mut self, io: &mut Io, stream: u32, st: &Stream, code: i32, msg: &str) {
+        let f = super::headers::trailers_only(stream, code, msg, self.client_max_frame);
+        if self.size_update_pending {
+            self.answers_waiting.push(f);
+            self.answers_since.get_or_insert_with(Instant::now);
+        } else {
+            self.inject_client(io, f);
+        }
+        self.proxy.record(st.info, code, st.started);
+        self.answered.insert(stream);
+        if self.answered.len() > ANSWERED_CAP {
+            self.answered.pop_first();
+        }
+    }
+
+    fn release_answers(&mut self, io: &mut Io) {
+        self.answers_since = None;
+        for f in std::mem::take(&mut self.answers_waiting) {
+            self.inject_client(io, f);
+        }
+    }
+
+    fn client_settings(&mut self, payload: &[u8]) {
+        for (id, v) in frame::settings(payload) {
+            match id {
+                setting::MAX_FRAME_SIZE => {
+                    self.client_max_frame =
+                        v.clamp(frame::DEFAULT_MAX_FRAME, frame::MAX_FRAME_LIMIT);
+                    self.server.max_frame = self.server.max_frame.max(self.client_max_frame);
+                }
+                setting::HEADER_TABLE_SIZE => {
+                    if v < self.client_table_size {
+                        self.size_update_pending = true;
+                    }
+                    self.client_table_size = v;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn server_settings(&mut self, payload: &[u8], io: &mut Io) {
+        for (id, v) in frame::settings(payload) {
+            match id {
+                setting::INITIAL_WINDOW_SIZE => {
+                    self.to_server.set_initial_window(&mut io.to_server, v)
+                }
+                setting::MAX_FRAME_SIZE => {
+                    self.to_server.set_max_frame(v);
+                    let v = v.clamp(frame::DEFAULT_MAX_FRAME, frame::MAX_FRAME_LIMIT);
+                    self.client.max_frame = self.client.max_frame.max(v);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn client_data(&mut self, head: Head, f: BytesMut, io: &mut Io) {
+        let held = match self.streams.get_mut(&head.stream) {
+            Some(st) => {
+                st.client_done |= head.has(flag::END_STREAM);
+                st.observed.as_ref().is_some_and(|o| o.is_holding())
+            }
+            None => false,
+        };
+        if held {
+            self.hold(head, f, io);
+        } else {
+            self.to_server
+                .forward(&mut io.to_server, f.freeze(), head.len);
+        }
+    }
+
+    fn client_rst(&mut self, head: Head, f: BytesMut, io: &mut Io) {
+        if self.answered.remove(&head.stream) {
+            return; // the runtime has its RST_STREAM from criguard already
+        }
+        if let Some(st) = self.streams.remove(&head.stream) {
+            self.drop_held(&st, io);
+            self.proxy.record(st.info, 1, st.started);
+        }
+        self.to_server.forward(&mut io.to_server, f.freeze(), 0);
+    }
+
+    fn client_block(&mut self, head: Head, f: BytesMut, io: &mut Io) {
+        let fragment = frame::block_fragment(&head, &f[frame::HEADER_LEN..]);
+        if head.kind == kind::HEADERS
+            && self
+                .streams
+                .get(&head.stream)
+                .and_then(|s| s.observed.as_ref())
+                .is_some_and(|o| o.is_holding())
+        {
+            // Trailers end a held body: the body must reach the runtime first.
+            self.release(head.stream, io, false);
+        }
+        let end = collect_block(&mut self.client.block, head, fragment);
+        self.to_server.forward(&mut io.to_server, f.freeze(), 0);
+        if !end {
+            self.to_server.set_in_block(&mut io.to_server, true);
+            return;
+        }
+        self.to_server.set_in_block(&mut io.to_server, false);
+        let Some(block) = self.client.block.take() else {
+            return;
+        };
+        let fields = read_block(&mut self.client.reader, &block);
+        self.client_headers(block.stream, block.end_stream, fields, io);
+    }
+
+    fn client_headers(
+        &mut self,
+        stream: u32,
+        end_stream: bool,
+        fields: Option<Fields>,
+        io: &mut Io,
+    ) {
+        if let Some(st) = self.streams.get_mut(&stream) {
+            st.client_done |= end_stream; // the client's trailers
+            return;
+        }
+        if stream <= self.last_client_stream {
+            return; // not a new stream: the runtime judges it
+        }
+        self.last_client_stream = stream;
+        if self.goaway_sent.is_some_and(|last| stream > last) {
+            // Opened after criguard's GOAWAY: the client retries it
+            // elsewhere. The runtime saw the HEADERS (HPACK state) and
+            // must not run it.
+            let rst = frame::rst_stream(stream, error::REFUSED_STREAM);
+            self.to_server.inject(&mut io.to_server, rst);
+            return;
+        }
+        let path = fields.as_ref().and_then(|f| f.path.as_deref());
+        let info = methods::lookup(path.unwrap_or(""));
+        // A body whose length the client announced cannot grow: such a
+        // call is observed but never patched.
+        let may_patch = !fields.as_ref().is_some_and(|f| f.content_length);
+        let observed = match (info.observed, &self.proxy.observer) {
+            (Some(method), Some(_)) if !end_stream => {
+                Some(Box::new(Observed::new(method, may_patch)))
+            }
+            _ => None,
+        };
+        self.streams.insert(
+            stream,
+            Stream {
+                info,
+                started: Instant::now(),
+                client_done: end_stream,
+                code: None,
+                debt: 0,
+                observed,
+            },
+        );
+    }
+
+    fn server_block(&mut self, head: Head, f: BytesMut, io: &mut Io) {
+        let fragment = frame::block_fragment(&head, &f[frame::HEADER_LEN..]);
+        let end = collect_block(&mut self.server.block, head, fragment);
+        io.to_client.push(f.freeze());
+        if !end {
+            self.client_block_open = true;
+            return;
+        }
+        self.client_block_open = false;
+        for d in std::mem::take(&mut self.deferred) {
+            io.to_client.push(d);
+        }
+        if self.size_update_pending {
+            // The runtime's block carried any size update the client asked
+            // for; criguard's own blocks may follow now.
+            self.size_update_pending = false;
+            self.release_answers(io);
+        }
+        let Some(block) = self.server.block.take() else {
+            return;
+        };
+        let fields = read_block(&mut self.server.reader, &block);
+        if self.answered.contains(&block.stream) {
+            if block.end_stream {
+                self.answered.remove(&block.stream);
+            }
+            return;
+        }
+        let Some(st) = self.streams.get_mut(&block.stream) else {
+            return;
+        };
+        if let Some(code) = fields.and_then(|f| f.grpc_status) {
+            st.code = Some(code);
+        }
+        if block.end_stream {
+            self.server_done(block.stream, io);
+        }
+    }
+
+    fn server_data(&mut self, head: Head, f: BytesMut, io: &mut Io) {
+        let end = head.has(flag::END_STREAM);
+        if self.answered.contains(&head.stream) {
+            // Not the client's: drop it, and give the runtime its credit back.
+            if head.len > 0 {
+                let wu = frame::window_update(0, head.len);
+                self.to_server.inject(&mut io.to_server, wu);
+            }
+            if end {
+                self.answered.remove(&head.stream);
+            }
+            return;
+        }
+        if let Some(obs) = self
+            .streams
+            .get_mut(&head.stream)
+            .and_then(|s| s.observed.as_mut())
+        {
+            obs.copy_response(&head, &f[frame::HEADER_LEN..]);
+        }
+        io.to_client.push(f.freeze());
+        if end {
+            self.server_done(head.stream, io);
+        }
+    }
+
+    fn server_rst(&mut self, head: Head, f: BytesMut, io: &mut Io) {
+        if self.answered.remove(&head.stream) {
+            return;
+        }
+        io.to_client.push(f.clone().freeze());
+        if let Some(st) = self.streams.remove(&head.stream) {
+            self.drop_held(&st, io);
+            let code = frame::increment(&f[frame::HEADER_LEN..]).map_or(13, rst_to_grpc);
+            self.proxy.record(st.info, code, st.started);
+        }
+    }
+
+    fn server_window_update(&mut self, head: Head, f: BytesMut, io: &mut Io) {
+        let Some(inc) = frame::increment(&f[frame::HEADER_LEN..]) else {
+            io.to_client.push(f.freeze());
+            return;
+        };
+        self.to_server.granted(&mut io.to_server, head.stream, inc);
+        let debt = if head.stream == 0 {
+            Some(&mut self.conn_debt)
+        } else {
+            self.streams.get_mut(&head.stream).map(|s| &mut s.debt)
+        };
+        match debt {
+            Some(d) if *d > 0 => {
+                let kept = (*d).min(u64::from(inc));
+                *d -= kept;
+                let pass = u64::from(inc) - kept;
+                if pass > 0 {
+                    io.to_client
+                        .push(frame::window_update(head.stream, pass as u32));
+                }
+            }
+            _ => io.to_client.push(f.freeze()),
+        }
+    }
+
+    /// The runtime ended its side of `stream`: the call is over.
+    fn server_done(&mut self, stream: u32, io: &mut Io) {
+        let holding = self
+            .streams
+            .get(&stream)
+            .and_then(|s| s.observed.as_ref())
+            .is_some_and(|o| o.is_holding());
+        if holding {
+            // Answered before its body arrived (e.g. Unimplemented): the
+            // body goes on unobserved, as a plain relay would send it.
+            self.pass_held(stream, io);
+        }
+        let Some(st) = self.streams.remove(&stream) else {
+            return;
+        };
+        let code = st.code.unwrap_or(2);
+        if code == 0
+            && let Some(obs) = &st.observed
+        {
+            obs.observe_answer(&self.proxy);
+        }
+        self.proxy.record(st.info, code, st.started);
+    }
+}
+
+/// Takes the next whole frame off `input`: `None` when none is complete,
+/// `Some((head, None))` when it is larger than `max` allows.
+fn next_frame(input: &mut BytesMut, max: u32) -> Option<(Head, Option<BytesMut>)> {
+    if input.len() < frame::HEADER_LEN {
+        return None;
+    }
+    let head = Head::parse(input);
+    if head.len > max {
+        input.clear();
+        return Some((head, None));
+    }
+    let total = frame::HEADER_LEN + head.len as usize;
+    if input.len() < total {
+        input.reserve(total - input.len());
+        return None;
+    }
+    Some((head, Some(input.split_to(total))))
+}
+
+/// Adds a frame's fragment to the block in progress; true when the block
+/// is complete (END_HEADERS).
+fn collect_block(block: &mut Option<Block>, head: Head, fragment: Option<&[u8]>) -> bool {
+    let fresh = matches!(head.kind, kind::HEADERS | kind::PUSH_PROMISE);
+    if fresh || block.is_none() {
+        *block = Some(Block {
+            stream: head.stream,
+            end_stream: head.kind == kind::HEADERS && head.has(flag::END_STREAM),
+            buf: Vec::new(),
+            malformed: !fresh,
+        });
+    }
+    if let Some(b) = block.as_mut() {
+        match fragment {
+            Some(frag) => b.buf.extend_from_slice(frag),
+            None => b.malformed = true,
+        }
+    }
+    head.has(flag::END_HEADERS)
+}
+
+/// Decodes a complete block; `None` when it is malformed or the direction's
+/// decoder broke (the receiving peer fails the connection then).
+fn read_block(reader: &mut Reader, block: &Block) -> Option<Fields> {
+    if block.malformed {
+        return None;
+    }
+    reader.read(&block.buf)
+}
+
+/// The gRPC code a client reports for a stream reset with an HTTP/2
+/// error code (as grpc-go maps them).
+fn rst_to_grpc(h2: u32) -> i32 {
+    match h2 {
+        0x7 => 14,      // REFUSED_STREAM: Unavailable
+        0x8 => 1,       // CANCEL: Cancelled
+        0x3 | 0xb => 8, // FLOW_CONTROL_ERROR, ENHANCE_YOUR_CALM: ResourceExhausted
+        0xc => 7,       // INADEQUATE_SECURITY: PermissionDenied
+        _ => 13,        // Internal
+    }
+}
