@@ -655,7 +655,10 @@ async fn serve(
                 .with_image_uses(image_uses),
         )
         .with_metrics(metrics.cri.clone());
-    cri::serve(listener, proxy, shutdown_signal(), drain).await;
+    let proxy = cri::server::ProxyThread::spawn(listener.into_std()?, proxy, drain)
+        .context("start the proxy thread")?;
+    shutdown_signal().await;
+    proxy.stop().await;
     let _ = stop_tx.send(true);
     let _ = tokio::join!(
         admin_task,
@@ -827,12 +830,9 @@ fn main() -> ExitCode {
             tracing::info!(config = %settings.describe().replace('\n', "; "), memory_events = psi.is_some(), "configuration");
             let run = || -> anyhow::Result<()> {
                 let activated = listen::from_systemd()?;
-                // One thread: every call costs two HTTP/2 hops of CPU, and on
-                // one thread the hops hand over without cross-thread wake-ups
-                // (measured by benches/proxy.rs: 206 µs CPU per call against
-                // about 300 µs on the multi-threaded runtime, and a lower
-                // added p50). Calls still run concurrently; nothing criguard
-                // does between them blocks for long.
+                // criguard's own loops (eviction, GC, sync, admin) share one
+                // thread; the proxy relays on a thread of its own
+                // (cri::server::ProxyThread), so they can never delay a call.
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()

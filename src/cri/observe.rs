@@ -229,6 +229,10 @@ impl Observer {
             &req.pod_sandbox_id,
             config,
         ));
+        // A pod the kubelet did not make (no kubepods cgroup parent, e.g.
+        // crictl's) keeps the score its client asked for.
+        let parent = &model.sandbox_info(&req.pod_sandbox_id)?.cgroup_parent;
+        derive::qos_from_cgroup_parent(parent)?;
         let pod = model.pod(&req.pod_sandbox_id)?;
         let container = pod.containers.get(PROBE)?;
         Some(derive::kubelet_oom_score_adj(
@@ -365,6 +369,39 @@ mod tests {
                 .unwrap()
                 .oom_score_adj = adj;
             assert_eq!(merged, want, "adj {adj}");
+        }
+    }
+
+    fn create_request(cgroup_parent: &str) -> Vec<u8> {
+        let pod =
+            crate::kubelet::PodSpec::new("p", "uid-1").container(crate::kubelet::ContainerSpec {
+                name: "app".into(),
+                image: "busybox".into(),
+                ..Default::default()
+            });
+        let mut sandbox = pod.sandbox_config();
+        sandbox.linux.get_or_insert_default().cgroup_parent = cgroup_parent.into();
+        cri::CreateContainerRequest {
+            pod_sandbox_id: "sb1".into(),
+            config: Some(pod.container_config(0)),
+            sandbox_config: Some(sandbox),
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn kubelet_containers_are_patched_and_others_keep_their_score() {
+        let observer = Observer::new(Arc::new(RwLock::new(NodeModel::new(8 << 30))));
+        let kubelet = create_request("/kubepods/besteffort/poduid-1");
+        let plan = observer.on_request(Method::CreateContainer, &kubelet);
+        assert_eq!(
+            plan.patch,
+            Some(patch::create_container_oom_score_adj(1000))
+        );
+        // crictl's pods have no kubepods cgroup parent: nothing to rank them by.
+        for parent in ["", "/", "/system.slice", "/criguard-test/pod1"] {
+            let plan = observer.on_request(Method::CreateContainer, &create_request(parent));
+            assert_eq!(plan.patch, None, "{parent:?}");
         }
     }
 

@@ -5,12 +5,18 @@
 //! connection is served by the stand-in ([`super::standin`]). On shutdown
 //! the listener closes, every connection gets GOAWAY, calls in flight
 //! finish for at most `drain`, and what is left is dropped.
+//!
+//! [`ProxyThread`] runs all of it on a thread and a single-threaded runtime
+//! of its own, so nothing else criguard does (filesystem walks, statvfs of
+//! a hung mount, cgroup reads, state files) can delay a relayed frame: the
+//! relay thread only moves bytes and takes the model's lock briefly to
+//! observe a call.
 
 use std::future::Future;
 use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 
 use super::conn::Conn;
@@ -65,5 +71,52 @@ async fn connection(client: UnixStream, proxy: Proxy, drain: watch::Receiver<boo
             pump::pump(&mut conn, client, server, ready, drain).await;
         }
         Err(err) => standin::serve(client, proxy, err, drain).await,
+    }
+}
+
+/// The proxy serving on a thread of its own.
+#[derive(Debug)]
+pub struct ProxyThread {
+    stop: oneshot::Sender<()>,
+    done: oneshot::Receiver<()>,
+}
+
+impl ProxyThread {
+    /// Serves `proxy` on `listener` on a new thread; [`ProxyThread::stop`]
+    /// drains it for at most `drain`.
+    pub fn spawn(
+        listener: std::os::unix::net::UnixListener,
+        proxy: Proxy,
+        drain: Duration,
+    ) -> std::io::Result<Self> {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (finished, done) = oneshot::channel();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        listener.set_nonblocking(true)?;
+        std::thread::Builder::new()
+            .name("criguard-proxy".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    match UnixListener::from_std(listener) {
+                        Ok(l) => {
+                            let stopped = async {
+                                let _ = stopped.await;
+                            };
+                            serve(l, proxy, stopped, drain).await;
+                        }
+                        Err(err) => tracing::error!(%err, "proxy listener unusable"),
+                    }
+                });
+                let _ = finished.send(());
+            })?;
+        Ok(Self { stop, done })
+    }
+
+    /// Stops accepting, drains and waits for the thread to finish.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.done.await;
     }
 }
