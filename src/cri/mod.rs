@@ -23,3 +23,6 @@ pub mod standin;
 
 pub use proxy::Proxy;
 pub use server::serve;
+
+#[cfg(test)]
+mod tests;

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod containerd;
+pub mod h2peer;
 pub mod memcg;
 pub mod metrics;
 pub mod pods;

@@ -1,0 +1,345 @@
+//! Scripted exchanges with one [`Conn`]: exact frames in, exact frames out.
+
+use std::sync::{Arc, RwLock};
+
+use bytes::{Bytes, BytesMut};
+use k8s_cri::v1 as cri;
+use prost::Message;
+
+use super::conn::{Conn, Io};
+use super::frame::{self, Head, error, flag, kind, setting};
+use super::observe::{self, Observer};
+use super::proxy::Proxy;
+use crate::model::NodeModel;
+use crate::policy::thresholds::Condition;
+use crate::reclaim::evict::NodeStatus;
+use crate::runtime::RuntimeEndpoint;
+
+const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
+const RUN: &str = "/runtime.v1.RuntimeService/RunPodSandbox";
+
+struct Harness {
+    conn: Conn,
+    io: Io,
+    client_enc: loona_hpack::Encoder<'static>,
+    server_enc: loona_hpack::Encoder<'static>,
+}
+
+fn pod() -> crate::kubelet::PodSpec {
+    let mut pod =
+        crate::kubelet::PodSpec::new("p", "uid-1").container(crate::kubelet::ContainerSpec {
+            name: "app".into(),
+            image: "busybox".into(),
+            ..Default::default()
+        });
+    pod.cgroup_root = "/kubepods".into();
+    pod
+}
+
+fn create_body(padding: usize) -> Bytes {
+    let pod = pod();
+    let mut config = pod.container_config(0);
+    config.annotations.insert("pad".into(), "x".repeat(padding));
+    let msg = cri::CreateContainerRequest {
+        pod_sandbox_id: "sb1".into(),
+        config: Some(config),
+        sandbox_config: Some(pod.sandbox_config()),
+    }
+    .encode_to_vec();
+    observe::frame(&msg, None)
+}
+
+fn run_body() -> Bytes {
+    let msg = cri::RunPodSandboxRequest {
+        config: Some(pod().sandbox_config()),
+        runtime_handler: String::new(),
+    }
+    .encode_to_vec();
+    observe::frame(&msg, None)
+}
+
+fn frames(mut b: &[u8]) -> Vec<(Head, Vec<u8>)> {
+    if b.starts_with(frame::PREFACE) {
+        b = &b[frame::PREFACE.len()..];
+    }
+    let mut v = Vec::new();
+    while !b.is_empty() {
+        let h = Head::parse(b);
+        let end = frame::HEADER_LEN + h.len as usize;
+        v.push((h, b[frame::HEADER_LEN..end].to_vec()));
+        b = &b[end..];
+    }
+    v
+}
+
+fn window_updates(fs: &[(Head, Vec<u8>)]) -> Vec<(u32, u32)> {
+    fs.iter()
+        .filter(|(h, _)| h.kind == kind::WINDOW_UPDATE)
+        .map(|(h, p)| (h.stream, frame::increment(p).unwrap()))
+        .collect()
+}
+
+fn data_len(fs: &[(Head, Vec<u8>)], stream: u32) -> usize {
+    fs.iter()
+        .filter(|(h, _)| h.kind == kind::DATA && h.stream == stream)
+        .map(|(_, p)| p.len())
+        .sum()
+}
+
+impl Harness {
+    fn new(status: Option<NodeStatus>) -> Self {
+        let mut observer = Observer::new(Arc::new(RwLock::new(NodeModel::new(8 << 30))));
+        if let Some(s) = status {
+            observer = observer.with_admission(Arc::new(RwLock::new(s)), Default::default());
+        }
+        let proxy =
+            Proxy::to(RuntimeEndpoint::parse("/nonexistent.sock").unwrap()).with_observer(observer);
+        let mut h = Self {
+            conn: Conn::new(proxy),
+            io: Io::default(),
+            client_enc: loona_hpack::Encoder::new(),
+            server_enc: loona_hpack::Encoder::new(),
+        };
+        let mut hello = BytesMut::from(&frame::PREFACE[..]);
+        hello.extend_from_slice(&frame::build(kind::SETTINGS, 0, 0, &[]));
+        h.client(&hello);
+        h.server(&frame::build(kind::SETTINGS, 0, 0, &[]));
+        h.take();
+        h
+    }
+
+    fn client(&mut self, b: &[u8]) {
+        let mut input = BytesMut::from(b);
+        self.conn.on_client(&mut input, &mut self.io);
+        assert!(input.is_empty(), "a whole frame was left unread");
+    }
+
+    fn server(&mut self, b: &[u8]) {
+        let mut input = BytesMut::from(b);
+        self.conn.on_server(&mut input, &mut self.io);
+        assert!(input.is_empty(), "a whole frame was left unread");
+    }
+
+    /// What the conn sent (to the server, to the client) since the last take.
+    fn take(&mut self) -> (Vec<(Head, Vec<u8>)>, Vec<(Head, Vec<u8>)>) {
+        (
+            frames(&self.io.to_server.take_all()),
+            frames(&self.io.to_client.take_all()),
+        )
+    }
+
+    fn request(&mut self, stream: u32, path: &str) -> Bytes {
+        let block = self.client_enc.encode([
+            (&b":method"[..], &b"POST"[..]),
+            (b":scheme", b"http"),
+            (b":path", path.as_bytes()),
+            (b":authority", b"/run/criguard/criguard.sock"),
+            (b"content-type", b"application/grpc"),
+        ]);
+        frame::build(kind::HEADERS, flag::END_HEADERS, stream, &block)
+    }
+
+    fn response_headers(&mut self, stream: u32) -> Bytes {
+        let block = self.server_enc.encode([
+            (&b":status"[..], &b"200"[..]),
+            (b"content-type", b"application/grpc"),
+        ]);
+        frame::build(kind::HEADERS, flag::END_HEADERS, stream, &block)
+    }
+}
+
+fn data(stream: u32, payload: &[u8], end: bool) -> Bytes {
+    let flags = if end { flag::END_STREAM } else { 0 };
+    frame::build(kind::DATA, flags, stream, payload)
+}
+
+#[test]
+fn credit_for_a_held_body_is_returned_exactly_once() {
+    let mut h = Harness::new(None);
+    let body = create_body(1_000);
+    let (first, rest) = body.split_at(1_000);
+    let req = h.request(1, CREATE);
+    h.client(&req);
+    h.client(&data(1, first, false));
+    let (to_server, to_client) = h.take();
+    assert_eq!(data_len(&to_server, 1), 0, "held until END_STREAM");
+    assert_eq!(
+        window_updates(&to_client),
+        [(1, 1_000), (0, 1_000)],
+        "held bytes credited at once"
+    );
+
+    h.client(&data(1, rest, true));
+    let (to_server, to_client) = h.take();
+    let sent = data_len(&to_server, 1);
+    let k = sent - body.len();
+    assert!(k > 0, "the patch adds bytes");
+    assert!(to_server.last().unwrap().0.has(flag::END_STREAM));
+    assert!(window_updates(&to_client).is_empty());
+
+    // The runtime credits what it received; the client gets exactly what it
+    // is still owed (the final frame), on the connection and the stream.
+    h.server(&frame::window_update(0, sent as u32));
+    h.server(&frame::window_update(1, sent as u32));
+    let (_, to_client) = h.take();
+    let owed = (body.len() - 1_000) as u32;
+    assert_eq!(window_updates(&to_client), [(0, owed), (1, owed)]);
+    // Debt paid: later credit passes as it is.
+    h.server(&frame::window_update(0, 77));
+    assert_eq!(window_updates(&h.take().1), [(0, 77)]);
+}
+
+#[test]
+fn a_patch_waits_for_the_runtime_window() {
+    let mut h = Harness::new(None);
+    // An unobserved call leaves 35 bytes of the runtime's connection window.
+    let req = h.request(1, "/runtime.v1.RuntimeService/Version");
+    h.client(&req);
+    for last in [false, false, false, true] {
+        h.client(&data(1, &vec![0u8; 16_375], last));
+    }
+    assert_eq!(data_len(&h.take().0, 1), 65_500);
+
+    let body = create_body(100);
+    let req = h.request(3, CREATE);
+    h.client(&req);
+    h.client(&data(3, &body, true));
+    let (to_server, _) = h.take();
+    assert_eq!(
+        data_len(&to_server, 3),
+        35,
+        "no more than the window allows"
+    );
+    h.server(&frame::window_update(0, 65_500));
+    let (to_server, _) = h.take();
+    let rest = data_len(&to_server, 3);
+    assert!(35 + rest > body.len(), "the patched body follows");
+    assert!(to_server.last().unwrap().0.has(flag::END_STREAM));
+}
+
+#[test]
+fn a_refused_call_is_answered_and_the_runtime_copy_reset() {
+    let status = NodeStatus {
+        conditions: [Condition::MemoryPressure].into(),
+        ..Default::default()
+    };
+    let mut h = Harness::new(Some(status));
+    let body = run_body();
+    let req = h.request(1, RUN);
+    h.client(&req);
+    h.client(&data(1, &body, true));
+    let (to_server, to_client) = h.take();
+    let kinds: Vec<u8> = to_server.iter().map(|(h, _)| h.kind).collect();
+    assert_eq!(
+        kinds,
+        [kind::HEADERS, kind::RST_STREAM],
+        "HEADERS for HPACK, then cancelled"
+    );
+    assert_eq!(frame::increment(&to_server[1].1), Some(error::CANCEL));
+    assert_eq!(window_updates(&to_client), [(0, body.len() as u32)]);
+    let (answer, block) = to_client
+        .iter()
+        .find(|(h, _)| h.kind == kind::HEADERS)
+        .unwrap();
+    assert!(answer.has(flag::END_STREAM));
+    let fields = loona_hpack::Decoder::new().decode(block).unwrap();
+    assert!(fields.contains(&(b"grpc-status".to_vec(), b"8".to_vec())));
+
+    // Anything the runtime still sends on it is not the client's; its
+    // connection credit goes back to the runtime.
+    h.server(&data(1, b"late", true));
+    let (to_server, to_client) = h.take();
+    assert!(to_client.is_empty());
+    assert_eq!(window_updates(&to_server), [(0, 4)]);
+}
+
+#[test]
+fn criguard_answers_wait_for_the_runtime_block_after_a_table_shrink() {
+    let status = NodeStatus {
+        conditions: [Condition::DiskPressure].into(),
+        ..Default::default()
+    };
+    let mut h = Harness::new(Some(status));
+    let mut shrink = Vec::new();
+    shrink.extend_from_slice(&setting::HEADER_TABLE_SIZE.to_be_bytes());
+    shrink.extend_from_slice(&0u32.to_be_bytes());
+    h.client(&frame::build(kind::SETTINGS, 0, 0, &shrink));
+    let req = h.request(1, "/runtime.v1.RuntimeService/Version");
+    h.client(&req);
+    let req = h.request(3, RUN);
+    h.client(&req);
+    h.client(&data(3, &run_body(), true));
+    let (_, to_client) = h.take();
+    assert!(to_client.iter().all(|(h, _)| h.kind != kind::HEADERS));
+    assert!(h.conn.deadline().is_some(), "and not forever");
+
+    let resp = h.response_headers(1);
+    h.server(&resp);
+    let (_, to_client) = h.take();
+    let streams: Vec<u32> = to_client
+        .iter()
+        .filter(|(h, _)| h.kind == kind::HEADERS)
+        .map(|(h, _)| h.stream)
+        .collect();
+    assert_eq!(
+        streams,
+        [1, 3],
+        "the runtime's block first, then criguard's"
+    );
+    assert!(h.conn.deadline().is_none());
+}
+
+#[test]
+fn a_drain_refuses_only_streams_opened_after_goaway() {
+    let mut h = Harness::new(None);
+    let req = h.request(1, "/runtime.v1.RuntimeService/Version");
+    h.client(&req);
+    h.client(&data(1, b"\0\0\0\0\0", true));
+    h.take();
+    h.conn.drain(&mut h.io);
+    let (_, to_client) = h.take();
+    assert_eq!(to_client[0].0.kind, kind::GOAWAY);
+    assert_eq!(&to_client[0].1[..4], &1u32.to_be_bytes());
+    assert!(!h.conn.done(), "stream 1 is still in flight");
+
+    let req = h.request(3, "/runtime.v1.RuntimeService/Version");
+    h.client(&req);
+    let (to_server, _) = h.take();
+    let kinds: Vec<u8> = to_server.iter().map(|(h, _)| h.kind).collect();
+    assert_eq!(kinds, [kind::HEADERS, kind::RST_STREAM]);
+    assert_eq!(
+        frame::increment(&to_server[1].1),
+        Some(error::REFUSED_STREAM)
+    );
+
+    let resp = h.response_headers(1);
+    h.server(&resp);
+    let block = h.server_enc.encode([(&b"grpc-status"[..], &b"0"[..])]);
+    h.server(&frame::build(
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        1,
+        &block,
+    ));
+    assert!(h.conn.done(), "nothing left in flight");
+}
+
+#[test]
+fn bytes_split_anywhere_relay_the_same() {
+    let mut whole = Harness::new(None);
+    let mut split = Harness::new(None);
+    let body = create_body(3_000);
+    let mut input = whole.request(1, CREATE).to_vec();
+    split.request(1, CREATE);
+    input.extend_from_slice(&data(1, &body[..2_000], false));
+    input.extend_from_slice(&data(1, &body[2_000..], true));
+    whole.client(&input);
+    let mut pending = BytesMut::new();
+    for b in &input {
+        pending.extend_from_slice(&[*b]);
+        split.conn.on_client(&mut pending, &mut split.io);
+    }
+    assert!(pending.is_empty());
+    assert_eq!(whole.io.to_server.take_all(), split.io.to_server.take_all());
+    assert_eq!(whole.io.to_client.take_all(), split.io.to_client.take_all());
+}
