@@ -58,7 +58,10 @@ fn run_body() -> Bytes {
     observe::frame(&msg, None)
 }
 
-fn frames(mut b: &[u8]) -> Vec<(Head, Vec<u8>)> {
+/// Frames and their payloads.
+type Frames = Vec<(Head, Vec<u8>)>;
+
+fn frames(mut b: &[u8]) -> Frames {
     if b.starts_with(frame::PREFACE) {
         b = &b[frame::PREFACE.len()..];
     }
@@ -121,7 +124,7 @@ impl Harness {
     }
 
     /// What the conn sent (to the server, to the client) since the last take.
-    fn take(&mut self) -> (Vec<(Head, Vec<u8>)>, Vec<(Head, Vec<u8>)>) {
+    fn take(&mut self) -> (Frames, Frames) {
         (
             frames(&self.io.to_server.take_all()),
             frames(&self.io.to_client.take_all()),
