@@ -11,6 +11,8 @@
 pub mod conn;
 mod flow;
 pub mod frame;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod headers;
 mod held;
 pub mod methods;
