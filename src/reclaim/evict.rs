@@ -26,7 +26,7 @@
 //! between ticks, as soon as a memory event says to look
 //! ([`crate::signals::events`]).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -34,14 +34,17 @@ use k8s_cri::v1 as cri;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{EvictionConfig, Signal, Threshold};
+use crate::kube::{KubeReport, PodEviction};
 use crate::metrics::{
     ConditionLabels, EvictionLabels, EvictionMetrics, Metrics, SignalLabels, TriggerLabels,
 };
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
+use crate::policy::evicted::EvictedPods;
 use crate::policy::reclaim::{InFlight, NodeAction, PodUse, node_actions, pending, plan_victims};
-use crate::policy::thresholds::{Condition, EvictionState, Observations, condition_of, deficit};
+use crate::policy::thresholds::{Condition, EvictionState, Observations, deficit};
 use crate::quantity::format_bytes;
 use crate::reclaim::container_gc::{ContainerGc, remove_container};
+use crate::reclaim::evicted::EvictedStore;
 use crate::reclaim::image_gc::ImageGc;
 use crate::reclaim::rank::{Ranker, Victim};
 use crate::runtime::Upstream;
@@ -84,8 +87,8 @@ pub struct Eviction {
 pub struct NodeStatus {
     /// Node conditions now.
     pub conditions: BTreeSet<Condition>,
-    /// Pod UID → the condition it was evicted for (while it holds).
-    pub evicted: HashMap<String, Condition>,
+    /// The pods criguard evicted: never admitted again (kept across restarts).
+    pub evicted: EvictedPods,
     /// Every eviction since start.
     pub evictions: Vec<Eviction>,
     /// The last observations (none before the first round).
@@ -105,6 +108,8 @@ pub struct EvictionManager {
     node_reclaim: Option<(ContainerGc, ImageGc)>,
     ranker: Ranker,
     in_flight: Vec<InFlight>,
+    store: Option<EvictedStore>,
+    report: Option<KubeReport>,
 }
 
 /// How long a disk eviction's reclaim counts as on its way: containerd
@@ -159,6 +164,44 @@ impl EvictionManager {
             metrics: Metrics::new().eviction,
             node_reclaim: None,
             in_flight: Vec::new(),
+            store: None,
+            report: None,
+        }
+    }
+
+    /// The same manager, saving the evicted pods in `store` whenever they
+    /// change (each eviction before the pod is stopped; refusals and
+    /// forgotten records after each round).
+    pub fn with_evicted_store(mut self, store: EvictedStore) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The same manager, reporting evictions and pressure to the Kubernetes
+    /// API: the pod's status before it is stopped (waiting at most the
+    /// report's bound), then an event; criguard's node conditions and taints.
+    pub fn with_report(mut self, report: KubeReport) -> Self {
+        self.report = Some(report);
+        self
+    }
+
+    /// Forgets evicted pods nobody asked for in a long while and saves the
+    /// set if it changed.
+    fn persist_evicted(&self) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let snapshot = {
+            let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
+            for uid in st.evicted.prune(now) {
+                tracing::info!(%uid, "evicted pod forgotten: its sandbox was not asked for in a long while");
+            }
+            st.evicted.take_dirty().then(|| st.evicted.clone())
+        };
+        if let (Some(store), Some(pods)) = (&self.store, snapshot)
+            && let Err(err) = store.save(&pods)
+        {
+            tracing::error!(%err, "cannot save the evicted pods");
         }
     }
 
@@ -218,8 +261,10 @@ impl EvictionManager {
         let obs = self.sources.observe();
         let d = self.state.step(&self.config, &obs, obs.at);
         self.publish(&obs, &d.conditions);
+        if let Some(r) = &self.report {
+            r.node_conditions(&d.conditions);
+        }
         let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
-        st.evicted.retain(|_, c| d.conditions.contains(c));
         st.conditions = d.conditions;
         st.observations = Some(obs.clone());
         (obs, d.act_on)
@@ -258,6 +303,7 @@ impl EvictionManager {
             };
             self.metrics.rounds.get_or_create(&labels).inc();
             self.round().await;
+            self.persist_evicted();
             let Some(obs) = self.last_observations() else {
                 continue;
             };
@@ -418,6 +464,24 @@ impl EvictionManager {
             "evicting pod: {}", e.message
         );
         if !self.dry_run {
+            self.remember(&e);
+            if let Some(r) = &self.report {
+                let offending = v.heaviest.as_ref().map(|(name, used, _)| {
+                    (
+                        name.clone(),
+                        crate::quantity::format_bytes((*used).max(0) as u64),
+                    )
+                });
+                r.pod_evicted(PodEviction {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                    message: e.message.clone(),
+                    resource: resource(t.signal).to_owned(),
+                    offending: offending.filter(|_| t.signal.is_bytes()),
+                })
+                .await;
+            }
             self.stop(pod, grace_s).await;
             if class(t.signal) == Class::Disk {
                 self.in_flight.push(InFlight {
@@ -448,11 +512,24 @@ impl EvictionManager {
             m.set_sandbox_state(&pod.sandbox_id, SandboxState::NotReady);
         }
         let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
-        if !self.dry_run {
-            st.evicted.insert(pod.uid.clone(), condition_of(t.signal));
-        }
         st.evictions.push(e.clone());
         e
+    }
+
+    /// Records the eviction for admission and saves it before the pod is
+    /// stopped, so a restart in between cannot let the pod back in.
+    fn remember(&self, e: &Eviction) {
+        let snapshot = {
+            let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
+            st.evicted.insert(&e.uid, &e.pod, &e.message, e.at_unix_ms);
+            st.evicted.take_dirty();
+            st.evicted.clone()
+        };
+        if let Some(store) = &self.store
+            && let Err(err) = store.save(&snapshot)
+        {
+            tracing::error!(%err, pod = %e.pod, "cannot save the evicted pods; the pod stays refused until criguard restarts");
+        }
     }
 
     async fn stop(&self, pod: &Pod, grace_s: i64) {
