@@ -2,10 +2,12 @@
 //! containerd, and criguard itself.
 #![allow(dead_code)]
 
+pub mod apiserver;
 pub mod containerd;
 pub mod memcg;
 pub mod metrics;
 pub mod pods;
+pub mod pressure;
 pub mod rawgrpc;
 
 use std::path::{Path, PathBuf};
