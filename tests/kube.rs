@@ -286,7 +286,7 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
     assert_eq!(delete.body["preconditions"]["uid"], hog.uid.as_str());
 
     // Pressure over: the condition and the taint go, everything else stays.
-    let node = common::poll_until(
+    common::poll_until(
         Duration::from_secs(30),
         "criguard's taint removed",
         || async {
@@ -356,9 +356,10 @@ async fn a_slow_refusing_or_unreachable_api_delays_no_eviction_past_the_bound() 
     let sc = Pressure::new(320);
     let state = tempfile::tempdir().unwrap();
     let kubeconfig = api.kubeconfig(state.path());
-    let hogs: Vec<PodSpec> = ["slow", "refusing", "unreachable"]
+    // Each grows into pressure in turn; the last grows alone, so more.
+    let hogs: Vec<PodSpec> = [("slow", 200), ("refusing", 200), ("unreachable", 250)]
         .iter()
-        .map(|n| sc.hog(n, 30, 200))
+        .map(|(n, grow)| sc.hog(n, 30, *grow))
         .collect();
     for h in &hogs {
         api.put("pods", "default", api_pod(h));
