@@ -154,6 +154,10 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
         .remove(0);
     assert_eq!(e.uid, hog.uid);
     let exited = sc.exited_at_ms(&container).await;
+    eprintln!(
+        "eviction decided -> container exited, API answering: {} ms",
+        exited.saturating_sub(e.at_unix_ms)
+    );
 
     // 1. The status, before the stop, exactly the kubelet's.
     let pod = common::poll_until(Duration::from_secs(10), "the Failed phase", || async {

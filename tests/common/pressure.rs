@@ -9,8 +9,10 @@ use std::time::Duration;
 use k8s_cri::v1 as cri;
 
 use super::containerd::{CriguardProcess, PrivateContainerd, unique};
-use super::pods::{CgroupRoot, hog, mem_total, run_pod, sleeper};
+use super::pods::{CgroupRoot, hog, mem_total, run_pod, sleeper, wait_exited};
 use criguard::kubelet::{ContainerSpec, PodSpec};
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::Channel;
 
 /// A private containerd with a kubepods memcg of a given size.
 pub struct Pressure {
@@ -90,29 +92,8 @@ impl Pressure {
     /// returns (sandbox, container).
     pub async fn run(&self, guard: &CriguardProcess, pod: &PodSpec) -> (String, String) {
         let (sandbox, c) = run_pod(&mut guard.clients().rt, pod, None).await;
-        let direct = self.ctrd.direct();
-        let id = c[0].clone();
-        super::poll_until(
-            Duration::from_secs(60),
-            "the pod to hold its memory",
-            || {
-                let (mut rt, id) = (direct.rt.clone(), id.clone());
-                async move {
-                    let cmd = vec!["test".into(), "-e".into(), "/tmp/ready".into()];
-                    let r = rt
-                        .exec_sync(cri::ExecSyncRequest {
-                            container_id: id,
-                            cmd,
-                            timeout: 5,
-                        })
-                        .await
-                        .ok()?;
-                    (r.into_inner().exit_code == 0).then_some(())
-                }
-            },
-        )
-        .await;
-        (sandbox, id)
+        wait_holding(&self.ctrd.direct().rt, &c[0]).await;
+        (sandbox, c[0].clone())
     }
 
     /// Tells a hog container to grow.
@@ -127,23 +108,20 @@ impl Pressure {
 
     /// When the container exited (Unix ms), once it has.
     pub async fn exited_at_ms(&self, container: &str) -> u64 {
-        let rt = self.ctrd.direct().rt;
-        super::poll_until(Duration::from_secs(30), "the container to exit", || {
-            let (mut rt, id) = (rt.clone(), container.to_owned());
-            async move {
-                let s = rt
-                    .container_status(cri::ContainerStatusRequest {
-                        container_id: id,
-                        verbose: false,
-                    })
-                    .await
-                    .ok()?
-                    .into_inner()
-                    .status?;
-                (s.finished_at > 0).then_some((s.finished_at / 1_000_000) as u64)
-            }
-        })
-        .await
+        let mut rt = self.ctrd.direct().rt;
+        wait_exited(&rt, container, Duration::from_secs(30)).await;
+        let req = cri::ContainerStatusRequest {
+            container_id: container.to_owned(),
+            verbose: false,
+        };
+        let s = rt
+            .container_status(req)
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap();
+        (s.finished_at / 1_000_000) as u64
     }
 
     /// The RunPodSandbox request the kubelet sends again for `pod`.
@@ -156,4 +134,26 @@ impl Pressure {
             runtime_handler: String::new(),
         }
     }
+}
+
+/// Waits until a [`hog`] container holds its first memory (`/tmp/ready`).
+pub async fn wait_holding(rt: &RuntimeServiceClient<Channel>, container: &str) {
+    super::poll_until(
+        Duration::from_secs(60),
+        "the pod to hold its memory",
+        || {
+            let (mut rt, id) = (rt.clone(), container.to_owned());
+            async move {
+                let cmd = vec!["test".into(), "-e".into(), "/tmp/ready".into()];
+                let req = cri::ExecSyncRequest {
+                    container_id: id,
+                    cmd,
+                    timeout: 5,
+                };
+                let r = rt.exec_sync(req).await.ok()?;
+                (r.into_inner().exit_code == 0).then_some(())
+            }
+        },
+    )
+    .await;
 }
