@@ -19,7 +19,6 @@
 //! the RBAC message). Faults for tests: a delay before every answer, denied
 //! verbs, and a hook run when a pod status patch arrives.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -32,6 +31,13 @@ use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
+
+mod merge;
+mod store;
+
+#[allow(unused_imports)] // used by some test binaries only
+pub use merge::{merge_patch, strategic_merge};
+use store::{State, failure};
 
 /// The token criguard's kubeconfig carries.
 pub const TOKEN: &str = "criguard-test-token";
@@ -58,20 +64,6 @@ pub struct Request {
 /// Runs when a pod status patch arrives, before it is applied.
 pub type Hook = Arc<dyn Fn(Request) -> BoxFuture<'static, ()> + Send + Sync>;
 
-#[derive(Default)]
-struct State {
-    rv: u64,
-    objects: BTreeMap<(String, String, String), Value>,
-    /// (resourceVersion, resource, namespace, name, type, object).
-    history: Vec<(u64, String, String, String, &'static str, Value)>,
-    requests: Vec<Request>,
-    denied: BTreeSet<(String, String)>,
-    delay: Duration,
-    uids: u64,
-    /// Another writer changes the node just before the next node patch.
-    interfere: bool,
-}
-
 /// The stand-in server; stops serving when dropped.
 pub struct ApiServer {
     /// Where it listens.
@@ -90,258 +82,6 @@ fn full(status: u16, v: &Value) -> Answer {
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(v.to_string())).boxed())
         .unwrap()
-}
-
-/// A `Status` failure, as the API answers errors.
-fn failure(code: u16, reason: &str, message: String) -> (u16, Value) {
-    let v = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": message, "reason": reason, "code": code});
-    (code, v)
-}
-
-fn kind_of(resource: &str) -> &'static str {
-    match resource {
-        "pods" => "Pod",
-        "nodes" => "Node",
-        "events" => "Event",
-        _ => "Unknown",
-    }
-}
-
-/// The merge key of a list at `path` in a strategic merge patch (`None`:
-/// the list is replaced whole).
-fn merge_key(path: &str) -> Option<&'static str> {
-    match path {
-        ".status.conditions" => Some("type"),
-        ".spec.containers" | ".status.containerStatuses" | ".spec.volumes" => Some("name"),
-        _ => None,
-    }
-}
-
-fn strip(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => Value::Object(
-            m.iter()
-                .filter(|(k, _)| !k.starts_with('$'))
-                .map(|(k, v)| (k.clone(), strip(v)))
-                .collect(),
-        ),
-        Value::Array(a) => Value::Array(a.iter().map(strip).collect()),
-        other => other.clone(),
-    }
-}
-
-/// A strategic merge patch of `target` at `path`.
-pub fn strategic_merge(target: &mut Value, patch: &Value, path: &str) {
-    let (Some(t), Some(p)) = (target.as_object_mut(), patch.as_object()) else {
-        *target = strip(patch);
-        return;
-    };
-    if p.get("$patch").and_then(Value::as_str) == Some("replace") {
-        *target = strip(patch);
-        return;
-    }
-    for (k, v) in p {
-        if k.starts_with('$') {
-            continue; // $setElementOrder/…, $retainKeys: ordering hints only
-        }
-        let child = format!("{path}.{k}");
-        if v.is_null() {
-            t.remove(k);
-            continue;
-        }
-        match (t.get_mut(k), v, merge_key(&child)) {
-            (Some(Value::Array(items)), Value::Array(patches), Some(key)) => {
-                for item in patches {
-                    let id = item.get(key).cloned();
-                    let pos = items.iter().position(|i| i.get(key) == id.as_ref());
-                    match (item.get("$patch").and_then(Value::as_str), pos) {
-                        (Some("delete"), _) => items.retain(|i| i.get(key) != id.as_ref()),
-                        (_, Some(i)) => strategic_merge(&mut items[i], item, &child),
-                        (_, None) => items.push(strip(item)),
-                    }
-                }
-            }
-            (Some(existing @ Value::Object(_)), Value::Object(_), _) => {
-                strategic_merge(existing, v, &child)
-            }
-            _ => {
-                t.insert(k.clone(), strip(v));
-            }
-        }
-    }
-}
-
-/// A JSON merge patch (RFC 7386).
-pub fn merge_patch(target: &mut Value, patch: &Value) {
-    let Some(p) = patch.as_object() else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = json!({});
-    }
-    let t = target.as_object_mut().unwrap();
-    for (k, v) in p {
-        if v.is_null() {
-            t.remove(k);
-        } else {
-            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
-        }
-    }
-}
-
-impl State {
-    fn bump(&mut self, resource: &str, ns: &str, name: &str, kind: &'static str, obj: &mut Value) {
-        self.rv += 1;
-        obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        self.history.push((
-            self.rv,
-            resource.into(),
-            ns.into(),
-            name.into(),
-            kind,
-            obj.clone(),
-        ));
-    }
-
-    fn not_found(resource: &str, name: &str) -> (u16, Value) {
-        failure(404, "NotFound", format!("{resource} \"{name}\" not found"))
-    }
-
-    /// UID and resourceVersion preconditions against `stored`.
-    fn preconditions(
-        stored: &Value,
-        uid: Option<&Value>,
-        rv: Option<&Value>,
-    ) -> Result<(), (u16, Value)> {
-        if let Some(uid) = uid.filter(|u| !u.is_null())
-            && Some(uid) != stored["metadata"].get("uid")
-        {
-            return Err(failure(
-                409,
-                "Conflict",
-                format!(
-                    "Operation cannot be fulfilled: Precondition failed: UID in precondition: {}, UID in object meta: {}",
-                    uid.as_str().unwrap_or_default(),
-                    stored["metadata"]["uid"].as_str().unwrap_or_default()
-                ),
-            ));
-        }
-        if let Some(rv) = rv.filter(|r| !r.is_null())
-            && Some(rv) != stored["metadata"].get("resourceVersion")
-        {
-            return Err(failure(409, "Conflict", "Operation cannot be fulfilled: the object has been modified; please apply your changes to the latest version and try again".into()));
-        }
-        Ok(())
-    }
-
-    fn patch(
-        &mut self,
-        key: (String, String, String),
-        sub: Option<&str>,
-        ctype: &str,
-        body: &Value,
-    ) -> (u16, Value) {
-        let (resource, ns, name) = key.clone();
-        let Some(stored) = self.objects.get(&key).cloned() else {
-            return Self::not_found(&resource, &name);
-        };
-        if let Err(e) = Self::preconditions(
-            &stored,
-            body["metadata"].get("uid"),
-            body["metadata"].get("resourceVersion"),
-        ) {
-            return e;
-        }
-        let mut patched = stored.clone();
-        match ctype.split(';').next().unwrap_or("").trim() {
-            "application/strategic-merge-patch+json" => strategic_merge(&mut patched, body, ""),
-            "application/merge-patch+json" => merge_patch(&mut patched, body),
-            other => {
-                return failure(
-                    415,
-                    "UnsupportedMediaType",
-                    format!(
-                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (this stand-in: not {other})"
-                    ),
-                );
-            }
-        }
-        // The subresource decides what may change; server fields never do.
-        let mut out = stored.clone();
-        if sub == Some("status") {
-            out["status"] = patched["status"].take();
-        } else {
-            let meta = stored["metadata"].clone();
-            out = patched;
-            out["status"] = stored["status"].clone();
-            for f in ["uid", "name", "namespace", "creationTimestamp"] {
-                out["metadata"][f] = meta[f].clone();
-            }
-        }
-        self.bump(&resource, &ns, &name, "MODIFIED", &mut out);
-        self.objects.insert(key, out.clone());
-        (200, out)
-    }
-
-    fn create(&mut self, resource: &str, ns: &str, mut obj: Value) -> (u16, Value) {
-        let name = obj["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        if name.is_empty() {
-            return failure(
-                422,
-                "Invalid",
-                format!(
-                    "{} \"\" is invalid: metadata.name: Required value",
-                    kind_of(resource)
-                ),
-            );
-        }
-        if obj["metadata"]["namespace"]
-            .as_str()
-            .is_some_and(|n| n != ns)
-        {
-            return failure(400, "BadRequest", "the namespace of the provided object does not match the namespace sent on the request".into());
-        }
-        let key = (resource.to_owned(), ns.to_owned(), name.clone());
-        if self.objects.contains_key(&key) {
-            return failure(
-                409,
-                "AlreadyExists",
-                format!("{resource} \"{name}\" already exists"),
-            );
-        }
-        self.uids += 1;
-        obj["metadata"]["namespace"] = json!(ns);
-        obj["metadata"]["uid"] = json!(format!("standin-{:08}", self.uids));
-        self.bump(resource, ns, &name, "ADDED", &mut obj);
-        self.objects.insert(key, obj.clone());
-        (201, obj)
-    }
-
-    fn delete(&mut self, key: (String, String, String), opts: &Value) -> (u16, Value) {
-        let (resource, ns, name) = key.clone();
-        let Some(mut stored) = self.objects.get(&key).cloned() else {
-            return Self::not_found(&resource, &name);
-        };
-        let pre = &opts["preconditions"];
-        if let Err(e) = Self::preconditions(&stored, pre.get("uid"), pre.get("resourceVersion")) {
-            return e;
-        }
-        if opts["gracePeriodSeconds"].as_i64().unwrap_or(30) == 0 {
-            self.objects.remove(&key);
-            self.bump(&resource, &ns, &name, "DELETED", &mut stored);
-        } else {
-            stored["metadata"]["deletionTimestamp"] = json!("1970-01-01T00:00:00Z");
-            stored["metadata"]["deletionGracePeriodSeconds"] = opts["gracePeriodSeconds"].clone();
-            self.bump(&resource, &ns, &name, "MODIFIED", &mut stored);
-            self.objects.insert(key, stored.clone());
-        }
-        (200, stored)
-    }
 }
 
 /// `/api/v1/[namespaces/NS/]RESOURCE[/NAME[/SUB]]` → (ns, resource, name, sub).
