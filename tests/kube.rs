@@ -14,7 +14,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::apiserver::{ApiServer, strategic_merge, write_kubeconfig};
+use common::apiserver::{ApiServer, json_patch, strategic_merge, write_kubeconfig};
 use common::metrics::{free_port, parse, scrape, value};
 use common::pressure::Pressure;
 use criguard::kubelet::PodSpec;
@@ -88,6 +88,14 @@ fn the_stand_in_merges_conditions_by_type_and_replaces_taints() {
     let delete = json!({"status": {"conditions": [{"type": "Ready", "$patch": "delete"}]}});
     strategic_merge(&mut pod, &delete, "");
     assert_eq!(condition_types(&pod), ["PodScheduled", "DisruptionTarget"]);
+    let ops = json!([{"op": "test", "path": "/status/phase", "value": "Failed"},
+        {"op": "replace", "path": "/status/phase", "value": "Running"},
+        {"op": "remove", "path": "/status/conditions/0"}]);
+    json_patch(&mut pod, &ops).unwrap();
+    assert_eq!(pod["status"]["phase"], "Running");
+    assert_eq!(condition_types(&pod), ["DisruptionTarget"]);
+    let stale = json!([{"op": "test", "path": "/status/phase", "value": "Failed"}]);
+    assert!(json_patch(&mut pod, &stale).is_err());
     let mut node = json!({"spec": {"taints": [{"key": "a"}, {"key": "b"}]}});
     strategic_merge(&mut node, &json!({"spec": {"taints": [{"key": "c"}]}}), "");
     assert_eq!(node["spec"]["taints"], json!([{"key": "c"}]));

@@ -85,3 +85,56 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
         }
     }
 }
+
+/// A JSON patch (RFC 6902): `add`, `remove`, `replace` and `test`, with
+/// JSON pointers; `Err` names the operation that failed (the API answers 422).
+pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), String> {
+    let Some(ops) = ops.as_array() else {
+        return Err("a JSON patch is a list of operations".into());
+    };
+    for op in ops {
+        let (kind, path) = (
+            op["op"].as_str().unwrap_or(""),
+            op["path"].as_str().unwrap_or(""),
+        );
+        let (parent, last) = path.rsplit_once('/').ok_or(format!("bad path {path:?}"))?;
+        let last = last.replace("~1", "/").replace("~0", "~");
+        let fail = || format!("{kind} {path}: no such location");
+        if kind == "test" {
+            if target.pointer(path) != Some(&op["value"]) {
+                return Err(format!("test {path}: value differs"));
+            }
+            continue;
+        }
+        let holder = target.pointer_mut(parent).ok_or_else(fail)?;
+        match (kind, holder) {
+            ("add" | "replace", Value::Object(m)) => {
+                if kind == "replace" && !m.contains_key(&last) {
+                    return Err(fail());
+                }
+                m.insert(last, op["value"].clone());
+            }
+            ("add", Value::Array(a)) if last == "-" => a.push(op["value"].clone()),
+            ("add" | "replace", Value::Array(a)) => {
+                let i: usize = last.parse().map_err(|_| fail())?;
+                match kind {
+                    "add" if i <= a.len() => a.insert(i, op["value"].clone()),
+                    "replace" if i < a.len() => a[i] = op["value"].clone(),
+                    _ => return Err(fail()),
+                }
+            }
+            ("remove", Value::Object(m)) => {
+                m.remove(&last).ok_or_else(fail)?;
+            }
+            ("remove", Value::Array(a)) => {
+                let i: usize = last.parse().map_err(|_| fail())?;
+                if i >= a.len() {
+                    return Err(fail());
+                }
+                a.remove(i);
+            }
+            _ => return Err(format!("unsupported operation {kind:?} at {path}")),
+        }
+    }
+    Ok(())
+}

@@ -10,8 +10,9 @@
 //! to the object never does); strategic merge patches with the merge keys of
 //! the fields criguard touches (pod and node `status.conditions` by `type`,
 //! containers by `name`; `spec.taints` has none and is replaced whole),
-//! `$patch: delete` and `$setElementOrder`; JSON merge patches (RFC 7386);
-//! 415 for the patch types criguard never sends; DeleteOptions with UID and
+//! `$patch: delete` and `$setElementOrder`; JSON merge patches (RFC 7386)
+//! and JSON patches (RFC 6902); 415 for server-side apply, which criguard
+//! never sends; DeleteOptions with UID and
 //! resourceVersion preconditions and grace periods; event creation (409
 //! AlreadyExists on a taken name); watches by `metadata.name` field selector
 //! from a resourceVersion, replaying every change since; bearer-token
@@ -36,7 +37,7 @@ mod merge;
 mod store;
 
 #[allow(unused_imports)] // used by some test binaries only
-pub use merge::{merge_patch, strategic_merge};
+pub use merge::{json_patch, merge_patch, strategic_merge};
 use store::{State, failure};
 
 /// The token criguard's kubeconfig carries.

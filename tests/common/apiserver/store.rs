@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::Request;
-use super::merge::{merge_patch, strategic_merge};
+use super::merge::{json_patch, merge_patch, strategic_merge};
 
 #[derive(Default)]
 pub(super) struct State {
@@ -113,12 +113,17 @@ impl State {
         match ctype.split(';').next().unwrap_or("").trim() {
             "application/strategic-merge-patch+json" => strategic_merge(&mut patched, body, ""),
             "application/merge-patch+json" => merge_patch(&mut patched, body),
+            "application/json-patch+json" => {
+                if let Err(e) = json_patch(&mut patched, body) {
+                    return failure(422, "Invalid", e);
+                }
+            }
             other => {
                 return failure(
                     415,
                     "UnsupportedMediaType",
                     format!(
-                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (this stand-in: not {other})"
+                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (this stand-in serves all but apply-patch+yaml, which criguard never sends; got {other})"
                     ),
                 );
             }
