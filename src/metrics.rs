@@ -228,7 +228,7 @@ pub struct KubeWriteLabels {
 /// Labels of what became of an evicted pod's report.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KubeOutcomeLabels {
-    /// `written`, `reverted`, `deleted` or `failed`.
+    /// `written`, `settled`, `reverted`, `deleted` or `failed`.
     pub outcome: String,
 }
 
@@ -237,8 +237,8 @@ pub struct KubeOutcomeLabels {
 pub struct KubeMetrics {
     /// API writes, by kind and outcome (each attempt counts).
     pub writes: Family<KubeWriteLabels, Counter>,
-    /// Evicted pods: status written, reverted to Running by the kubelet,
-    /// deleted after a revert, or never written.
+    /// Evicted pods: status written, then either settled (stayed Failed) or
+    /// reverted to Running by the kubelet and deleted; or never written.
     pub pods: Family<KubeOutcomeLabels, Counter>,
 }
 
@@ -252,7 +252,7 @@ impl KubeMetrics {
         );
         registry.register(
             "criguard_kube_evicted_pods",
-            "Evicted pods reported to the API, by outcome: written (status Failed/Evicted), reverted (the kubelet wrote Running back), deleted (after a revert), failed (status never written)",
+            "Evicted pods reported to the API, by outcome: written (status Failed/Evicted), then settled (stayed Failed until deleted or for the 5 min watch) or reverted (the kubelet wrote Running back) and deleted; failed (status never written)",
             m.pods.clone(),
         );
         m

@@ -423,6 +423,22 @@ async fn a_slow_refusing_or_unreachable_api_delays_no_eviction_past_the_bound() 
     )
     .await;
     api.set_delay(Duration::ZERO);
+    // Its controller's garbage collection deletes it: it stayed Failed.
+    assert_eq!(api.delete_now("pods", "default", "slow"), 200);
+    common::poll_until(
+        Duration::from_secs(10),
+        "the slow pod counted settled",
+        || async {
+            let m = parse(&scrape(port));
+            (value(
+                &m,
+                "criguard_kube_evicted_pods_total",
+                &[("outcome", "settled")],
+            ) == Some(1.0))
+            .then_some(())
+        },
+    )
+    .await;
 
     // Refusing: the role lacks pods/status patch (403); retried in the background.
     api.deny("patch", "pods/status");

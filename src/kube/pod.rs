@@ -72,7 +72,12 @@ pub(super) async fn report(inner: Arc<Inner>, e: PodEviction, first: oneshot::Se
         }
     };
     event(&inner, &e, &rv).await;
-    watch_for_revert(&inner, &api, &e, rv).await;
+    if watch_for_revert(&api, &e, rv).await {
+        revert(&inner, &api, &e).await;
+    } else {
+        inner.metrics.pod("settled");
+        tracing::debug!(%pod, "evicted pod stayed Failed");
+    }
 }
 
 /// The Warning event, retried a few times.
@@ -125,8 +130,10 @@ fn judge(p: &Pod, uid: &str) -> Seen {
     }
 }
 
-/// Watches the pod for [`WATCH_FOR`] from `rv`; deletes it if it reverts.
-async fn watch_for_revert(inner: &Inner, api: &Api<Pod>, e: &PodEviction, mut rv: String) {
+/// Watches the pod for [`WATCH_FOR`] from `rv`; true if its phase went
+/// back to Running, false if it stayed Failed until deleted (or replaced)
+/// or the window ended.
+async fn watch_for_revert(api: &Api<Pod>, e: &PodEviction, mut rv: String) -> bool {
     let end = Instant::now() + WATCH_FOR;
     let mut backoff = Backoff::new();
     while Instant::now() < end {
@@ -144,11 +151,11 @@ async fn watch_for_revert(inner: &Inner, api: &Api<Pod>, e: &PodEviction, mut rv
                 tokio::time::sleep(backoff.next()).await;
                 match bounded(api.get_opt(&e.name)).await {
                     Ok(Some(p)) => match judge(&p, &e.uid) {
-                        Seen::Reverted => return revert(inner, api, e).await,
-                        Seen::Gone => return,
+                        Seen::Reverted => return true,
+                        Seen::Gone => return false,
                         Seen::Pending => rv = p.metadata.resource_version.unwrap_or_default(),
                     },
-                    Ok(None) => return,
+                    Ok(None) => return false,
                     Err(_) => {}
                 }
                 continue;
@@ -166,20 +173,20 @@ async fn watch_for_revert(inner: &Inner, api: &Api<Pod>, e: &PodEviction, mut rv
                         rv.clone_from(v);
                     }
                     match judge(&p, &e.uid) {
-                        Seen::Reverted => return revert(inner, api, e).await,
-                        Seen::Gone => return,
+                        Seen::Reverted => return true,
+                        Seen::Gone => return false,
                         Seen::Pending => {}
                     }
                 }
                 Ok(WatchEvent::Deleted(p)) if p.metadata.uid.as_deref() == Some(e.uid.as_str()) => {
-                    return;
+                    return false;
                 }
                 Ok(WatchEvent::Bookmark(b)) => rv = b.metadata.resource_version,
                 Ok(WatchEvent::Error(status)) => {
                     tracing::debug!(pod = %e.name, code = status.code, "watch error; reading the pod again");
                     match bounded(api.get_opt(&e.name)).await {
                         Ok(Some(p)) => rv = p.metadata.resource_version.unwrap_or_default(),
-                        Ok(None) => return,
+                        Ok(None) => return false,
                         Err(_) => {}
                     }
                     break;
@@ -192,6 +199,7 @@ async fn watch_for_revert(inner: &Inner, api: &Api<Pod>, e: &PodEviction, mut rv
             }
         }
     }
+    false
 }
 
 /// The kubelet wrote Running back: delete the pod (this UID only, at once).

@@ -44,7 +44,7 @@ use crate::policy::reclaim::{InFlight, NodeAction, PodUse, node_actions, pending
 use crate::policy::thresholds::{Condition, EvictionState, Observations, deficit};
 use crate::quantity::format_bytes;
 use crate::reclaim::container_gc::{ContainerGc, remove_container};
-use crate::reclaim::evicted::EvictedStore;
+use crate::reclaim::evicted::{self, EvictedStore};
 use crate::reclaim::image_gc::ImageGc;
 use crate::reclaim::rank::{Ranker, Victim};
 use crate::runtime::Upstream;
@@ -185,26 +185,6 @@ impl EvictionManager {
         self
     }
 
-    /// Forgets evicted pods nobody asked for in a long while and saves the
-    /// set if it changed.
-    fn persist_evicted(&self) {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let snapshot = {
-            let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
-            for uid in st.evicted.prune(now) {
-                tracing::info!(%uid, "evicted pod forgotten: its sandbox was not asked for in a long while");
-            }
-            st.evicted.take_dirty().then(|| st.evicted.clone())
-        };
-        if let (Some(store), Some(pods)) = (&self.store, snapshot)
-            && let Err(err) = store.save(&pods)
-        {
-            tracing::error!(%err, "cannot save the evicted pods");
-        }
-    }
-
     /// The same manager, reclaiming disk at node level (dead containers,
     /// unused images) before it evicts for a disk signal.
     pub fn with_node_reclaim(mut self, containers: ContainerGc, images: ImageGc) -> Self {
@@ -303,7 +283,7 @@ impl EvictionManager {
             };
             self.metrics.rounds.get_or_create(&labels).inc();
             self.round().await;
-            self.persist_evicted();
+            evicted::persist(&self.status, self.store.as_ref()).await;
             let Some(obs) = self.last_observations() else {
                 continue;
             };
@@ -464,7 +444,7 @@ impl EvictionManager {
             "evicting pod: {}", e.message
         );
         if !self.dry_run {
-            self.remember(&e);
+            let saving = evicted::remember(&self.status, self.store.as_ref(), &e);
             if let Some(r) = &self.report {
                 let offending = v.heaviest.as_ref().map(|(name, used, _)| {
                     (
@@ -483,6 +463,9 @@ impl EvictionManager {
                 .await;
             }
             self.stop(pod, grace_s).await;
+            if let Some(saving) = saving {
+                let _ = saving.await;
+            }
             if class(t.signal) == Class::Disk {
                 self.in_flight.push(InFlight {
                     signal: t.signal,
@@ -514,22 +497,6 @@ impl EvictionManager {
         let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
         st.evictions.push(e.clone());
         e
-    }
-
-    /// Records the eviction for admission and saves it before the pod is
-    /// stopped, so a restart in between cannot let the pod back in.
-    fn remember(&self, e: &Eviction) {
-        let snapshot = {
-            let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
-            st.evicted.insert(&e.uid, &e.pod, &e.message, e.at_unix_ms);
-            st.evicted.take_dirty();
-            st.evicted.clone()
-        };
-        if let Some(store) = &self.store
-            && let Err(err) = store.save(&snapshot)
-        {
-            tracing::error!(%err, pod = %e.pod, "cannot save the evicted pods; the pod stays refused until criguard restarts");
-        }
     }
 
     async fn stop(&self, pod: &Pod, grace_s: i64) {

@@ -12,7 +12,10 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use std::sync::RwLock;
+
 use crate::policy::evicted::EvictedPods;
+use crate::reclaim::evict::{Eviction, NodeStatus};
 
 /// The file's name in the state directory.
 pub const FILE_NAME: &str = "evicted-pods.json";
@@ -62,12 +65,9 @@ impl EvictedStore {
 
     /// The node status criguard starts with: no conditions yet, the evicted
     /// pods saved by the last run.
-    pub fn initial_status(&self) -> crate::reclaim::evict::NodeStatus {
-        let mut status = crate::reclaim::evict::NodeStatus::default();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        self.load_into(&mut status.evicted, now);
+    pub fn initial_status(&self) -> NodeStatus {
+        let mut status = NodeStatus::default();
+        self.load_into(&mut status.evicted, unix_ms_now());
         status
     }
 
@@ -99,6 +99,53 @@ impl EvictedStore {
             .and_then(|d| d.sync_all())
             .map_err(|e| wrap(dir, e))
     }
+}
+
+/// Records eviction `e` in `status` for admission at once and starts saving
+/// the set to `store` off the proxy's thread; the caller awaits the save
+/// once the pod is stopped, so a restart cannot let the pod back in.
+pub fn remember(
+    status: &RwLock<NodeStatus>,
+    store: Option<&EvictedStore>,
+    e: &Eviction,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let snapshot = {
+        let mut st = status.write().unwrap_or_else(|e| e.into_inner());
+        st.evicted.insert(&e.uid, &e.pod, &e.message, e.at_unix_ms);
+        st.evicted.take_dirty();
+        st.evicted.clone()
+    };
+    let store = store?.clone();
+    let pod = e.pod.clone();
+    Some(tokio::task::spawn_blocking(move || {
+        if let Err(err) = store.save(&snapshot) {
+            tracing::error!(%err, %pod, "cannot save the evicted pods; the pod stays refused until criguard restarts");
+        }
+    }))
+}
+
+/// Forgets evicted pods nobody asked for in a long while and saves the set
+/// to `store` if it changed (off the proxy's thread: the save fsyncs).
+pub async fn persist(status: &RwLock<NodeStatus>, store: Option<&EvictedStore>) {
+    let snapshot = {
+        let mut st = status.write().unwrap_or_else(|e| e.into_inner());
+        for uid in st.evicted.prune(unix_ms_now()) {
+            tracing::info!(%uid, "evicted pod forgotten: its sandbox was not asked for in a long while");
+        }
+        st.evicted.take_dirty().then(|| st.evicted.clone())
+    };
+    if let (Some(store), Some(pods)) = (store.cloned(), snapshot) {
+        let saved = tokio::task::spawn_blocking(move || store.save(&pods)).await;
+        if let Ok(Err(err)) = saved {
+            tracing::error!(%err, "cannot save the evicted pods");
+        }
+    }
+}
+
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

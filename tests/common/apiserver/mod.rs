@@ -186,6 +186,18 @@ impl ApiServer {
         code
     }
 
+    /// Deletes an object at once, as a controller or the pod GC would.
+    pub fn delete_now(&self, resource: &str, ns: &str, name: &str) -> u16 {
+        let key = (resource.to_owned(), ns.to_owned(), name.to_owned());
+        let (code, _) = self
+            .state
+            .lock()
+            .unwrap()
+            .delete(key, &json!({"gracePeriodSeconds": 0}));
+        let _ = self.changed.send(());
+        code
+    }
+
     /// The requests so far.
     pub fn requests(&self) -> Vec<Request> {
         self.state.lock().unwrap().requests.clone()
