@@ -48,7 +48,8 @@ pub fn admit(
             Refusal::Evicted,
             format!(
                 "criguard evicted pod {} from this node: {} An evicted pod does not run again; its controller creates a new one",
-                e.pod, e.message
+                e.pod,
+                e.message.trim_end()
             ),
         ));
     }
@@ -80,7 +81,7 @@ mod tests {
     fn admission_follows_the_kubelet_and_keeps_evicted_pods_down_for_good() {
         let evicted = EvictedPod {
             pod: "ns/hog".into(),
-            message: "The node was low on resource: memory.".into(),
+            message: "The node was low on resource: memory. ".into(),
             evicted_at_ms: 0,
             last_asked_ms: 0,
             refusals: 0,

@@ -539,8 +539,10 @@ async fn next_event(events: &mut Option<MemoryEvents>) -> MemoryEvent {
     }
 }
 
-/// The kubelet-style message: which resource, the threshold, what was
-/// available, and which container used how much against which request.
+/// The kubelet's message: which resource, the threshold, what was
+/// available, and which container used how much against which request;
+/// every sentence ends with ". ", trailing space included, as the kubelet's
+/// (`pkg/kubelet/eviction/helpers.go`), so the API report matches it.
 pub fn eviction_message(
     t: &Threshold,
     available: i64,
@@ -555,13 +557,13 @@ pub fn eviction_message(
         }
     };
     let mut m = format!(
-        "The node was low on resource: {res}. Threshold quantity: {}, available: {}.",
+        "The node was low on resource: {res}. Threshold quantity: {}, available: {}. ",
         t.amount_display(),
         show(available)
     );
     if let Some((name, used, request)) = heaviest {
         m.push_str(&format!(
-            " Container {name} was using {}, request is {}, has larger consumption of {res}.",
+            "Container {name} was using {}, request is {}, has larger consumption of {res}. ",
             show(*used),
             show(*request)
         ));
@@ -590,14 +592,14 @@ mod tests {
         assert_eq!(
             m,
             "The node was low on resource: ephemeral-storage. Threshold quantity: 64Mi, available: 10Mi. \
-             Container writer was using 80Mi, request is 0, has larger consumption of ephemeral-storage."
+             Container writer was using 80Mi, request is 0, has larger consumption of ephemeral-storage. "
         );
         let t = threshold(Signal::PidAvailable, Amount::Quantity(20));
         let m = eviction_message(&t, 12, Some(&("forker".into(), 40, 0)));
         assert_eq!(
             m,
             "The node was low on resource: pids. Threshold quantity: 20, available: 12. \
-             Container forker was using 40, request is 0, has larger consumption of pids."
+             Container forker was using 40, request is 0, has larger consumption of pids. "
         );
         let t = threshold(Signal::ImagefsInodesFree, Amount::Percentage(5.0));
         assert!(eviction_message(&t, 3, None).starts_with("The node was low on resource: inodes."));
