@@ -270,6 +270,7 @@ fn every_invalid_form_exits_2_naming_key_and_value() {
             &["kubeconfig", "/nonexistent/kubeconfig"],
         ),
         (&["--kube-status-timeout=0s"], &["kubeStatusTimeout", "0s"]),
+        (&["--kubeconfig=in-cluster"], &["kubeconfig", "in-cluster"]),
     ];
     for (args, needles) in cases {
         let (code, _, err) = check_config(args);

@@ -80,16 +80,24 @@ pub enum KubeError {
 }
 
 /// Checks before start what can be checked without the API: a kubeconfig
-/// file must be readable and parse; the error names the key and the path.
+/// file must be readable and parse, an in-cluster configuration must exist
+/// (the service host variables and token); the error names the key.
 pub fn check(settings: &KubeSettings) -> Result<(), crate::config::ConfigError> {
-    if let ApiSource::Kubeconfig(path) = &settings.source {
-        kube::config::Kubeconfig::read_from(path).map_err(|e| crate::config::ConfigError {
-            key: "kubeconfig".into(),
-            value: path.display().to_string(),
-            rule: e.to_string(),
-        })?;
-    }
-    Ok(())
+    let (value, rule) = match &settings.source {
+        ApiSource::Kubeconfig(path) => match kube::config::Kubeconfig::read_from(path) {
+            Ok(_) => return Ok(()),
+            Err(e) => (path.display().to_string(), e.to_string()),
+        },
+        ApiSource::InCluster => match kube::Config::incluster() {
+            Ok(_) => return Ok(()),
+            Err(e) => ("in-cluster".to_owned(), e.to_string()),
+        },
+    };
+    Err(crate::config::ConfigError {
+        key: "kubeconfig".into(),
+        value,
+        rule,
+    })
 }
 
 /// One API request never waits longer than this in the background.
