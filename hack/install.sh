@@ -24,7 +24,7 @@ if [[ "${1:-}" == "--uninstall" ]]; then
     if systemd_live; then
         systemctl disable --now criguard.service criguard.socket || true
     fi
-    rm -f "$bin" "$units/criguard.service" "$units/criguard.socket" "$doc/README.md"
+    rm -f "$bin" "$units/criguard.service" "$units/criguard.socket" "$doc/README.md" "$doc/rbac.yaml"
     rmdir "$doc" 2>/dev/null || true
     systemd_live && systemctl daemon-reload
     echo "criguard removed; $defaults and $config kept (remove them by hand)."
@@ -40,6 +40,7 @@ install -D -m 0755 "$CRIGUARD_BIN" "$bin"
 install -D -m 0644 systemd/criguard.service "$units/criguard.service"
 install -D -m 0644 systemd/criguard.socket "$units/criguard.socket"
 install -D -m 0644 README.md "$doc/README.md"
+install -D -m 0644 deploy/rbac.yaml "$doc/rbac.yaml"
 if [[ ! -e "$config" ]]; then
     install -D -m 0644 etc/config.toml "$config"
 fi

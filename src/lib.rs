@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod config;
 pub mod cri;
+pub mod kube;
 pub mod kubelet;
 pub mod listen;
 pub mod metrics;

@@ -160,6 +160,43 @@ struct CheckConfigCmd {
     eviction: EvictionArgs,
     #[command(flatten)]
     gc: GcArgs,
+    #[command(flatten)]
+    kube: KubeArgs,
+}
+
+/// The optional Kubernetes API report (file keys `kubeconfig`, `nodeName`,
+/// `kubeStatusTimeout`, `nodeTaints`; flags override them).
+#[derive(clap::Args, Debug, Clone)]
+struct KubeArgs {
+    /// Report evictions to the Kubernetes API with this kubeconfig
+    /// (`in-cluster`: the pod's service account) [default: no API report].
+    #[arg(long)]
+    kubeconfig: Option<String>,
+    /// This node's name in the API [default: the hostname].
+    #[arg(long)]
+    node_name: Option<String>,
+    /// How long an eviction waits for the pod status write [default: 250ms].
+    #[arg(long)]
+    kube_status_timeout: Option<String>,
+    /// Taint the node NoSchedule (criguard.io/*-pressure) under pressure [default: true].
+    #[arg(long, action = clap::ArgAction::Set)]
+    node_taints: Option<bool>,
+}
+
+impl KubeArgs {
+    fn raw(&self) -> config::kube::RawKube {
+        config::kube::RawKube {
+            kubeconfig: self.kubeconfig.clone(),
+            node_name: self.node_name.clone(),
+            status_timeout: self.kube_status_timeout.clone(),
+            taints: self.node_taints,
+        }
+    }
+}
+
+/// The hostname, the kubelet's default node name.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default()
 }
 
 /// `criguard serve`'s options.
@@ -209,6 +246,8 @@ struct ServeCmd {
     gc: GcArgs,
     #[command(flatten)]
     events: EventArgs,
+    #[command(flatten)]
+    kube: KubeArgs,
 }
 
 /// Memory events: eviction rounds between housekeeping ticks.
@@ -295,25 +334,49 @@ struct Settings {
     dry_run: bool,
     container_gc: (criguard::policy::gc::GcPolicy, Duration),
     image_gc: (criguard::policy::image_gc::ImageGcPolicy, Duration),
+    /// The Kubernetes API report, when one is configured.
+    kube: Option<criguard::kube::KubeSettings>,
 }
 
 impl Settings {
     /// File and flags, validated; the first error names its key and value.
-    fn load(eviction: &EvictionArgs, gc: &GcArgs) -> Result<Self, config::ConfigError> {
+    fn load(
+        eviction: &EvictionArgs,
+        gc: &GcArgs,
+        kube: &KubeArgs,
+    ) -> Result<Self, config::ConfigError> {
         let file = eviction.file()?;
+        let kube = file.kube.clone().merge(kube.raw()).validate(&hostname())?;
+        if let Some(k) = &kube {
+            criguard::kube::check(k)?;
+        }
         Ok(Self {
             dry_run: file.dry_run.unwrap_or(false),
             eviction: eviction.load(file.eviction)?,
             container_gc: gc.load()?,
             image_gc: gc.load_images(file.image_gc)?,
+            kube,
         })
     }
 
     /// The effective settings, one per line, in the kubelet's names.
     fn describe(&self) -> String {
         let (c, period) = &self.container_gc;
+        let kube = match &self.kube {
+            None => "kubeconfig: none (no API report)\n".to_owned(),
+            Some(k) => format!(
+                "kubeconfig: {}\nnodeName: {}\nkubeStatusTimeout: {}ms\nnodeTaints: {}\n",
+                match &k.source {
+                    criguard::kube::ApiSource::Kubeconfig(p) => p.display().to_string(),
+                    criguard::kube::ApiSource::InCluster => "in-cluster".into(),
+                },
+                k.node_name,
+                k.status_timeout.as_millis(),
+                k.taints
+            ),
+        };
         format!(
-            "dryRun: {}\n{}{}imageGCPeriod: {}\nminimumContainerTTLDuration: {}\nmaximumDeadContainersPerContainer: {}\nmaximumDeadContainers: {}\ncontainerGCPeriod: {}\n",
+            "dryRun: {}\n{}{}imageGCPeriod: {}\nminimumContainerTTLDuration: {}\nmaximumDeadContainersPerContainer: {}\nmaximumDeadContainers: {}\ncontainerGCPeriod: {}\n{kube}",
             self.dry_run,
             self.eviction.describe(),
             config::image_gc::describe(&self.image_gc.0),
@@ -476,6 +539,7 @@ async fn serve(
         container_gc: gc,
         image_gc,
         dry_run,
+        kube,
     } = settings;
     let ServeCmd {
         listen: listen_path,
@@ -549,7 +613,16 @@ async fn serve(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let status = Arc::new(RwLock::new(criguard::reclaim::evict::NodeStatus::default()));
+    let evicted_store = criguard::reclaim::evicted::EvictedStore::new(&state_dir);
+    let status = Arc::new(RwLock::new(evicted_store.initial_status()));
+    let report = match &kube {
+        Some(k) => Some(
+            criguard::kube::KubeReport::start(k, metrics.kube.clone())
+                .await
+                .context("Kubernetes API report")?,
+        ),
+        None => None,
+    };
     let usage = criguard::signals::usage::UsageReader::new(
         upstream.snapshots(&snapshotter),
         node_args.usage_sources(),
@@ -591,7 +664,12 @@ async fn serve(
     )
     .with_metrics(metrics.eviction.clone())
     .with_node_reclaim(collector.clone(), images.clone())
-    .with_usage(usage);
+    .with_usage(usage)
+    .with_evicted_store(evicted_store);
+    let manager = match report {
+        Some(r) => manager.with_report(r),
+        None => manager,
+    };
     let evict_task = tokio::spawn(manager.run(events, stopped()));
     let admin_task = tokio::spawn(admin::serve(admin_listener, admin_state, stopped()));
     let metrics_task = tokio::spawn({
@@ -772,7 +850,7 @@ fn main() -> ExitCode {
             println!("criguard {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
-        Command::CheckConfig(c) => match Settings::load(&c.eviction, &c.gc) {
+        Command::CheckConfig(c) => match Settings::load(&c.eviction, &c.gc, &c.kube) {
             Ok(c) => {
                 print!("{}", c.describe());
                 ExitCode::SUCCESS
@@ -817,8 +895,8 @@ fn main() -> ExitCode {
         Command::Serve(cmd) => {
             // Refused before anything starts, with the exit code systemd
             // does not restart on.
-            let loaded =
-                Settings::load(&cmd.eviction, &cmd.gc).and_then(|s| Ok((s, cmd.events.load()?)));
+            let loaded = Settings::load(&cmd.eviction, &cmd.gc, &cmd.kube)
+                .and_then(|s| Ok((s, cmd.events.load()?)));
             let (mut settings, psi) = match loaded {
                 Ok(c) => c,
                 Err(err) => {

@@ -215,6 +215,69 @@ impl ReclaimMetrics {
     }
 }
 
+/// Labels of one kind of Kubernetes API write and how it went.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KubeWriteLabels {
+    /// `pod_status`, `event`, `pod_delete`, `node_conditions` or `node_taints`.
+    pub write: String,
+    /// `ok` or `failed`.
+    pub outcome: String,
+}
+
+/// Labels of what became of an evicted pod's report.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KubeOutcomeLabels {
+    /// `written`, `settled`, `reverted`, `deleted` or `failed`.
+    pub outcome: String,
+}
+
+/// Metrics of the Kubernetes API report.
+#[derive(Clone, Debug, Default)]
+pub struct KubeMetrics {
+    /// API writes, by kind and outcome (each attempt counts).
+    pub writes: Family<KubeWriteLabels, Counter>,
+    /// Evicted pods: status written, then either settled (stayed Failed) or
+    /// reverted to Running by the kubelet and deleted; or never written.
+    pub pods: Family<KubeOutcomeLabels, Counter>,
+}
+
+impl KubeMetrics {
+    fn new(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "criguard_kube_writes",
+            "Kubernetes API writes by kind (pod_status, event, pod_delete, node_conditions, node_taints) and outcome (ok, failed); every attempt counts",
+            m.writes.clone(),
+        );
+        registry.register(
+            "criguard_kube_evicted_pods",
+            "Evicted pods reported to the API, by outcome: written (status Failed/Evicted), then settled (stayed Failed until deleted or for the 5 min watch) or reverted (the kubelet wrote Running back) and deleted; failed (status never written)",
+            m.pods.clone(),
+        );
+        m
+    }
+
+    /// Counts one write attempt.
+    pub fn write(&self, write: &str, ok: bool) {
+        let outcome = if ok { "ok" } else { "failed" };
+        self.writes
+            .get_or_create(&KubeWriteLabels {
+                write: write.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts one evicted pod's outcome.
+    pub fn pod(&self, outcome: &str) {
+        self.pods
+            .get_or_create(&KubeOutcomeLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+}
+
 /// All of criguard's metrics.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -227,6 +290,8 @@ pub struct Metrics {
     pub eviction: EvictionMetrics,
     /// Image and container GC's.
     pub reclaim: ReclaimMetrics,
+    /// The Kubernetes API report's.
+    pub kube: KubeMetrics,
 }
 
 impl Metrics {
@@ -242,7 +307,9 @@ impl Metrics {
         );
         let eviction = EvictionMetrics::new(&mut registry);
         let reclaim = ReclaimMetrics::new(&mut registry);
+        let kube = KubeMetrics::new(&mut registry);
         Self {
+            kube,
             registry: Arc::new(registry),
             cri,
             oom,

@@ -210,6 +210,7 @@ fn check_config_prints_the_kubelet_defaults() {
         out.contains("evictionPressureTransitionPeriod: 5m0s"),
         "{out}"
     );
+    assert!(out.contains("kubeconfig: none (no API report)"), "{out}");
 }
 
 #[test]
@@ -264,6 +265,12 @@ fn every_invalid_form_exits_2_naming_key_and_value() {
             &["given twice"],
         ),
         (&[file_arg.as_str()], &["config.toml", "evictionHardd"]),
+        (
+            &["--kubeconfig=/nonexistent/kubeconfig"],
+            &["kubeconfig", "/nonexistent/kubeconfig"],
+        ),
+        (&["--kube-status-timeout=0s"], &["kubeStatusTimeout", "0s"]),
+        (&["--kubeconfig=in-cluster"], &["kubeconfig", "in-cluster"]),
     ];
     for (args, needles) in cases {
         let (code, _, err) = check_config(args);
@@ -326,4 +333,42 @@ fn signals_says_when_it_read_them() {
         "read at {at}, started at {before}"
     );
     assert!(text.contains("memory.available"), "{text}");
+}
+
+#[test]
+fn check_config_reads_the_kubeconfig_setting_from_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n\
+         contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n    token: t\n",
+    )
+    .unwrap();
+    let file = dir.path().join("config.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "kubeconfig = \"{}\"\nnodeName = \"worker-1\"\nnodeTaints = false\n",
+            kubeconfig.display()
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = check_config(&[&format!("--config={}", file.display())]);
+    assert_eq!(code, 0, "{err}");
+    for line in [
+        format!("kubeconfig: {}", kubeconfig.display()),
+        "nodeName: worker-1".into(),
+        "kubeStatusTimeout: 250ms".into(),
+        "nodeTaints: false".into(),
+    ] {
+        assert!(out.contains(&line), "{out:?} lacks {line:?}");
+    }
+    // A flag overrides the file key by key.
+    let (code, out, _) = check_config(&[
+        &format!("--config={}", file.display()),
+        "--node-name=worker-2",
+    ]);
+    assert_eq!(code, 0);
+    assert!(out.contains("nodeName: worker-2"), "{out}");
 }

@@ -94,28 +94,7 @@ impl Scenario {
             me.containers.push(c[0].clone());
         }
         for c in &me.containers {
-            let direct = me.ctrd.direct();
-            common::poll_until(
-                Duration::from_secs(60),
-                "the pods to hold their memory",
-                || {
-                    let mut d = direct.rt.clone();
-                    let id = c.clone();
-                    async move {
-                        let cmd = vec!["test".into(), "-e".into(), "/tmp/ready".into()];
-                        let r = d
-                            .exec_sync(cri::ExecSyncRequest {
-                                container_id: id,
-                                cmd,
-                                timeout: 5,
-                            })
-                            .await
-                            .ok()?;
-                        (r.into_inner().exit_code == 0).then_some(())
-                    }
-                },
-            )
-            .await;
+            common::pressure::wait_holding(&me.ctrd.direct().rt, c).await;
         }
         assert!(
             me.guard.evictions().await.is_empty(),

@@ -13,6 +13,10 @@
 //! imageMinimumGCAge = "2m"
 //! imageMaximumGCAge = "0s"
 //! dryRun = false          # true: decide and log evictions, stop nothing
+//! kubeconfig = "/etc/criguard/kubeconfig"  # optional: report to the API
+//! nodeName = "worker-1"   # default: the hostname
+//! kubeStatusTimeout = "250ms"
+//! nodeTaints = true
 //! ```
 //!
 //! Unknown keys are refused, naming the key, so a typo never silently
@@ -24,6 +28,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::image_gc::RawImageGc;
+use super::kube::RawKube;
 use super::{ConfigError, RawEviction};
 
 #[derive(Debug, Default, Deserialize)]
@@ -49,6 +54,10 @@ struct FileConfig {
     image_maximum_gc_age: Option<String>,
     #[serde(alias = "dry_run")]
     dry_run: Option<bool>,
+    kubeconfig: Option<String>,
+    node_name: Option<String>,
+    kube_status_timeout: Option<String>,
+    node_taints: Option<bool>,
 }
 
 /// Everything a configuration file sets, before validation.
@@ -60,6 +69,8 @@ pub struct RawFile {
     pub image_gc: RawImageGc,
     /// `dryRun` (also `dry_run`): decide and log evictions, stop nothing.
     pub dry_run: Option<bool>,
+    /// The Kubernetes API report's keys.
+    pub kube: RawKube,
 }
 
 /// Parses the file's text; `origin` names it in errors.
@@ -94,10 +105,17 @@ pub fn parse(origin: &str, text: &str) -> Result<RawFile, ConfigError> {
         min_age: f.image_minimum_gc_age,
         max_age: f.image_maximum_gc_age,
     };
+    let kube = RawKube {
+        kubeconfig: f.kubeconfig,
+        node_name: f.node_name,
+        status_timeout: f.kube_status_timeout,
+        taints: f.node_taints,
+    };
     Ok(RawFile {
         eviction,
         image_gc,
         dry_run: f.dry_run,
+        kube,
     })
 }
 
@@ -131,9 +149,17 @@ mod tests {
             imageMinimumGCAge = "5m"
             imageMaximumGCAge = "168h"
             dry_run = true
+            kubeconfig = "/etc/criguard/kubeconfig"
+            nodeName = "worker-1"
+            kubeStatusTimeout = "300ms"
+            nodeTaints = false
         "#;
         let f = parse("config.toml", text).unwrap();
         assert_eq!(f.dry_run, Some(true));
+        let k = f.kube.clone().validate("host").unwrap().unwrap();
+        assert_eq!(k.node_name, "worker-1");
+        assert_eq!(k.status_timeout, std::time::Duration::from_millis(300));
+        assert!(!k.taints);
         let g = f.image_gc.validate().unwrap();
         assert_eq!((g.high_percent, g.low_percent), (90, 70));
         assert_eq!(g.max_age, Some(std::time::Duration::from_secs(7 * 86400)));

@@ -17,6 +17,7 @@
 pub mod file;
 pub mod flags;
 pub mod image_gc;
+pub mod kube;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -15,7 +15,6 @@ use prost::Message;
 use crate::metrics::ConditionLabels;
 use crate::model::{ContainerState, NodeModel, SandboxState, convert, derive};
 use crate::policy::admission;
-use crate::policy::thresholds::Condition;
 use crate::reclaim::evict::NodeStatus;
 use crate::reclaim::image_gc::ImageUses;
 use prometheus_client::metrics::counter::Counter;
@@ -158,30 +157,29 @@ impl Observer {
         let static_pod = derive::is_static(ann(derive::CONFIG_SOURCE_ANNOTATION));
         let priority = derive::priority(ann(derive::PRIORITY_ANNOTATION)).unwrap_or(0);
         let critical = derive::is_critical(static_pod, priority, qos, &[]);
-        let st = status.read().unwrap_or_else(|e| e.into_inner());
-        let evicted_for = st.evicted.get(&uid).copied();
-        match admission::admit(&st.conditions, evicted_for, qos, critical) {
-            Ok(()) => None,
-            Err(why) => {
-                let reason = if evicted_for.is_some_and(|c| st.conditions.contains(&c)) {
-                    "Evicted".to_owned()
-                } else if st.conditions.contains(&Condition::DiskPressure) {
-                    "DiskPressure".to_owned()
-                } else {
-                    "MemoryPressure".to_owned()
-                };
-                if let Some(r) = &self.refusals {
-                    r.get_or_create(&ConditionLabels { condition: reason })
-                        .inc();
-                }
-                let pod = config
-                    .metadata
-                    .map(|m| format!("{}/{}", m.namespace, m.name))
-                    .unwrap_or_default();
-                tracing::info!(%pod, %uid, ?qos, reason = %why, "RunPodSandbox refused");
-                Some(why)
-            }
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut st = status.write().unwrap_or_else(|e| e.into_inner());
+        let decision = admission::admit(&st.conditions, st.evicted.get(&uid), qos, critical);
+        let (refusal, why) = decision.err()?;
+        if refusal == admission::Refusal::Evicted {
+            // Saved with the next eviction round: asked for, not forgotten.
+            st.evicted.asked(&uid, now_ms);
         }
+        drop(st);
+        if let Some(r) = &self.refusals {
+            r.get_or_create(&ConditionLabels {
+                condition: refusal.label().to_owned(),
+            })
+            .inc();
+        }
+        let pod = config
+            .metadata
+            .map(|m| format!("{}/{}", m.namespace, m.name))
+            .unwrap_or_default();
+        tracing::info!(%pod, %uid, ?qos, reason = %why, "RunPodSandbox refused");
+        Some(why)
     }
 
     /// The model this observer feeds.

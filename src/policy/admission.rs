@@ -1,41 +1,72 @@
 //! Admission at RunPodSandbox, as the kubelet's eviction admission handler
 //! (`pkg/kubelet/eviction/eviction_manager.go`, Admit) decides it, plus
-//! criguard's own rule that an evicted pod stays down while its pressure lasts.
+//! criguard's own rule that a pod it evicted never runs again on this node
+//! (see [`super::evicted`]).
 
 use std::collections::BTreeSet;
 
+use super::evicted::EvictedPod;
 use super::thresholds::Condition;
 use crate::model::QosClass;
 
+/// Why a sandbox was refused; its name labels the refusal metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// criguard evicted this pod UID.
+    Evicted,
+    /// The node has DiskPressure.
+    DiskPressure,
+    /// The node has MemoryPressure and the pod is BestEffort.
+    MemoryPressure,
+}
+
+impl Refusal {
+    /// The metric label: `Evicted`, `DiskPressure` or `MemoryPressure`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Evicted => "Evicted",
+            Refusal::DiskPressure => "DiskPressure",
+            Refusal::MemoryPressure => "MemoryPressure",
+        }
+    }
+}
+
 /// Whether a new sandbox may start; the error says why not.
 ///
-/// Critical pods are always admitted. A pod criguard evicted is refused while
-/// the condition it was evicted for holds (conditions include the pressure
-/// transition period). Under DiskPressure no pod is admitted; under
-/// MemoryPressure no BestEffort pod.
+/// A pod UID criguard evicted is refused for good, with the eviction's
+/// message (its controller makes a new pod, with a new UID). Otherwise
+/// critical pods are always admitted; under DiskPressure no pod is, and
+/// under MemoryPressure no BestEffort pod.
 pub fn admit(
     conditions: &BTreeSet<Condition>,
-    evicted_for: Option<Condition>,
+    evicted: Option<&EvictedPod>,
     qos: QosClass,
     critical: bool,
-) -> Result<(), String> {
+) -> Result<(), (Refusal, String)> {
+    if let Some(e) = evicted {
+        return Err((
+            Refusal::Evicted,
+            format!(
+                "criguard evicted pod {} from this node: {} An evicted pod does not run again; its controller creates a new one",
+                e.pod,
+                e.message.trim_end()
+            ),
+        ));
+    }
     if critical {
         return Ok(());
     }
-    if let Some(c) = evicted_for
-        && conditions.contains(&c)
-    {
-        return Err(format!(
-            "criguard evicted this pod because of {c:?}; it may run again once the node has had no {c:?} for the pressure transition period"
+    if conditions.contains(&Condition::DiskPressure) {
+        return Err((
+            Refusal::DiskPressure,
+            "the node has condition DiskPressure: no new pods are admitted".into(),
         ));
     }
-    if conditions.contains(&Condition::DiskPressure) {
-        return Err("the node has condition DiskPressure: no new pods are admitted".into());
-    }
     if qos == QosClass::BestEffort && conditions.contains(&Condition::MemoryPressure) {
-        return Err(
+        return Err((
+            Refusal::MemoryPressure,
             "the node has condition MemoryPressure: no new BestEffort pods are admitted".into(),
-        );
+        ));
     }
     Ok(())
 }
@@ -47,26 +78,40 @@ mod tests {
     use QosClass::*;
 
     #[test]
-    fn admission_follows_the_kubelet_and_keeps_evicted_pods_down() {
+    fn admission_follows_the_kubelet_and_keeps_evicted_pods_down_for_good() {
+        let evicted = EvictedPod {
+            pod: "ns/hog".into(),
+            message: "The node was low on resource: memory. ".into(),
+            evicted_at_ms: 0,
+            last_asked_ms: 0,
+            refusals: 0,
+        };
         let memory = BTreeSet::from([MemoryPressure]);
         let disk = BTreeSet::from([DiskPressure]);
         let none = BTreeSet::new();
+        let e = Some(&evicted);
+        use Refusal as R;
         let cases = [
-            (&memory, None, BestEffort, false, false),
-            (&memory, None, Burstable, false, true),
-            (&memory, None, BestEffort, true, true),
-            (&disk, None, Guaranteed, false, false),
-            (&disk, None, Guaranteed, true, true),
-            (&memory, Some(MemoryPressure), Guaranteed, false, false),
-            (&none, Some(MemoryPressure), BestEffort, false, true),
-            (&none, None, BestEffort, false, true),
+            (&memory, None, BestEffort, false, Some(R::MemoryPressure)),
+            (&memory, None, Burstable, false, None),
+            (&memory, None, BestEffort, true, None),
+            (&disk, None, Guaranteed, false, Some(R::DiskPressure)),
+            (&disk, None, Guaranteed, true, None),
+            (&memory, e, Guaranteed, false, Some(R::Evicted)),
+            // Pressure long gone: an evicted UID still never comes back.
+            (&none, e, BestEffort, false, Some(R::Evicted)),
+            (&none, e, Guaranteed, true, Some(R::Evicted)),
+            (&none, None, BestEffort, false, None),
         ];
-        for (conds, evicted, qos, critical, ok) in cases {
-            assert_eq!(
-                admit(conds, evicted, qos, critical).is_ok(),
-                ok,
-                "{conds:?} {evicted:?} {qos:?} {critical}"
-            );
+        for (conds, evicted, qos, critical, want) in cases {
+            let got = admit(conds, evicted, qos, critical).err().map(|(r, _)| r);
+            assert_eq!(got, want, "{conds:?} {evicted:?} {qos:?} {critical}");
         }
+        let (_, why) = admit(&none, e, BestEffort, false).unwrap_err();
+        assert_eq!(
+            why,
+            "criguard evicted pod ns/hog from this node: The node was low on resource: memory. \
+             An evicted pod does not run again; its controller creates a new one"
+        );
     }
 }

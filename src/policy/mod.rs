@@ -5,6 +5,7 @@
 //! tables.
 
 pub mod admission;
+pub mod evicted;
 pub mod gc;
 pub mod image_gc;
 pub mod oom;

@@ -34,18 +34,23 @@ pub struct ContainerMemory {
 }
 
 /// Target scores for containers whose score should differ from the
-/// kubelet's, given the first victim's sandbox (None: restore all) and the
-/// OOM scope `total` in bytes.
+/// kubelet's, given the first victim's sandbox and the OOM scope `total` in
+/// bytes. With no first victim (nothing ranks: every pod critical, or no
+/// pod running) nothing needs bounding, so the map is empty and every
+/// score goes back to the kubelet's.
 pub fn dynamic_scores(
     first_victim: Option<&str>,
     containers: &[ContainerMemory],
     total: i64,
 ) -> HashMap<String, i64> {
+    let Some(first_victim) = first_victim else {
+        return HashMap::new();
+    };
     let total = total.max(1);
     containers
         .iter()
         .filter_map(|c| {
-            let target = if Some(c.sandbox_id.as_str()) == first_victim {
+            let target = if c.sandbox_id == first_victim {
                 1000
             } else {
                 let share = (1000 * c.usage.max(0) as u128).div_ceil(total as u128) as i64;
@@ -107,5 +112,17 @@ mod tests {
         let cs = [c("guaranteed", -997, 500 * MI), c("small", 500, MI)];
         assert!(dynamic_scores(Some("sb-x"), &cs, 1024 * MI).is_empty());
         assert!(dynamic_scores(None, &cs, 1024 * MI).is_empty());
+    }
+
+    #[test]
+    fn nothing_ranked_restores_every_score_even_a_besteffort_1000() {
+        // A BestEffort static pod (critical: never ranked) alone on the
+        // node: with no first victim there is nothing to bound it below,
+        // so it keeps the kubelet's 1000 (it used to be lowered to 998).
+        let cs = [c("static-be", 1000, 3 * MI), c("guaranteed", -997, MI)];
+        assert_eq!(dynamic_scores(None, &cs, 256 * MI), HashMap::new());
+        // The same container with a victim elsewhere is bounded.
+        let t = dynamic_scores(Some("sb-guaranteed"), &cs, 256 * MI);
+        assert_eq!(t.get("static-be"), Some(&(999 - 12)));
     }
 }

@@ -26,7 +26,7 @@
 //! between ticks, as soon as a memory event says to look
 //! ([`crate::signals::events`]).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -34,14 +34,17 @@ use k8s_cri::v1 as cri;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{EvictionConfig, Signal, Threshold};
+use crate::kube::{KubeReport, PodEviction};
 use crate::metrics::{
     ConditionLabels, EvictionLabels, EvictionMetrics, Metrics, SignalLabels, TriggerLabels,
 };
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
+use crate::policy::evicted::EvictedPods;
 use crate::policy::reclaim::{InFlight, NodeAction, PodUse, node_actions, pending, plan_victims};
-use crate::policy::thresholds::{Condition, EvictionState, Observations, condition_of, deficit};
+use crate::policy::thresholds::{Condition, EvictionState, Observations, deficit};
 use crate::quantity::format_bytes;
 use crate::reclaim::container_gc::{ContainerGc, remove_container};
+use crate::reclaim::evicted::{self, EvictedStore};
 use crate::reclaim::image_gc::ImageGc;
 use crate::reclaim::rank::{Ranker, Victim};
 use crate::runtime::Upstream;
@@ -84,8 +87,8 @@ pub struct Eviction {
 pub struct NodeStatus {
     /// Node conditions now.
     pub conditions: BTreeSet<Condition>,
-    /// Pod UID → the condition it was evicted for (while it holds).
-    pub evicted: HashMap<String, Condition>,
+    /// The pods criguard evicted: never admitted again (kept across restarts).
+    pub evicted: EvictedPods,
     /// Every eviction since start.
     pub evictions: Vec<Eviction>,
     /// The last observations (none before the first round).
@@ -105,6 +108,8 @@ pub struct EvictionManager {
     node_reclaim: Option<(ContainerGc, ImageGc)>,
     ranker: Ranker,
     in_flight: Vec<InFlight>,
+    store: Option<EvictedStore>,
+    report: Option<KubeReport>,
 }
 
 /// How long a disk eviction's reclaim counts as on its way: containerd
@@ -159,7 +164,25 @@ impl EvictionManager {
             metrics: Metrics::new().eviction,
             node_reclaim: None,
             in_flight: Vec::new(),
+            store: None,
+            report: None,
         }
+    }
+
+    /// The same manager, saving the evicted pods in `store` whenever they
+    /// change (each eviction before the pod is stopped; refusals and
+    /// forgotten records after each round).
+    pub fn with_evicted_store(mut self, store: EvictedStore) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The same manager, reporting evictions and pressure to the Kubernetes
+    /// API: the pod's status before it is stopped (waiting at most the
+    /// report's bound), then an event; criguard's node conditions and taints.
+    pub fn with_report(mut self, report: KubeReport) -> Self {
+        self.report = Some(report);
+        self
     }
 
     /// The same manager, reclaiming disk at node level (dead containers,
@@ -218,8 +241,10 @@ impl EvictionManager {
         let obs = self.sources.observe();
         let d = self.state.step(&self.config, &obs, obs.at);
         self.publish(&obs, &d.conditions);
+        if let Some(r) = &self.report {
+            r.node_conditions(&d.conditions);
+        }
         let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
-        st.evicted.retain(|_, c| d.conditions.contains(c));
         st.conditions = d.conditions;
         st.observations = Some(obs.clone());
         (obs, d.act_on)
@@ -258,6 +283,7 @@ impl EvictionManager {
             };
             self.metrics.rounds.get_or_create(&labels).inc();
             self.round().await;
+            evicted::persist(&self.status, self.store.as_ref()).await;
             let Some(obs) = self.last_observations() else {
                 continue;
             };
@@ -418,7 +444,28 @@ impl EvictionManager {
             "evicting pod: {}", e.message
         );
         if !self.dry_run {
+            let saving = evicted::remember(&self.status, self.store.as_ref(), &e);
+            if let Some(r) = &self.report {
+                let offending = v.heaviest.as_ref().map(|(name, used, _)| {
+                    (
+                        name.clone(),
+                        crate::quantity::format_bytes((*used).max(0) as u64),
+                    )
+                });
+                r.pod_evicted(PodEviction {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                    message: e.message.clone(),
+                    resource: resource(t.signal).to_owned(),
+                    offending: offending.filter(|_| t.signal.is_bytes()),
+                })
+                .await;
+            }
             self.stop(pod, grace_s).await;
+            if let Some(saving) = saving {
+                let _ = saving.await;
+            }
             if class(t.signal) == Class::Disk {
                 self.in_flight.push(InFlight {
                     signal: t.signal,
@@ -448,9 +495,6 @@ impl EvictionManager {
             m.set_sandbox_state(&pod.sandbox_id, SandboxState::NotReady);
         }
         let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
-        if !self.dry_run {
-            st.evicted.insert(pod.uid.clone(), condition_of(t.signal));
-        }
         st.evictions.push(e.clone());
         e
     }
@@ -495,8 +539,10 @@ async fn next_event(events: &mut Option<MemoryEvents>) -> MemoryEvent {
     }
 }
 
-/// The kubelet-style message: which resource, the threshold, what was
-/// available, and which container used how much against which request.
+/// The kubelet's message: which resource, the threshold, what was
+/// available, and which container used how much against which request;
+/// every sentence ends with ". ", trailing space included, as the kubelet's
+/// (`pkg/kubelet/eviction/helpers.go`), so the API report matches it.
 pub fn eviction_message(
     t: &Threshold,
     available: i64,
@@ -511,13 +557,13 @@ pub fn eviction_message(
         }
     };
     let mut m = format!(
-        "The node was low on resource: {res}. Threshold quantity: {}, available: {}.",
+        "The node was low on resource: {res}. Threshold quantity: {}, available: {}. ",
         t.amount_display(),
         show(available)
     );
     if let Some((name, used, request)) = heaviest {
         m.push_str(&format!(
-            " Container {name} was using {}, request is {}, has larger consumption of {res}.",
+            "Container {name} was using {}, request is {}, has larger consumption of {res}. ",
             show(*used),
             show(*request)
         ));
@@ -546,14 +592,14 @@ mod tests {
         assert_eq!(
             m,
             "The node was low on resource: ephemeral-storage. Threshold quantity: 64Mi, available: 10Mi. \
-             Container writer was using 80Mi, request is 0, has larger consumption of ephemeral-storage."
+             Container writer was using 80Mi, request is 0, has larger consumption of ephemeral-storage. "
         );
         let t = threshold(Signal::PidAvailable, Amount::Quantity(20));
         let m = eviction_message(&t, 12, Some(&("forker".into(), 40, 0)));
         assert_eq!(
             m,
             "The node was low on resource: pids. Threshold quantity: 20, available: 12. \
-             Container forker was using 40, request is 0, has larger consumption of pids."
+             Container forker was using 40, request is 0, has larger consumption of pids. "
         );
         let t = threshold(Signal::ImagefsInodesFree, Amount::Percentage(5.0));
         assert!(eviction_message(&t, 3, None).starts_with("The node was low on resource: inodes."));

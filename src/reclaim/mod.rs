@@ -2,6 +2,7 @@
 
 pub mod container_gc;
 pub mod evict;
+pub mod evicted;
 pub mod image_gc;
 pub mod oom_adjust;
 pub mod rank;

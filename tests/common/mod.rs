@@ -2,11 +2,13 @@
 //! containerd, and criguard itself.
 #![allow(dead_code)]
 
+pub mod apiserver;
 pub mod containerd;
 pub mod h2peer;
 pub mod memcg;
 pub mod metrics;
 pub mod pods;
+pub mod pressure;
 pub mod rawgrpc;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,254 @@
+//! The optional Kubernetes API report: what the kubelet would write for a
+//! node-pressure eviction, written by criguard, which made the eviction.
+//!
+//! For each eviction, in this order ([`pod`]):
+//! 1. before the pod is stopped, its status (phase Failed, reason Evicted,
+//!    the message, the `DisruptionTarget` condition), waiting at most the
+//!    bound (`kubeStatusTimeout`, 250 ms by default); the pod is then
+//!    stopped whatever the API did. A Failed phase already in the API when
+//!    the kubelet next syncs the pod makes the kubelet tear the pod down
+//!    itself; written after the kubelet began re-creating the sandbox, its
+//!    status manager writes `Running` back;
+//! 2. a Warning event, reason Evicted;
+//! 3. a watch on the pod for [`pod::WATCH_FOR`]: if its phase goes back to
+//!    Running, the pod is deleted (UID precondition, grace 0) so its
+//!    controller replaces it.
+//!
+//! While a pressure condition holds the node carries criguard's own
+//! condition type and NoSchedule taint ([`node`]); both go when it ends.
+//!
+//! Every write runs in the background and retries with backoff; nothing
+//! here ever delays an eviction past the bound, and API errors (unreachable,
+//! 403, 409) are logged and counted (`criguard_kube_*` metrics).
+
+pub mod body;
+mod node;
+mod pod;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+
+pub use body::PodEviction;
+
+use crate::metrics::KubeMetrics;
+use crate::policy::thresholds::Condition;
+
+/// Where the API's address and credentials come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApiSource {
+    /// A kubeconfig file (its current context).
+    Kubeconfig(PathBuf),
+    /// The pod's service account (`KUBERNETES_SERVICE_HOST`, the mounted token).
+    InCluster,
+}
+
+/// The report's settings, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeSettings {
+    /// Where the client's configuration comes from.
+    pub source: ApiSource,
+    /// This node's name in the API.
+    pub node_name: String,
+    /// How long an eviction waits for the pod status write.
+    pub status_timeout: Duration,
+    /// Whether criguard taints the node NoSchedule under pressure.
+    pub taints: bool,
+}
+
+/// Why the report could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    /// The kubeconfig could not be read or used.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// No in-cluster configuration (not running in a pod).
+    #[error("in-cluster configuration: {0}")]
+    InCluster(#[from] kube::config::InClusterError),
+    /// The client could not be built from the configuration.
+    #[error("Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// Checks before start what can be checked without the API: a kubeconfig
+/// file must be readable and parse, an in-cluster configuration must exist
+/// (the service host variables and token); the error names the key.
+pub fn check(settings: &KubeSettings) -> Result<(), crate::config::ConfigError> {
+    let (value, rule) = match &settings.source {
+        ApiSource::Kubeconfig(path) => match kube::config::Kubeconfig::read_from(path) {
+            Ok(_) => return Ok(()),
+            Err(e) => (path.display().to_string(), e.to_string()),
+        },
+        ApiSource::InCluster => match kube::Config::incluster() {
+            Ok(_) => return Ok(()),
+            Err(e) => ("in-cluster".to_owned(), e.to_string()),
+        },
+    };
+    Err(crate::config::ConfigError {
+        key: "kubeconfig".into(),
+        value,
+        rule,
+    })
+}
+
+/// One API request never waits longer than this in the background.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The report: cheap to clone, every write in the background.
+#[derive(Clone)]
+pub struct KubeReport {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for KubeReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeReport")
+            .field("node", &self.inner.node)
+            .field("bound", &self.inner.bound)
+            .finish()
+    }
+}
+
+struct Inner {
+    client: kube::Client,
+    node: String,
+    bound: Duration,
+    taints: bool,
+    metrics: KubeMetrics,
+    conditions: watch::Sender<BTreeSet<Condition>>,
+}
+
+impl KubeReport {
+    /// Builds the client (no request is made yet) and starts the node
+    /// reconciler. Must run inside the tokio runtime.
+    pub async fn start(settings: &KubeSettings, metrics: KubeMetrics) -> Result<Self, KubeError> {
+        let config = match &settings.source {
+            ApiSource::Kubeconfig(path) => {
+                let wrap = |source| KubeError::Kubeconfig {
+                    path: path.clone(),
+                    source,
+                };
+                let file = kube::config::Kubeconfig::read_from(path).map_err(wrap)?;
+                kube::Config::from_custom_kubeconfig(file, &Default::default())
+                    .await
+                    .map_err(wrap)?
+            }
+            ApiSource::InCluster => kube::Config::incluster()?,
+        };
+        tracing::info!(api = %config.cluster_url, node = %settings.node_name, bound = ?settings.status_timeout, taints = settings.taints, "reporting evictions to the Kubernetes API");
+        let client = kube::Client::try_from(config)?;
+        let (tx, rx) = watch::channel(BTreeSet::new());
+        let inner = Arc::new(Inner {
+            client,
+            node: settings.node_name.clone(),
+            bound: settings.status_timeout,
+            taints: settings.taints,
+            metrics,
+            conditions: tx,
+        });
+        tokio::spawn(node::reconcile(inner.clone(), rx));
+        Ok(Self { inner })
+    }
+
+    /// Reports an eviction about to be carried out: starts the pod's
+    /// report and returns once its status write has answered, or after the
+    /// bound, whichever comes first.
+    pub async fn pod_evicted(&self, e: PodEviction) {
+        let (tx, rx) = oneshot::channel();
+        let pod = format!("{}/{}", e.namespace, e.name);
+        tokio::spawn(pod::report(self.inner.clone(), e, tx));
+        if tokio::time::timeout(self.inner.bound, rx).await.is_err() {
+            tracing::warn!(%pod, bound = ?self.inner.bound, "pod status not written within the bound: stopping the pod now, the write goes on in the background");
+        }
+    }
+
+    /// The node's pressure conditions now; the API follows in the background.
+    pub fn node_conditions(&self, conditions: &BTreeSet<Condition>) {
+        self.inner.conditions.send_if_modified(|c| {
+            let changed = c != conditions;
+            if changed {
+                c.clone_from(conditions);
+            }
+            changed
+        });
+    }
+}
+
+/// Exponential backoff between retries: 200 ms, doubling, at most 30 s.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+    attempts: u32,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Self {
+            next: Duration::from_millis(200),
+            attempts: 0,
+        }
+    }
+
+    /// The wait before the next attempt.
+    fn next(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(Duration::from_secs(30));
+        self.attempts += 1;
+        d
+    }
+}
+
+/// A request with [`REQUEST_TIMEOUT`]; a timeout reads as an error.
+async fn bounded<T>(
+    f: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(describe(&e)),
+        Err(_) => Err(format!("no answer within {REQUEST_TIMEOUT:?}")),
+    }
+}
+
+/// The HTTP status of an API error answer, if it was one.
+fn code_of(e: &str) -> Option<u16> {
+    e.strip_prefix("HTTP ")?.get(..3)?.parse().ok()
+}
+
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("HTTP {} {}: {}", s.code, s.reason, s.message),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_thirty_seconds() {
+        let mut b = Backoff::new();
+        let waits: Vec<u64> = (0..10).map(|_| b.next().as_millis() as u64).collect();
+        assert_eq!(
+            waits,
+            [200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000, 30000]
+        );
+        assert_eq!(b.attempts, 10);
+    }
+
+    #[test]
+    fn api_error_codes_are_read_back_from_their_description() {
+        assert_eq!(code_of("HTTP 409 Conflict: uid"), Some(409));
+        assert_eq!(code_of("HTTP 403 Forbidden: no"), Some(403));
+        assert_eq!(code_of("error trying to connect: refused"), None);
+    }
+}

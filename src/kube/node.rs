@@ -1,0 +1,102 @@
+//! criguard's node conditions and taints, kept in line with its pressure
+//! conditions.
+//!
+//! One task follows the conditions the eviction manager publishes. On each
+//! change (and once at start, which clears what a previous run left behind)
+//! it reads the node and writes only what differs: a strategic merge patch
+//! of `status.conditions` (merged by type: the kubelet's and others'
+//! conditions stay), and, with taints on, the whole taint list with the
+//! node's resourceVersion as a precondition (taints have no merge key; a
+//! 409 means someone else changed the node meanwhile, so it reads again).
+//! Failures retry with backoff and never block anything else.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::{Backoff, Inner, body, bounded};
+use crate::policy::thresholds::Condition;
+
+/// Runs until the sender is dropped.
+pub(super) async fn reconcile(inner: Arc<Inner>, mut rx: watch::Receiver<BTreeSet<Condition>>) {
+    let api: Api<Node> = Api::all(inner.client.clone());
+    let mut applied: Option<BTreeSet<Condition>> = None;
+    let mut backoff = Backoff::new();
+    loop {
+        let wanted = rx.borrow_and_update().clone();
+        if applied.as_ref() != Some(&wanted) {
+            match apply(&inner, &api, &wanted).await {
+                Ok(()) => {
+                    applied = Some(wanted);
+                    backoff = Backoff::new();
+                }
+                Err(err) => {
+                    let wait = backoff.next();
+                    tracing::warn!(node = %inner.node, %err, retry_in = ?wait, "node conditions/taints not updated; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        r = rx.changed() => if r.is_err() { return },
+                    }
+                    continue;
+                }
+            }
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Makes the node's criguard conditions and taints match `wanted`.
+async fn apply(inner: &Inner, api: &Api<Node>, wanted: &BTreeSet<Condition>) -> Result<(), String> {
+    let node = bounded(api.get(&inner.node)).await?;
+    let present: BTreeSet<String> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|c| c.type_.clone())
+        .filter(|t| body::ALL.iter().any(|c| body::condition_type(*c) == t))
+        .collect();
+    let mut rv = node.metadata.resource_version.clone().unwrap_or_default();
+    if let Some(patch) = body::node_conditions_patch(wanted, &present, SystemTime::now()) {
+        let answer = bounded(api.patch_status(
+            &inner.node,
+            &PatchParams::default(),
+            &Patch::Strategic(&patch),
+        ))
+        .await;
+        inner.metrics.write("node_conditions", answer.is_ok());
+        let updated = answer?;
+        tracing::info!(node = %inner.node, conditions = ?wanted.iter().map(|c| body::condition_type(*c)).collect::<Vec<_>>(), "criguard's node conditions updated");
+        rv = updated.metadata.resource_version.unwrap_or_default();
+    }
+    if !inner.taints {
+        return Ok(());
+    }
+    let current: Vec<Value> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| serde_json::to_value(t).ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(taints) = body::taints_with(&current, wanted) {
+        let patch = json!({ "metadata": { "resourceVersion": rv }, "spec": { "taints": taints } });
+        let answer =
+            bounded(api.patch(&inner.node, &PatchParams::default(), &Patch::Merge(&patch))).await;
+        inner.metrics.write("node_taints", answer.is_ok());
+        answer?;
+        tracing::info!(node = %inner.node, taints = ?wanted.iter().map(|c| body::taint_key(*c)).collect::<Vec<_>>(), "criguard's NoSchedule taints updated");
+    }
+    Ok(())
+}
