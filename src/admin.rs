@@ -8,6 +8,7 @@
 //! | --- | --- |
 //! | `GET /v1/pods` | the node model, synced with the runtime first |
 //! | `GET /v1/evictions` | every eviction since start, oldest first |
+//! | `GET /v1/oom-kills` | every kernel OOM kill in a pod since start, oldest first |
 //! | `GET /v1/conditions` | node conditions, the last signal observations and when they were read |
 //! | `GET /v1/usage` | per-pod disk and process usage, read now (model synced first) |
 //! | `GET /v1/rank` | the eviction order for each configured signal, read now (model synced first) |
@@ -25,6 +26,7 @@ use tokio::net::{UnixListener, UnixStream};
 use crate::config::Signal;
 use crate::model::{NodeModel, Pod, sync};
 use crate::reclaim::evict::{Eviction, NodeStatus};
+use crate::reclaim::oom_kills::{OomKill, OomKills};
 use crate::reclaim::rank::{RankEntry, Ranker};
 use crate::runtime::Upstream;
 use crate::signals::unix_ms;
@@ -45,6 +47,8 @@ pub struct AdminState {
     pub ranker: Ranker,
     /// The signals with a threshold, which `/v1/rank` ranks for.
     pub rank_signals: Vec<Signal>,
+    /// Kernel OOM kills recorded from containerd's events.
+    pub oom_kills: OomKills,
 }
 
 fn json<T: serde::Serialize>(status: http::StatusCode, value: &T) -> http::Response<Full<Bytes>> {
@@ -89,6 +93,9 @@ async fn handle(
         (&http::Method::GET, "/v1/evictions") => {
             let st = state.status.read().unwrap_or_else(|e| e.into_inner());
             json(http::StatusCode::OK, &st.evictions)
+        }
+        (&http::Method::GET, "/v1/oom-kills") => {
+            json(http::StatusCode::OK, &state.oom_kills.list())
         }
         (&http::Method::GET, "/v1/conditions") => {
             let st = state.status.read().unwrap_or_else(|e| e.into_inner());
@@ -162,6 +169,57 @@ pub async fn get_pods(socket: &Path) -> Result<Vec<Pod>, ClientError> {
 /// `GET /v1/evictions` from a running criguard.
 pub async fn get_evictions(socket: &Path) -> Result<Vec<Eviction>, ClientError> {
     get(socket, "/v1/evictions").await
+}
+
+/// `GET /v1/oom-kills` from a running criguard.
+pub async fn get_oom_kills(socket: &Path) -> Result<Vec<OomKill>, ClientError> {
+    get(socket, "/v1/oom-kills").await
+}
+
+/// What `criguard evictions` shows: criguard's evictions and the kernel's
+/// OOM kills in pods (`--json` prints this object).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EvictionsReport {
+    /// criguard's evictions, oldest first.
+    pub evictions: Vec<Eviction>,
+    /// The kernel's OOM kills in pods, oldest first.
+    pub kernel_oom_kills: Vec<OomKill>,
+}
+
+/// Both lists from a running criguard.
+pub async fn get_evictions_report(socket: &Path) -> Result<EvictionsReport, ClientError> {
+    Ok(EvictionsReport {
+        evictions: get_evictions(socket).await?,
+        kernel_oom_kills: get_oom_kills(socket).await?,
+    })
+}
+
+/// The report as lines for people: evictions, then kernel OOM kills.
+pub fn evictions_text(r: &EvictionsReport) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for e in &r.evictions {
+        let dry = if e.dry_run { " (dry run)" } else { "" };
+        let _ = writeln!(
+            out,
+            "{} {} [{}]{dry}: {}",
+            e.at_unix_ms, e.pod, e.threshold, e.message
+        );
+    }
+    for k in &r.kernel_oom_kills {
+        let first = k.first_ranked.as_deref().unwrap_or("none");
+        let matched = if k.matched_rank {
+            "criguard's first-ranked pod"
+        } else {
+            "not criguard's first-ranked pod"
+        };
+        let _ = writeln!(
+            out,
+            "{} {} [kernel OOM kill] container {} ({:?}), {} process(es): {matched} (first ranked: {first})",
+            k.at_unix_ms, k.pod, k.container, k.qos, k.kills
+        );
+    }
+    out
 }
 
 /// `GET /v1/usage` from a running criguard.

@@ -40,7 +40,7 @@ enum Command {
         #[command(flatten)]
         node: NodeArgs,
     },
-    /// Print the evictions a running criguard made.
+    /// Print the evictions a running criguard made and the kernel OOM kills in pods it saw.
     Evictions {
         /// criguard's admin socket.
         #[arg(long, default_value = DEFAULT_ADMIN)]
@@ -641,6 +641,10 @@ async fn serve(
             vec![node_args.imagefs.clone(), node_args.nodefs.clone()],
             metrics.reclaim.clone(),
         );
+    let ranks = Arc::new(std::sync::Mutex::new(
+        criguard::policy::oom_kill::RankHistory::default(),
+    ));
+    let oom_kills = criguard::reclaim::oom_kills::OomKills::default();
     let admin_state = admin::AdminState {
         model: node.clone(),
         upstream: upstream.clone(),
@@ -652,6 +656,7 @@ async fn serve(
             Some(usage.clone()),
         ),
         rank_signals: rank_signals(&eviction),
+        oom_kills: oom_kills.clone(),
     };
     let events = psi.map(|psi| MemoryEvents::new(sources.clone(), &eviction, psi));
     let manager = criguard::reclaim::evict::EvictionManager::new(
@@ -680,17 +685,36 @@ async fn serve(
             }
         }
     });
-    let adjuster = dynamic_oom_score_adj.then(|| {
+    // The adjuster ranks every round (the kernel OOM kills are matched
+    // against it); it writes scores only with --dynamic-oom-score-adj.
+    let adjuster = {
         let a = criguard::reclaim::oom_adjust::OomAdjuster::new(
             node.clone(),
             node_args.cgroup_root.clone(),
             PathBuf::from("/proc"),
-        );
-        Arc::new(std::sync::Mutex::new(a.with_metrics(metrics.oom.clone())))
-    });
+        )
+        .with_metrics(metrics.oom.clone())
+        .with_rank_history(ranks.clone());
+        let a = if dynamic_oom_score_adj {
+            a
+        } else {
+            a.rank_only()
+        };
+        Arc::new(std::sync::Mutex::new(a))
+    };
+    let task_events = model::events::TaskEvents::new(node.clone(), upstream.clone())
+        .with_oom_kills(
+            criguard::reclaim::oom_kills::OomKillWatcher::new(
+                &node_args.cgroup_root,
+                ranks,
+                oom_kills,
+            )
+            .with_metrics(metrics.events.oom_kills.clone()),
+        )
+        .with_metrics(metrics.events.clone());
+    let events_task = tokio::spawn(task_events.run(stopped()));
     let oom_stopped = stopped();
     let oom_task = tokio::spawn(async move {
-        let Some(adjuster) = adjuster else { return };
         periodic(oom_adjust_interval, oom_stopped, move || {
             let a = adjuster.clone();
             // cgroupfs and procfs reads block briefly: off the proxy's thread.
@@ -741,6 +765,7 @@ async fn serve(
     let _ = tokio::join!(
         admin_task,
         sync_task,
+        events_task,
         oom_task,
         metrics_task,
         evict_task,
@@ -797,17 +822,11 @@ fn run_client(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitC
 }
 
 async fn evictions(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
-    let list = admin::get_evictions(&admin_socket).await?;
+    let report = admin::get_evictions_report(&admin_socket).await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
+        println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        for e in list {
-            let dry = if e.dry_run { " (dry run)" } else { "" };
-            println!(
-                "{} {} [{}]{dry}: {}",
-                e.at_unix_ms, e.pod, e.threshold, e.message
-            );
-        }
+        print!("{}", admin::evictions_text(&report));
     }
     Ok(())
 }

@@ -7,9 +7,17 @@
 //! from containerd after a restart and needs no state file of its own.
 //! Derived fields (QoS class, memory requests, criticality) are recomputed
 //! from the stored inputs whenever those change, never patched by hand.
+//! containerd's task events ([`events`]) tell it at once of what the calls
+//! do not show: a container that exits by itself.
+//!
+//! States only move forward (Created → Running → Exited, Ready → NotReady):
+//! CRI never restarts a container or a sandbox under the same id, so a
+//! stale report (a list read before an exit event, a StartContainer answer
+//! observed after the container already died) cannot undo a newer one.
 
 pub mod convert;
 pub mod derive;
+pub mod events;
 pub mod sync;
 
 use std::collections::{BTreeMap, HashMap};
@@ -46,6 +54,51 @@ pub enum ContainerState {
     /// Exited.
     Exited,
     /// The runtime does not know.
+    Unknown,
+}
+
+impl SandboxState {
+    /// The state after `self` when `next` is reported: NotReady is final.
+    pub fn then(self, next: SandboxState) -> SandboxState {
+        match self {
+            SandboxState::NotReady => SandboxState::NotReady,
+            SandboxState::Ready => next,
+        }
+    }
+}
+
+impl ContainerState {
+    fn order(self) -> u8 {
+        match self {
+            ContainerState::Unknown => 0,
+            ContainerState::Created => 1,
+            ContainerState::Running => 2,
+            ContainerState::Exited => 3,
+        }
+    }
+
+    /// The state after `self` when `next` is reported: never backwards
+    /// (Exited is final); Unknown replaces nothing the model knew.
+    pub fn then(self, next: ContainerState) -> ContainerState {
+        if next.order() >= self.order() {
+            next
+        } else {
+            self
+        }
+    }
+}
+
+/// Who a task id belongs to, after a task exit was applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskOwner {
+    /// A container of sandbox `sandbox_id`; it is Exited now.
+    Container {
+        /// Its sandbox.
+        sandbox_id: String,
+    },
+    /// A sandbox's own (pause) task; the sandbox is NotReady now.
+    Sandbox,
+    /// Nothing the model knows (yet): the next sync learns it.
     Unknown,
 }
 
@@ -222,7 +275,10 @@ impl NodeModel {
             if info.created_at_ns == 0 {
                 info.created_at_ns = old.created_at_ns;
             }
-            info.state = info.state.or(old.state);
+            info.state = match (old.state, info.state) {
+                (Some(o), Some(n)) => Some(o.then(n)),
+                (o, n) => n.or(o),
+            };
         }
         self.sandboxes.insert(info.id.clone(), info);
     }
@@ -233,15 +289,18 @@ impl NodeModel {
             if info.created_at_ns == 0 {
                 info.created_at_ns = old.created_at_ns;
             }
-            info.state = info.state.or(old.state);
+            info.state = match (old.state, info.state) {
+                (Some(o), Some(n)) => Some(o.then(n)),
+                (o, n) => n.or(o),
+            };
         }
         self.containers.insert(info.id.clone(), info);
     }
 
-    /// Sets a sandbox's state; stopping a sandbox stops its containers.
+    /// Sets a sandbox's state (forward only); stopping a sandbox stops its containers.
     pub fn set_sandbox_state(&mut self, id: &str, state: SandboxState) {
         if let Some(s) = self.sandboxes.get_mut(id) {
-            s.state = Some(state);
+            s.state = Some(s.state.map_or(state, |o| o.then(state)));
         }
         if state == SandboxState::NotReady {
             for c in self.containers.values_mut().filter(|c| c.sandbox_id == id) {
@@ -252,25 +311,43 @@ impl NodeModel {
         }
     }
 
-    /// Sets a container's state.
+    /// Sets a container's state (forward only).
     pub fn set_container_state(&mut self, id: &str, state: ContainerState) {
         if let Some(c) = self.containers.get_mut(id) {
-            c.state = Some(state);
+            c.state = Some(c.state.map_or(state, |o| o.then(state)));
         }
     }
 
-    /// Records the runtime's view of a sandbox's state and creation time.
+    /// A task's init process exited (containerd's `/tasks/exit`): a
+    /// container is Exited; a sandbox's pause task leaves the sandbox
+    /// NotReady, its containers as they are (they may still run; the kubelet
+    /// stops them).
+    pub fn task_exited(&mut self, task_id: &str) -> TaskOwner {
+        if let Some(c) = self.containers.get_mut(task_id) {
+            c.state = Some(ContainerState::Exited);
+            return TaskOwner::Container {
+                sandbox_id: c.sandbox_id.clone(),
+            };
+        }
+        if let Some(s) = self.sandboxes.get_mut(task_id) {
+            s.state = Some(SandboxState::NotReady);
+            return TaskOwner::Sandbox;
+        }
+        TaskOwner::Unknown
+    }
+
+    /// Records the runtime's view of a sandbox's state (forward only) and creation time.
     pub fn refresh_sandbox(&mut self, id: &str, state: SandboxState, created_at_ns: i64) {
         if let Some(s) = self.sandboxes.get_mut(id) {
-            s.state = Some(state);
+            s.state = Some(s.state.map_or(state, |o| o.then(state)));
             s.created_at_ns = created_at_ns;
         }
     }
 
-    /// Records the runtime's view of a container's state and creation time.
+    /// Records the runtime's view of a container's state (forward only) and creation time.
     pub fn refresh_container(&mut self, id: &str, state: ContainerState, created_at_ns: i64) {
         if let Some(c) = self.containers.get_mut(id) {
-            c.state = Some(state);
+            c.state = Some(c.state.map_or(state, |o| o.then(state)));
             c.created_at_ns = created_at_ns;
         }
     }
@@ -464,6 +541,69 @@ mod tests {
         m.upsert_sandbox(again);
         let pod = m.pod("s1").unwrap();
         assert_eq!((pod.created_at_ns, pod.state), (42, SandboxState::Ready));
+    }
+
+    #[test]
+    fn a_task_exit_ends_its_container_and_a_pause_exit_only_its_sandbox() {
+        let mut m = NodeModel::new(1 << 30);
+        m.upsert_sandbox(sandbox("s1", "/kubepods/pods1"));
+        m.upsert_container(container("c1", "s1", 1000, 0));
+        m.upsert_container(container("c2", "s1", 1000, 0));
+        assert_eq!(
+            m.task_exited("c1"),
+            TaskOwner::Container {
+                sandbox_id: "s1".into()
+            }
+        );
+        let pod = m.pod("s1").unwrap();
+        assert_eq!(pod.containers["c1"].state, ContainerState::Exited);
+        assert_eq!(pod.state, SandboxState::Ready);
+        assert_eq!(m.task_exited("s1"), TaskOwner::Sandbox);
+        let pod = m.pod("s1").unwrap();
+        assert_eq!(pod.state, SandboxState::NotReady);
+        assert_eq!(
+            pod.containers["c2"].state,
+            ContainerState::Running,
+            "a dead pause process does not stop the containers"
+        );
+        assert_eq!(m.task_exited("nobody"), TaskOwner::Unknown);
+    }
+
+    #[test]
+    fn stale_reports_never_move_a_state_backwards() {
+        let mut m = NodeModel::new(1 << 30);
+        m.upsert_sandbox(sandbox("s1", "/kubepods/pods1"));
+        let mut c = container("c1", "s1", 1000, 0);
+        c.state = Some(ContainerState::Created);
+        m.upsert_container(c.clone());
+        m.task_exited("c1");
+        // The StartContainer answer observed after the exit event.
+        m.set_container_state("c1", ContainerState::Running);
+        // A list read before the exit, applied after it.
+        m.refresh_container("c1", ContainerState::Running, 5);
+        m.upsert_container(ContainerInfo {
+            state: Some(ContainerState::Running),
+            ..c
+        });
+        m.refresh_sandbox("s1", SandboxState::NotReady, 1);
+        m.refresh_sandbox("s1", SandboxState::Ready, 1);
+        let pod = m.pod("s1").unwrap();
+        assert_eq!(pod.containers["c1"].state, ContainerState::Exited);
+        assert_eq!(pod.state, SandboxState::NotReady);
+        // Forward moves still apply; Unknown replaces nothing known.
+        let mut m = NodeModel::new(1 << 30);
+        m.upsert_sandbox(sandbox("s1", "/kubepods/pods1"));
+        m.upsert_container(container("c1", "s1", 1000, 0));
+        m.refresh_container("c1", ContainerState::Unknown, 0);
+        assert_eq!(
+            m.pod("s1").unwrap().containers["c1"].state,
+            ContainerState::Running
+        );
+        m.refresh_container("c1", ContainerState::Exited, 0);
+        assert_eq!(
+            m.pod("s1").unwrap().containers["c1"].state,
+            ContainerState::Exited
+        );
     }
 
     #[test]
