@@ -92,6 +92,9 @@ pub struct TaskEventMetrics {
     /// Subscriptions made to containerd's events service (the first, then
     /// one per re-subscription after containerd went away).
     pub subscriptions: Counter,
+    /// Catch-up syncs completed after a subscription (what the events
+    /// could not tell: before it was registered, or while containerd was down).
+    pub catch_ups: Counter,
     /// Task events received, by topic.
     pub events: Family<TopicLabels, Counter>,
     /// Kernel OOM kills in pods, by whether the pod was criguard's first.
@@ -105,6 +108,11 @@ impl TaskEventMetrics {
             "criguard_containerd_event_subscriptions",
             "Subscriptions to containerd's events service (/tasks/exit, /tasks/oom): the first and each one after containerd went away",
             m.subscriptions.clone(),
+        );
+        registry.register(
+            "criguard_containerd_event_catch_up_syncs",
+            "Model syncs run right after subscribing to containerd's events, for what happened before the subscription",
+            m.catch_ups.clone(),
         );
         registry.register(
             "criguard_containerd_events",

@@ -182,7 +182,10 @@ impl TaskEvents {
                 r = joined(&mut catch_up), if matches!(catch_up, CatchUp::Running(_)) => {
                     catch_up = CatchUp::Done;
                     match r {
-                        Ok(Ok(())) => self.sweep(),
+                        Ok(Ok(())) => {
+                            self.metrics.catch_ups.inc();
+                            self.sweep();
+                        }
                         Ok(Err(err)) => tracing::warn!(%err, "catch-up sync after subscribing failed; the periodic sync retries"),
                         Err(err) => tracing::error!(%err, "catch-up sync panicked"),
                     }
