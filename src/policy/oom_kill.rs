@@ -23,16 +23,6 @@ pub fn new_kills(last: Option<u64>, now: u64) -> u64 {
     }
 }
 
-/// What to record when a task that was notified of an OOM ended by
-/// SIGKILL and its cgroup could no longer be read (removed with the
-/// container before criguard looked): one kill, unless one was already
-/// recorded for that notification. The kernel's OOM killer is the likely
-/// sender; containerd's CRI plugin reports such an exit as `OOMKilled` on
-/// the same evidence.
-pub fn kills_when_gone(notified: bool, already_recorded: bool, sigkilled: bool) -> u64 {
-    u64::from(notified && sigkilled && !already_recorded)
-}
-
 /// The pod criguard ranked first for memory, round by round (oldest first),
 /// with the wall-clock time of each round in ms since the epoch.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -74,14 +64,6 @@ mod tests {
         assert_eq!(new_kills(Some(3), 3), 0);
         assert_eq!(new_kills(None, 1), 1, "a container new since the baseline");
         assert_eq!(new_kills(Some(5), 1), 1, "a new cgroup under the same name");
-    }
-
-    #[test]
-    fn a_gone_cgroup_counts_one_kill_only_with_notification_and_sigkill() {
-        assert_eq!(kills_when_gone(true, false, true), 1);
-        assert_eq!(kills_when_gone(true, true, true), 0, "already recorded");
-        assert_eq!(kills_when_gone(false, false, true), 0, "a plain SIGKILL");
-        assert_eq!(kills_when_gone(true, false, false), 0, "exited by itself");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 
 use crate::metrics::OomKillLabels;
 use crate::model::{NodeModel, QosClass, container_cgroup};
-use crate::policy::oom_kill::{RankHistory, kills_when_gone, new_kills};
+use crate::policy::oom_kill::{RankHistory, new_kills};
 use crate::runtime::events::TaskExit;
 use crate::signals::memory::CgroupFs;
 use crate::signals::usage::pod_cgroup;
@@ -125,7 +125,6 @@ fn target(model: &NodeModel, task_id: &str) -> Option<Target> {
 struct Suspect {
     notified_at_ms: u64,
     recheck_at: Instant,
-    recorded: bool,
 }
 
 /// Turns task events into recorded OOM kills; owned by the events loop.
@@ -185,12 +184,9 @@ impl OomKillWatcher {
         let s = self.suspects.entry(task_id.to_owned()).or_insert(Suspect {
             notified_at_ms: at_ms,
             recheck_at: now + RECHECK_AFTER,
-            recorded: false,
         });
         s.recheck_at = now + RECHECK_AFTER;
-        self.check(model, task_id, at_ms, false)
-            .into_iter()
-            .collect()
+        self.check(model, task_id, at_ms).into_iter().collect()
     }
 
     /// `/tasks/exit`: a process killed by SIGKILL may be the OOM killer's
@@ -198,7 +194,7 @@ impl OomKillWatcher {
     pub fn on_exit(&mut self, model: &NodeModel, exit: &TaskExit) -> Vec<OomKill> {
         let id = exit.container_id.as_str();
         let found = if exit.sigkilled() {
-            self.check(model, id, exit.exited_at_unix_ms, true)
+            self.check(model, id, exit.exited_at_unix_ms)
         } else {
             None
         };
@@ -225,7 +221,7 @@ impl OomKillWatcher {
         let mut out = Vec::new();
         for id in due {
             let at = self.suspects[&id].notified_at_ms;
-            out.extend(self.check(model, &id, at, false));
+            out.extend(self.check(model, &id, at));
             self.suspects.remove(&id);
         }
         out
@@ -241,7 +237,7 @@ impl OomKillWatcher {
         let mut out = Vec::new();
         for id in &live {
             if self.seen.contains_key(id) {
-                out.extend(self.check(model, id, at_ms, false));
+                out.extend(self.check(model, id, at_ms));
             } else if let Some(t) = target(model, id)
                 && let Ok(n) = self.cgroups.oom_kills(&t.cgroup)
             {
@@ -253,13 +249,7 @@ impl OomKillWatcher {
         out
     }
 
-    fn check(
-        &mut self,
-        model: &NodeModel,
-        task_id: &str,
-        at_ms: u64,
-        sigkilled: bool,
-    ) -> Option<OomKill> {
+    fn check(&mut self, model: &NodeModel, task_id: &str, at_ms: u64) -> Option<OomKill> {
         let Some(t) = target(model, task_id) else {
             tracing::debug!(task = task_id, "OOM check: task not in the model");
             return None;
@@ -273,9 +263,6 @@ impl OomKillWatcher {
                 self.seen.insert(task_id.to_owned(), now);
                 n
             }
-            Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => {
-                kills_when_gone(notified, suspect.is_some_and(|s| s.recorded), sigkilled)
-            }
             Err(e) => {
                 tracing::debug!(err = %e, "OOM check: counter not read");
                 0
@@ -283,9 +270,6 @@ impl OomKillWatcher {
         };
         if kills == 0 {
             return None;
-        }
-        if let Some(s) = self.suspects.get_mut(task_id) {
-            s.recorded = true;
         }
         let first = self
             .ranks
@@ -439,20 +423,25 @@ mod tests {
     }
 
     #[test]
-    fn a_sigkilled_suspect_whose_cgroup_is_gone_counts_once() {
+    fn a_notified_task_stopped_by_sigkill_is_no_kill_without_its_counter() {
+        // cgroup v1: the OOM notified x too; the kubelet then stops x
+        // (SIGKILL) and its cgroup is removed. Not the OOM killer's doing.
         let (t, m) = fixture();
-        let mut w = watcher(t.path(), "sy");
+        let mut w = watcher(t.path(), "sx");
         w.baseline(&m);
         let now = Instant::now();
-        assert!(w.on_oom(&m, "cy", 2_000, now).is_empty());
-        std::fs::remove_dir_all(t.path().join("memory/kubepods/burstable/podsy/cy")).unwrap();
-        let kills = w.on_exit(&m, &exit("cy", 137));
-        assert_eq!(kills.len(), 1);
-        assert!(kills[0].matched_rank && kills[0].notified);
-        assert_eq!(w.deadline(), None, "the task is gone");
-        // A plain SIGKILL without notification, cgroup gone: no kill.
+        assert!(w.on_oom(&m, "cx", 2_000, now).is_empty());
         std::fs::remove_dir_all(t.path().join("memory/kubepods/besteffort/podsx/cx")).unwrap();
         assert!(w.on_exit(&m, &exit("cx", 137)).is_empty());
+        assert_eq!(w.deadline(), None, "the task is gone");
+        // The victim's own exit, counter up: the kill is recorded there.
+        assert!(w.on_oom(&m, "cy", 2_000, now).is_empty());
+        set(t.path(), "/kubepods/burstable/podsy/cy", 1);
+        let kills = w.on_exit(&m, &exit("cy", 137));
+        assert_eq!(
+            (kills.len(), kills[0].matched_rank, kills[0].notified),
+            (1, false, true)
+        );
     }
 
     #[test]
