@@ -218,7 +218,8 @@ struct ServeCmd {
     /// `containerd.snapshotter`): where writable layers are looked up.
     #[arg(long, default_value = criguard::runtime::snapshots::DEFAULT_SNAPSHOTTER)]
     snapshotter: String,
-    /// How often the node model is re-synced with the runtime.
+    /// How often the node model is re-synced with the runtime (the safety
+    /// net behind containerd's task events).
     #[arg(long, default_value = "10s", value_parser = parse_seconds)]
     sync_interval: Duration,
     /// Re-adjust running containers' oom_score_adj so that the kernel's
@@ -626,7 +627,8 @@ async fn serve(
     let usage = criguard::signals::usage::UsageReader::new(
         upstream.snapshots(&snapshotter),
         node_args.usage_sources(),
-    );
+    )
+    .with_content(upstream.content());
     let image_uses = criguard::reclaim::image_gc::ImageUses::default();
     let images = criguard::reclaim::image_gc::ImageGc::new(
         upstream.clone(),

@@ -371,6 +371,11 @@ impl NodeModel {
         )
     }
 
+    /// A container's state, cheaply (`None`: not in the model, or not yet told).
+    pub fn container_state(&self, id: &str) -> Option<ContainerState> {
+        self.containers.get(id)?.state
+    }
+
     /// The inputs known for a sandbox.
     pub fn sandbox_info(&self, id: &str) -> Option<&SandboxInfo> {
         self.sandboxes.get(id)

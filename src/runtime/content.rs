@@ -5,11 +5,11 @@
 //! `<containerd root>/io.containerd.content.v1.content/blobs`
 //! (`signals::usage`), and keeps doing so: the walk answers what imagefs
 //! pressure needs — allocated bytes and inodes of every namespace's blobs —
-//! while `List` answers logical sizes of one namespace's blobs and no inodes,
-//! and `benches/content.rs` measures the walk several times faster on this
-//! host. `List` is the fallback when containerd's root is not readable from
-//! where criguard runs (a root on another mount namespace): the image store is
-//! then counted as containerd sees it rather than not at all.
+//! while `List` answers logical sizes of one namespace's blobs and no
+//! inodes, and `benches/content.rs` measures the walk faster. `List` is the
+//! fallback when containerd's root cannot be read from where criguard runs:
+//! the image store is then counted as containerd sees it rather than not at
+//! all (one inode per blob).
 
 use containerd_client::services::v1::ListContentRequest;
 use containerd_client::services::v1::content_client::ContentClient;
