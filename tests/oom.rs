@@ -32,6 +32,8 @@ struct Outcome {
     kills: Vec<OomKill>,
     /// Its metrics after the kill.
     metrics: Vec<common::metrics::Sample>,
+    /// `criguard evictions` after the kill.
+    text: String,
 }
 
 /// Runs the scenario and returns what was seen once the kernel has killed
@@ -218,10 +220,29 @@ async fn oom_scenario(dynamic: bool) -> Outcome {
     .await;
     let kills = guard.oom_kills().await;
     let metrics = parse(&scrape(port));
+    // What `criguard evictions` shows of it, as JSON and as text.
+    let cli = |json: bool| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_criguard"))
+            .arg("evictions")
+            .arg("--admin-socket")
+            .arg(&guard.admin)
+            .args(json.then_some("--json"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let report: criguard::admin::EvictionsReport = serde_json::from_str(&cli(true)).unwrap();
+    assert_eq!(report.kernel_oom_kills, kills, "criguard evictions --json");
+    assert!(
+        report.evictions.is_empty(),
+        "no threshold configured to evict"
+    );
     Outcome {
         statuses,
         kills,
         metrics,
+        text: cli(false),
     }
 }
 
@@ -236,6 +257,12 @@ fn assert_recorded(o: &Outcome, container_id: &str, qos: QosClass, matched: bool
     );
     let k = &o.kills[0];
     assert_eq!((k.qos, k.matched_rank), (qos, matched), "{k:#?}");
+    eprintln!("criguard evictions:\n{}", o.text);
+    assert!(
+        o.text.contains("[kernel OOM kill]") && o.text.contains(&k.pod),
+        "{}",
+        o.text
+    );
     assert!(k.notified, "seen through containerd's /tasks/oom: {k:#?}");
     assert!(
         k.first_ranked
