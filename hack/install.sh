@@ -33,6 +33,9 @@ if [[ "${1:-}" == "--uninstall" ]]; then
 fi
 
 if [[ -z "${CRIGUARD_BIN:-}" ]]; then
+    # containerd-client's build compiles containerd's protos with protoc.
+    command -v protoc >/dev/null 2>&1 ||
+        { echo "install.sh: protoc not found (apt-get install protobuf-compiler, or hack/install-deps.sh)" >&2; exit 1; }
     cargo build --release --bin criguard
     CRIGUARD_BIN=target/release/criguard
 fi

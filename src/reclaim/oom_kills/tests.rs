@@ -1,0 +1,149 @@
+//! The watcher against v1 fixture trees: notifications, counters, ranks.
+
+use super::*;
+use crate::model::{ContainerInfo, ContainerState, SandboxInfo, SandboxState};
+use crate::signals::write_fixture as write;
+
+/// A v1 fixture: pods "x" (BestEffort, container cx) and "y"
+/// (Burstable, container cy), every counter at 0.
+fn fixture() -> (tempfile::TempDir, NodeModel) {
+    let t = tempfile::tempdir().unwrap();
+    let mut m = NodeModel::new(1 << 30);
+    for (sb, c, qos) in [("sx", "cx", "besteffort"), ("sy", "cy", "burstable")] {
+        let parent = format!("/kubepods/{qos}/pod{sb}");
+        m.upsert_sandbox(SandboxInfo {
+            id: sb.into(),
+            name: sb.trim_start_matches('s').into(),
+            namespace: "ns".into(),
+            uid: format!("uid-{sb}"),
+            cgroup_parent: parent.clone(),
+            state: Some(SandboxState::Ready),
+            ..Default::default()
+        });
+        m.upsert_container(ContainerInfo {
+            id: c.into(),
+            sandbox_id: sb.into(),
+            name: "app".into(),
+            oom_score_adj: if qos == "besteffort" { 1000 } else { 900 },
+            state: Some(ContainerState::Running),
+            ..Default::default()
+        });
+        for task in [sb, c] {
+            set(t.path(), &format!("{parent}/{task}"), 0);
+        }
+    }
+    (t, m)
+}
+
+fn set(root: &Path, cgroup: &str, kills: u64) {
+    write(
+        root,
+        &format!("memory{cgroup}/memory.oom_control"),
+        &format!("oom_kill_disable 0\nunder_oom 0\noom_kill {kills}\n"),
+    );
+}
+
+fn watcher(root: &Path, first: &str) -> OomKillWatcher {
+    let mut ranks = RankHistory::default();
+    ranks.record(1_000, Some(first.into()));
+    OomKillWatcher::new(root, Arc::new(Mutex::new(ranks)), OomKills::default())
+}
+
+fn exit(id: &str, status: u32) -> TaskExit {
+    TaskExit {
+        container_id: id.into(),
+        process_id: id.into(),
+        pid: 1,
+        exit_status: status,
+        exited_at_unix_ms: 3_000,
+    }
+}
+
+#[test]
+fn a_notification_to_every_cgroup_records_only_the_one_that_lost_a_process() {
+    let (t, m) = fixture();
+    let mut w = watcher(t.path(), "sx");
+    w.baseline(&m);
+    set(t.path(), "/kubepods/besteffort/podsx/cx", 1);
+    let now = Instant::now();
+    // cgroup v1: every task below the OOMing cgroup is notified.
+    let mut kills = Vec::new();
+    for task in ["sx", "cx", "sy", "cy"] {
+        kills.extend(w.on_oom(&m, task, 2_000, now));
+    }
+    assert_eq!(kills.len(), 1, "{kills:#?}");
+    let k = &kills[0];
+    assert_eq!((k.pod.as_str(), k.container.as_str()), ("ns/x", "app"));
+    assert_eq!(
+        (k.qos, k.kills, k.at_unix_ms),
+        (QosClass::BestEffort, 1, 2_000)
+    );
+    assert!(k.matched_rank && k.notified);
+    assert_eq!(k.first_ranked.as_deref(), Some("ns/x"));
+    // The recheck a second later finds nothing new, and ends.
+    assert_eq!(w.deadline(), Some(now + RECHECK_AFTER));
+    assert!(w.on_deadline(&m, now + RECHECK_AFTER).is_empty());
+    assert_eq!(w.deadline(), None);
+    assert_eq!(w.store.list(), kills);
+}
+
+#[test]
+fn a_kill_in_another_pod_than_the_first_ranked_does_not_match() {
+    let (t, m) = fixture();
+    let mut w = watcher(t.path(), "sx");
+    w.baseline(&m);
+    let now = Instant::now();
+    // Counted only after the notification was read: the recheck finds it.
+    assert!(w.on_oom(&m, "cy", 2_000, now).is_empty());
+    set(t.path(), "/kubepods/burstable/podsy/cy", 1);
+    let kills = w.on_deadline(&m, now + RECHECK_AFTER);
+    assert_eq!(kills.len(), 1);
+    assert_eq!(
+        (kills[0].qos, kills[0].matched_rank),
+        (QosClass::Burstable, false)
+    );
+    assert_eq!(kills[0].first_ranked.as_deref(), Some("ns/x"));
+}
+
+#[test]
+fn a_notified_task_stopped_by_sigkill_is_no_kill_without_its_counter() {
+    // cgroup v1: the OOM notified x too; the kubelet then stops x
+    // (SIGKILL) and its cgroup is removed. Not the OOM killer's doing.
+    let (t, m) = fixture();
+    let mut w = watcher(t.path(), "sx");
+    w.baseline(&m);
+    let now = Instant::now();
+    assert!(w.on_oom(&m, "cx", 2_000, now).is_empty());
+    std::fs::remove_dir_all(t.path().join("memory/kubepods/besteffort/podsx/cx")).unwrap();
+    assert!(w.on_exit(&m, &exit("cx", 137)).is_empty());
+    assert_eq!(w.deadline(), None, "the task is gone");
+    // The victim's own exit, counter up: the kill is recorded there.
+    assert!(w.on_oom(&m, "cy", 2_000, now).is_empty());
+    set(t.path(), "/kubepods/burstable/podsy/cy", 1);
+    let kills = w.on_exit(&m, &exit("cy", 137));
+    assert_eq!(
+        (kills.len(), kills[0].matched_rank, kills[0].notified),
+        (1, false, true)
+    );
+}
+
+#[test]
+fn kills_from_before_the_baseline_are_not_new_and_a_sweep_finds_missed_ones() {
+    let (t, m) = fixture();
+    set(t.path(), "/kubepods/besteffort/podsx/cx", 4);
+    let mut w = watcher(t.path(), "sx");
+    w.baseline(&m);
+    assert!(w.sweep(&m, 5_000).is_empty());
+    set(t.path(), "/kubepods/besteffort/podsx/cx", 6);
+    let kills = w.sweep(&m, 5_000);
+    assert_eq!(
+        (kills.len(), kills[0].kills, kills[0].notified),
+        (1, 2, false)
+    );
+    // An exec killed by SIGKILL leaves its container known.
+    let mut exec = exit("cx", 137);
+    exec.process_id = "exec-1".into();
+    set(t.path(), "/kubepods/besteffort/podsx/cx", 7);
+    assert_eq!(w.on_exit(&m, &exec).len(), 1);
+    assert_eq!(w.seen.get("cx"), Some(&7));
+}
