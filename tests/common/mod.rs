@@ -2,11 +2,14 @@
 //! containerd, and criguard itself.
 #![allow(dead_code)]
 
+pub mod clients;
 pub mod containerd;
+pub mod echo;
 pub mod memcg;
 pub mod metrics;
 pub mod pods;
 pub mod rawgrpc;
+pub mod tonic_raw;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

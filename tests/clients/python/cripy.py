@@ -79,6 +79,13 @@ def answer(cid, call, msgs, start):
     }
 
 
+def refused(cid, e):
+    """The answer for a call grpcio would not start."""
+    return {"id": cid, "done": True, "code": grpc.StatusCode.INTERNAL.value[0],
+            "message": f"{type(e).__name__}: {e}", "msgs": [], "header": [],
+            "trailer": [], "micros": 0}
+
+
 def run_client(args):
     ch = channel(args.target, args.authority)
     out = Out()
@@ -98,11 +105,19 @@ def run_client(args):
                 target=stream, args=(ch, c["method"], req, md, timeout, cid, out, start, pending)
             ).start()
             continue
-        fut = ch.unary_unary(c["method"]).future(req, timeout=timeout, metadata=md)
+        try:
+            fut = ch.unary_unary(c["method"]).future(req, timeout=timeout, metadata=md)
+        except Exception as e:  # e.g. metadata grpcio refuses to send
+            out.write(refused(cid, e))
+            pending.release()
+            continue
 
         def done(f, cid=cid, start=start):
-            msgs = [] if f.exception() is not None else [f.result()]
-            out.write(answer(cid, f, msgs, start))
+            try:
+                msgs = [] if f.exception() is not None else [f.result()]
+                out.write(answer(cid, f, msgs, start))
+            except Exception as e:  # never leave the test waiting
+                out.write(refused(cid, e))
             pending.release()
 
         fut.add_done_callback(done)
@@ -111,7 +126,12 @@ def run_client(args):
 
 
 def stream(ch, method, req, md, timeout, cid, out, start, pending):
-    it = ch.unary_stream(method)(req, timeout=timeout, metadata=md)
+    try:
+        it = ch.unary_stream(method)(req, timeout=timeout, metadata=md)
+    except Exception as e:
+        out.write(refused(cid, e))
+        pending.release()
+        return
     msgs = []
     try:
         for m in it:

@@ -25,7 +25,7 @@ import (
 //	x-echo-reply    base64 of the reply message (default: the request bytes)
 //	x-echo-header   sent back as header x-echo-header and trailer x-echo-trailer
 //	x-echo-code     a gRPC status code to fail with (no message sent)
-//	x-echo-message  the status message that goes with it
+//	x-echo-message  base64 of the status message that goes with it
 //	x-echo-stream   N: answer with N messages, message i being the reply
 //	                followed by field 15 (varint i)
 //	x-echo-gate     TAG: before each streamed message, wait for a line
@@ -127,7 +127,11 @@ func echo(ss grpc.ServerStream, o *out, g *gates) error {
 		if err != nil {
 			return status.Errorf(codes.InvalidArgument, "x-echo-code %q: %v", c, err)
 		}
-		return status.Error(codes.Code(code), first(md, "x-echo-message"))
+		msg, err := base64.StdEncoding.DecodeString(first(md, "x-echo-message"))
+		if err != nil {
+			return status.Errorf(codes.InvalidArgument, "x-echo-message: %v", err)
+		}
+		return status.Error(codes.Code(code), string(msg))
 	}
 	n := 0
 	if s := first(md, "x-echo-stream"); s != "" {

@@ -41,7 +41,9 @@ func (rawCodec) Unmarshal(data []byte, v interface{}) error {
 	if !ok {
 		return fmt.Errorf("rawCodec: cannot unmarshal into %T", v)
 	}
-	*b = append([]byte(nil), data...)
+	// Never nil: JSON would say null for an empty message.
+	*b = make([]byte, len(data))
+	copy(*b, data)
 	return nil
 }
 

@@ -1,0 +1,48 @@
+//! The clients people point at a CRI socket, through criguard: tonic, grpc-go
+//! dialling the bare socket path (kubelets and crictl before 2024:
+//! `:authority` is the path), grpc-go dialling `unix://` (`localhost`),
+//! grpcio (`unix:`, a percent-encoded authority) and grpcio with an odd
+//! `grpc.default_authority`. Each runs the kubelet's pod lifecycle against a
+//! private containerd and the byte-level checks against a grpc-go recording
+//! upstream, and every answer through criguard must equal the one the same
+//! client gets directly; then 1 000 concurrent calls over 10 connections.
+//!
+//! The clients are built by `hack/clients.sh` (called once per run).
+
+mod common;
+
+#[path = "clients/concurrency.rs"]
+mod concurrency;
+#[path = "clients/lifecycle.rs"]
+mod lifecycle;
+#[path = "clients/transparency.rs"]
+mod transparency;
+
+use common::clients::Kind;
+
+/// One module per client, each with the same tests.
+macro_rules! per_client {
+    ($($name:ident => $kind:expr),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn kubelet_lifecycle_matches_direct() {
+                lifecycle::matches_direct($kind).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn bytes_metadata_errors_and_streams_pass_unchanged() {
+                transparency::matches_direct($kind).await;
+            }
+        }
+    )*};
+}
+
+per_client! {
+    tonic => Kind::Tonic,
+    grpc_go_passthrough => Kind::GoPassthrough,
+    grpc_go_unix => Kind::GoUnix,
+    grpcio_unix => Kind::PyUnix,
+    grpcio_odd_authority => Kind::PyAuthority("odd authority %41/x".into()),
+}
