@@ -10,7 +10,7 @@ Usage:
       {"id", "method", "req": base64, "md": [[k, v]...], "timeout_ms", "stream"}
       -> {"id", "msg"} per streamed message, then
          {"id", "done": true, "code", "message", "msgs", "header", "trailer", "micros"}
-  cripy.py bench [--n N] [--warmup W] --method M --req BASE64 TARGET...
+  cripy.py bench [--n N] [--warmup W] [--authority A] --method M --req BASE64 TARGET...
       N calls per target, targets alternated call by call; prints
       "TARGET_INDEX NANOSECONDS" lines.
 
@@ -145,7 +145,7 @@ def stream(ch, method, req, md, timeout, cid, out, start, pending):
 
 def run_bench(args):
     req = base64.b64decode(args.req)
-    calls = [channel(t).unary_unary(args.method) for t in args.targets]
+    calls = [channel(t, args.authority).unary_unary(args.method) for t in args.targets]
     for _ in range(args.warmup):
         for c in calls:
             c(req)
@@ -171,6 +171,7 @@ def main():
     b.add_argument("--warmup", type=int, default=20)
     b.add_argument("--method", required=True)
     b.add_argument("--req", required=True)
+    b.add_argument("--authority")
     b.add_argument("targets", nargs="+")
     args = p.parse_args()
     (run_client if args.cmd == "client" else run_bench)(args)
