@@ -8,17 +8,35 @@
 //! client gets directly; then 1 000 concurrent calls over 10 connections.
 //!
 //! The clients are built by `hack/clients.sh` (called once per run).
+//! `CRIGUARD_CLIENTS_SELFTEST=1` points the "through criguard" side at the
+//! runtime too: every test must then pass, whatever criguard does.
 
 mod common;
 
 #[path = "clients/concurrency.rs"]
 mod concurrency;
+#[path = "clients/decoded.rs"]
+mod decoded;
 #[path = "clients/lifecycle.rs"]
 mod lifecycle;
 #[path = "clients/transparency.rs"]
 mod transparency;
 
+use std::path::{Path, PathBuf};
+
 use common::clients::Kind;
+use common::containerd::CriguardProcess;
+
+/// The socket the "through criguard" side dials: criguard's, or with
+/// `CRIGUARD_CLIENTS_SELFTEST=1` the runtime's own, which turns every test
+/// into direct-against-direct (a check of the clients and the harness).
+pub fn through(guard: &CriguardProcess, runtime: &Path) -> PathBuf {
+    if std::env::var_os("CRIGUARD_CLIENTS_SELFTEST").is_some() {
+        runtime.to_owned()
+    } else {
+        guard.socket.clone()
+    }
+}
 
 /// One module per client, each with the same tests.
 macro_rules! per_client {

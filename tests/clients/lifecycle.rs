@@ -13,13 +13,11 @@ use prost::Message;
 use crate::common::clients::{Answer, Call, Client, Kind};
 use crate::common::containerd::{CriguardProcess, PrivateContainerd, unique};
 use crate::common::pods::{BUSYBOX, CgroupRoot, mem_total};
+use crate::decoded::{Decoded, Meta, decode, replace};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 
 const RT: &str = "/runtime.v1.RuntimeService/";
 const IMG: &str = "/runtime.v1.ImageService/";
-
-/// Header or trailer metadata as a client shows it.
-type Meta = Vec<(String, String)>;
 
 /// One run's answers, normalised: (method, decoded answer, header, trailer).
 type Transcript = Vec<(String, Decoded, Meta, Meta)>;
@@ -33,7 +31,7 @@ pub async fn matches_direct(kind: Kind) {
     let guard =
         CriguardProcess::start(&ctrd.dir.join("criguard/criguard.sock"), &ctrd.socket, &[]).await;
     let direct = Client::connect(&kind, &ctrd.socket).await;
-    let proxied = Client::connect(&kind, &guard.socket).await;
+    let proxied = Client::connect(&kind, &crate::through(&guard, &ctrd.socket)).await;
     let log_root = ctrd.dir.join("pods");
     let a = Run::new((&direct, "direct"), (&proxied, "criguard"))
         .lifecycle(&root, &log_root)
@@ -323,90 +321,4 @@ fn rand_u64() -> u64 {
             .as_nanos(),
     );
     h.finish()
-}
-
-/// An answer decoded, with the times that differ between runs zeroed.
-/// (containerd encodes map fields in random order, so answers are compared
-/// decoded: equal maps, whatever their order on the wire.)
-#[derive(Debug, PartialEq)]
-#[allow(clippy::large_enum_variant)] // a few dozen per test, compared once
-enum Decoded {
-    Error(i32, String),
-    Version(cri::VersionResponse),
-    Status(cri::StatusResponse),
-    Images(Vec<cri::Image>),
-    ImageStatus(cri::ImageStatusResponse),
-    RunPodSandbox(cri::RunPodSandboxResponse),
-    CreateContainer(cri::CreateContainerResponse),
-    PodSandboxStatus(cri::PodSandboxStatusResponse),
-    ListPodSandbox(cri::ListPodSandboxResponse),
-    ContainerStatus(cri::ContainerStatusResponse),
-    ListContainers(cri::ListContainersResponse),
-    ExecSync(cri::ExecSyncResponse),
-    /// Empty answers (Start/Stop/Remove), streams: the message bytes.
-    Raw(Vec<Vec<u8>>),
-}
-
-/// `a` decoded as `method`'s answer, with its metadata.
-fn decode(method: &str, a: &Answer) -> (Decoded, Meta, Meta) {
-    let meta = (a.header.clone(), a.trailer.clone());
-    if a.code != 0 {
-        return (Decoded::Error(a.code, a.message.clone()), meta.0, meta.1);
-    }
-    let m = a.msgs.first().map(Vec::as_slice).unwrap_or_default();
-    let name = method.rsplit('/').next().unwrap();
-    let d = match name {
-        "Version" => Decoded::Version(Message::decode(m).unwrap()),
-        "Status" => Decoded::Status(Message::decode(m).unwrap()),
-        "ListImages" => {
-            let mut l = cri::ListImagesResponse::decode(m).unwrap().images;
-            l.sort_by(|a, b| a.id.cmp(&b.id));
-            Decoded::Images(l)
-        }
-        "ImageStatus" => Decoded::ImageStatus(Message::decode(m).unwrap()),
-        "RunPodSandbox" => Decoded::RunPodSandbox(Message::decode(m).unwrap()),
-        "CreateContainer" => Decoded::CreateContainer(Message::decode(m).unwrap()),
-        "PodSandboxStatus" => {
-            let mut r = cri::PodSandboxStatusResponse::decode(m).unwrap();
-            if let Some(s) = r.status.as_mut() {
-                s.created_at = 0;
-            }
-            Decoded::PodSandboxStatus(r)
-        }
-        "ListPodSandbox" => {
-            let mut r = cri::ListPodSandboxResponse::decode(m).unwrap();
-            r.items.iter_mut().for_each(|s| s.created_at = 0);
-            Decoded::ListPodSandbox(r)
-        }
-        "ContainerStatus" => {
-            let mut r = cri::ContainerStatusResponse::decode(m).unwrap();
-            if let Some(s) = r.status.as_mut() {
-                (s.created_at, s.started_at, s.finished_at) = (0, 0, 0);
-            }
-            Decoded::ContainerStatus(r)
-        }
-        "ListContainers" => {
-            let mut r = cri::ListContainersResponse::decode(m).unwrap();
-            r.containers.iter_mut().for_each(|c| c.created_at = 0);
-            Decoded::ListContainers(r)
-        }
-        "ExecSync" => Decoded::ExecSync(Message::decode(m).unwrap()),
-        _ => Decoded::Raw(a.msgs.clone()),
-    };
-    (d, meta.0, meta.1)
-}
-
-/// Replaces every occurrence of `from` in `bytes` by `to` (same length, so
-/// protobuf lengths stay right).
-fn replace(bytes: &mut [u8], from: &[u8], to: &[u8]) {
-    assert_eq!(from.len(), to.len());
-    let mut i = 0;
-    while i + from.len() <= bytes.len() {
-        if &bytes[i..i + from.len()] == from {
-            bytes[i..i + from.len()].copy_from_slice(to);
-            i += from.len();
-        } else {
-            i += 1;
-        }
-    }
 }

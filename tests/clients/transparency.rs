@@ -1,8 +1,8 @@
 //! Byte-level checks with one client kind against the grpc-go recording
 //! upstream, each call made directly and through criguard: unknown proto
 //! fields both ways, custom metadata both ways, trailers, error codes and
-//! messages, a path criguard has never heard of, a body of many DATA frames,
-//! and a server stream whose messages must arrive one by one while the
+//! messages, a path criguard has never heard of, bodies of many DATA frames
+//! (one of them an observed CreateContainer), and a server stream whose messages must arrive one by one while the
 //! upstream holds the stream open.
 
 use std::time::Duration;
@@ -16,6 +16,7 @@ use crate::common::clients::{Answer, Call, Client, Event, Kind};
 use crate::common::containerd::CriguardProcess;
 use crate::common::echo::{EchoUpstream, Seen};
 use crate::common::rawgrpc::with_unknown_field;
+use criguard::kubelet::{ContainerSpec, PodSpec};
 
 /// A call worth making, what the upstream must answer, and what it must see.
 struct Case {
@@ -23,6 +24,8 @@ struct Case {
     call: Call,
     expect_code: i32,
     expect_msgs: Vec<Vec<u8>>,
+    /// Observed by criguard, which may append its merge patch.
+    patched: bool,
 }
 
 fn cases() -> Vec<Case> {
@@ -49,6 +52,33 @@ fn cases() -> Vec<Case> {
     // 1 MiB each way: many DATA frames and window updates on both hops.
     let big: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
     let big_req = with_unknown_field(&[], 7, &big);
+    // A kubelet's CreateContainer that criguard observes (and may patch),
+    // carrying 1 MiB of annotation and a field from a newer kubelet.
+    let pod = PodSpec::new("big", "uid-big").container(ContainerSpec {
+        name: "app".into(),
+        image: "busybox".into(),
+        ..Default::default()
+    });
+    let mut config = pod.container_config(0);
+    config.annotations.insert("big".into(), "x".repeat(1 << 20));
+    let big_create = with_unknown_field(
+        &cri::CreateContainerRequest {
+            pod_sandbox_id: "sb-big".into(),
+            config: Some(config),
+            sandbox_config: Some(pod.sandbox_config()),
+        }
+        .encode_to_vec(),
+        5150,
+        b"newer-kubelet-field",
+    );
+    let create_reply = with_unknown_field(
+        &cri::CreateContainerResponse {
+            container_id: "c-big".into(),
+        }
+        .encode_to_vec(),
+        777,
+        b"runtime-extra",
+    );
     vec![
         Case {
             name: "unknown-fields-and-metadata",
@@ -58,6 +88,7 @@ fn cases() -> Vec<Case> {
                 .md("x-echo-header", "h-value"),
             expect_code: 0,
             expect_msgs: vec![version_reply],
+            patched: false,
         },
         Case {
             name: "error",
@@ -69,18 +100,29 @@ fn cases() -> Vec<Case> {
             .md("x-echo-message", &B64.encode(message)),
             expect_code: 5,
             expect_msgs: vec![],
+            patched: false,
         },
         Case {
             name: "unknown-path",
             call: Call::unary("/runtime.v2.FutureService/Anything", b"abc".to_vec()),
             expect_code: 0,
             expect_msgs: vec![b"abc".to_vec()],
+            patched: false,
         },
         Case {
             name: "big-bodies",
             call: Call::unary("/runtime.v1.RuntimeService/ExecSync", big_req.clone()),
             expect_code: 0,
             expect_msgs: vec![big_req],
+            patched: false,
+        },
+        Case {
+            name: "big-observed-create-container",
+            call: Call::unary("/runtime.v1.RuntimeService/CreateContainer", big_create)
+                .md("x-echo-reply", &B64.encode(&create_reply)),
+            expect_code: 0,
+            expect_msgs: vec![create_reply],
+            patched: true,
         },
     ]
 }
@@ -99,7 +141,7 @@ pub async fn matches_direct(kind: Kind) {
     let mut echo = EchoUpstream::start(&dir.path().join("runtime.sock")).await;
     let guard = CriguardProcess::start(&dir.path().join("criguard.sock"), &echo.socket, &[]).await;
     let direct = Client::connect(&kind, &echo.socket).await;
-    let proxied = Client::connect(&kind, &guard.socket).await;
+    let proxied = Client::connect(&kind, &crate::through(&guard, &echo.socket)).await;
 
     let mut md_diff = Vec::new();
     for case in cases() {
@@ -116,7 +158,14 @@ pub async fn matches_direct(kind: Kind) {
             );
             let seen = echo.seen(&id).await;
             assert_eq!(seen.method, case.call.method);
-            assert_eq!(seen.req(), case.call.req, "{path}: request bytes changed");
+            if case.patched && path == "criguard" {
+                assert!(
+                    seen.req().starts_with(&case.call.req),
+                    "{path}: the request's own bytes must lead"
+                );
+            } else {
+                assert_eq!(seen.req(), case.call.req, "{path}: request bytes changed");
+            }
             for (k, v) in &case.call.md {
                 assert_eq!(seen.get(k), Some(v.as_str()), "{path}: metadata {k}");
             }
