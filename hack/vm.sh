@@ -10,7 +10,7 @@
 # Usage:
 #   hack/vm.sh deps
 #       Install the host packages the tier needs (qemu-system-x86,
-#       debootstrap, e2fsprogs, kmod, cpio).
+#       debootstrap, e2fsprogs, kmod, cpio, busybox-static).
 #   hack/vm.sh image
 #       Build the machine once (hack/vm/image/build.sh) into
 #       target/vm/images/<hash of hack/vm/image/>, or reuse it; print its
@@ -60,12 +60,14 @@ do_deps() {
     for c in qemu-system-x86_64 debootstrap mkfs.ext4 depmod cpio dpkg-deb apt-get; do
         command -v "$c" >/dev/null 2>&1 || missing+=("$c")
     done
+    # hack/images.sh builds the test images from the static busybox.
+    [[ -x /bin/busybox ]] || missing+=(busybox-static)
     if ((${#missing[@]})); then
         need_root
         log "missing: ${missing[*]}; installing with apt-get"
         apt-get update -q >&2
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-            qemu-system-x86 debootstrap e2fsprogs kmod cpio >&2
+            qemu-system-x86 debootstrap e2fsprogs kmod cpio busybox-static >&2
     fi
     # The kernel is fetched with apt-get download: its index must be there.
     if ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then
@@ -133,8 +135,14 @@ do_run() {
     done
     ((${#cmd[@]})) || usage
     [[ "$timeout" =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive number of seconds"
-    command -v qemu-system-x86_64 >/dev/null || do_deps
+    do_deps
     image="$(do_image)"
+    # The test images, built here (hack/images.sh takes half a minute under
+    # TCG): the guest starts its own cache with copies of them.
+    local oci="$VMDIR/oci"
+    "$REPO/hack/images.sh" "$oci" >/dev/null
+    shares+=("$oci")
+    envs+=("CRIGUARD_VM_PREBUILT=$oci")
 
     run="$(date -u +%Y%m%dT%H%M%S)-$$"
     out="$VMDIR/runs/$run"

@@ -165,23 +165,10 @@ impl Drop for Slice {
     }
 }
 
-/// The machine's containerd as a systemd-driver node runs it: the CRI
-/// plugin with the test images' pause, runc under systemd's cgroups, and
-/// (Debian's default, unlike the host's test containerds) the kubelet's
-/// negative scores let through.
-const NODE_CONTAINERD_CONFIG: &str = r#"version = 2
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "registry.k8s.io/pause:3.9"
-  restrict_oom_score_adj = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "/etc/cni/net.d"
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-    SystemdCgroup = true
-"#;
+/// The machine's containerd as a systemd-driver node runs it (the image
+/// ships it): the test images' pause, runc under systemd's cgroups, the
+/// kubelet's negative scores let through.
+const NODE_CONTAINERD_CONFIG: &str = include_str!("../../hack/vm/image/containerd-config.toml");
 
 /// containerd.service's socket.
 pub const CONTAINERD: &str = "/run/containerd/containerd.sock";
@@ -189,9 +176,9 @@ pub const CONTAINERD: &str = "/run/containerd/containerd.sock";
 /// Where the node's pods log, as the kubelet has it.
 pub const LOG_ROOT: &str = "/var/log/pods";
 
-/// Configures containerd.service as a systemd-driver node's (restarting it
-/// only when its configuration changes, so the scenarios share one start),
-/// imports the test images when missing, and waits until its CRI answers.
+/// containerd.service as a systemd-driver node's: its configuration (the
+/// image's; put back and restarted only if something changed it), the test
+/// images (imported when missing), its CRI answering.
 pub async fn node_containerd() -> Clients {
     let path = "/etc/containerd/config.toml";
     if std::fs::read_to_string(path).ok().as_deref() != Some(NODE_CONTAINERD_CONFIG) {

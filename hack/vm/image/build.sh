@@ -116,6 +116,7 @@ for u in getty@.service serial-getty@.service getty.target \
     ln -sf /dev/null "$R/etc/systemd/system/$u"
 done
 ln -sf /lib/systemd/system/multi-user.target "$R/etc/systemd/system/default.target"
+install -m 0644 "$SELF_DIR/containerd-config.toml" "$R/etc/containerd/config.toml"
 install -m 0755 "$SELF_DIR/criguard-vm-run" "$R/usr/local/sbin/criguard-vm-run"
 install -m 0644 "$SELF_DIR/criguard-vm.service" "$R/etc/systemd/system/criguard-vm.service"
 mkdir -p "$R/etc/systemd/system/multi-user.target.wants"
