@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
 use common::pods::{
     CgroupRoot, grow, hog, init_pid, mem_total, oom_score_adj_of, remove_pods, run_pod, sleeper,
-    wait_ready,
+    wait_holding,
 };
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::policy::oom::badness;
@@ -93,7 +93,7 @@ async fn oom_scenario(dynamic: bool) -> [cri::ContainerStatus; 3] {
     let (_, yc) = run_pod(&mut rt, &y, None).await;
     let (_, zc) = run_pod(&mut rt, &z, None).await;
     for c in [&xc[0], &yc[0], &zc[0]] {
-        wait_ready(&direct.rt, c, Duration::from_secs(60)).await;
+        wait_holding(&direct.rt, c, Duration::from_secs(60)).await;
     }
 
     // The scenario must need criguard: at the kubelet's static scores the

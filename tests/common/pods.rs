@@ -192,8 +192,8 @@ pub async fn exec(rt: &RuntimeServiceClient<Channel>, id: &str, cmd: &[&str]) ->
 }
 
 /// Waits (up to `deadline`) until the [`hog`] in container `id` holds its
-/// first share of memory.
-pub async fn wait_ready(rt: &RuntimeServiceClient<Channel>, id: &str, deadline: Duration) {
+/// first share of memory (`/tmp/ready`).
+pub async fn wait_holding(rt: &RuntimeServiceClient<Channel>, id: &str, deadline: Duration) {
     super::poll_until(deadline, "the hog to hold its memory", || async {
         (exec(rt, id, &["test", "-e", "/tmp/ready"]).await == Some(0)).then_some(())
     })

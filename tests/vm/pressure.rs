@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::containerd::CriguardProcess;
 use crate::common::metrics::{free_port, parse, scrape, value};
-use crate::common::pods::{grow, hog, init_pid, sleeper, wait_ready};
+use crate::common::pods::{grow, hog, init_pid, sleeper, wait_holding};
 use crate::guest::{self, CONTAINERD, Slice, pod};
 use criguard::kubelet::ContainerSpec;
 use criguard::signals::memory::CgroupFs;
@@ -145,8 +145,8 @@ async fn v2_memory_pressure_evicts_through_memory_events() {
     );
     let ran = guest::run_pods(&rt, &[&cache, &gu, &grower]).await;
     let [(cache_sb, cache_c), (gu_sb, _), (grower_sb, grower_c)] = <[_; 3]>::try_from(ran).unwrap();
-    wait_ready(&d.rt, &cache_c[0], Duration::from_secs(120)).await;
-    wait_ready(&d.rt, &grower_c[0], Duration::from_secs(120)).await;
+    wait_holding(&d.rt, &cache_c[0], Duration::from_secs(120)).await;
+    wait_holding(&d.rt, &grower_c[0], Duration::from_secs(120)).await;
 
     // criguard holds a PSI trigger with a 1 s window on kubepods (it closes
     // a file whose trigger the kernel refused) and watches its memory.events.

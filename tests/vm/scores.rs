@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::common::containerd::{Clients, CriguardProcess};
-use crate::common::pods::{grow, hog, init_pid, oom_score_adj_of, sleeper, wait_ready};
+use crate::common::pods::{grow, hog, init_pid, oom_score_adj_of, sleeper, wait_holding};
 use crate::guest::{self, CONTAINERD, Slice, pod};
 use criguard::kubelet::ContainerSpec;
 use criguard::policy::oom::badness;
@@ -135,7 +135,7 @@ async fn the_kubelets_negative_scores_and_a_kernel_oom() {
     let (xc, yc) = (ran2[0].1[0].clone(), ran2[1].1[0].clone());
     let gc = ran[0].1[0].clone();
     for c in [&xc, &yc] {
-        wait_ready(&d.rt, c, Duration::from_secs(180)).await;
+        wait_holding(&d.rt, c, Duration::from_secs(180)).await;
     }
     let (xpid, ypid) = (
         init_pid(&mut d, Some(&xc), None).await,

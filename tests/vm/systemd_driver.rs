@@ -11,7 +11,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::common::containerd::CriguardProcess;
-use crate::common::pods::{BUSYBOX, hog, init_pid, oom_score_adj_of, run_pod, sleeper, wait_ready};
+use crate::common::pods::{
+    BUSYBOX, hog, init_pid, oom_score_adj_of, run_pod, sleeper, wait_holding,
+};
 use crate::guest::{self, CONTAINERD, Slice, cgroup_of, pod, sh};
 use criguard::kubelet::ContainerSpec;
 
@@ -90,7 +92,7 @@ async fn systemd_driver_pods_are_found_by_every_reader() {
     );
     let ran = guest::run_pods(&rt, &[&over, &best, &gu]).await;
     let [(over_sb, over_c), (best_sb, best_c), (gu_sb, gu_c)] = <[_; 3]>::try_from(ran).unwrap();
-    wait_ready(&d.rt, &over_c[0], Duration::from_secs(120)).await;
+    wait_holding(&d.rt, &over_c[0], Duration::from_secs(120)).await;
 
     // The model's cgroups are where the kernel put the processes.
     let pods = guard.pods().await;
