@@ -36,6 +36,20 @@ pub fn sleeper(name: &str) -> ContainerSpec {
     }
 }
 
+/// A busybox container `forker` that starts `n` sleeping children and waits.
+pub fn forker(n: u32) -> ContainerSpec {
+    ContainerSpec {
+        name: "forker".into(),
+        image: BUSYBOX.into(),
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            format!("for i in $(seq {n}); do sleep 3600 & done; wait"),
+        ],
+        ..Default::default()
+    }
+}
+
 /// Runs `pod` through `rt` the kubelet's way; `adj_override` replaces the
 /// kubelet's `oom_score_adj` in the request (a kubelet criguard disagrees with).
 pub async fn run_pod(

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::common::containerd::CriguardProcess;
 use crate::common::pods::{
-    BUSYBOX, hog, init_pid, oom_score_adj_of, run_pod, sleeper, wait_holding,
+    forker, hog, init_pid, oom_score_adj_of, run_pod, sleeper, wait_holding,
 };
 use crate::guest::{self, CONTAINERD, Slice, cgroup_of, pod, sh};
 use criguard::kubelet::ContainerSpec;
@@ -160,20 +160,7 @@ async fn systemd_driver_pods_are_found_by_every_reader() {
     .await;
 
     // Pid eviction ranks by each pod's tasks: the forker goes.
-    let forker = pod(
-        "forker",
-        0,
-        ContainerSpec {
-            name: "forker".into(),
-            image: BUSYBOX.into(),
-            command: vec![
-                "sh".into(),
-                "-c".into(),
-                "for i in $(seq 90); do sleep 3600 & done; wait".into(),
-            ],
-            ..Default::default()
-        },
-    );
+    let forker = pod("forker", 0, forker(90));
     let (forker_sb, _) = run_pod(&mut rt, &forker, None).await;
     let evictions = guard
         .first_evictions(Duration::from_secs(90), "a pid eviction")
