@@ -167,7 +167,9 @@ async fn systemd_driver_pods_are_found_by_every_reader() {
         .await;
     assert_eq!(evictions[0].sandbox_id, forker_sb, "{evictions:#?}");
     assert_eq!(evictions[0].signal, "pid.available");
-    assert!(evictions[0].usage >= 90, "{evictions:#?}");
+    // Chosen mid-fork (the tick may come before all 90): the threshold is
+    // crossed near 70 tasks in its slice, the other pods have under 5 each.
+    assert!(evictions[0].usage >= 40, "{evictions:#?}");
     guest::report(&format!(
         "systemd-driver: model, usage, rankings, adjuster and pid eviction found the pods in {}",
         kubepods.dir()
