@@ -10,7 +10,7 @@ set -euo pipefail
 missing=()
 
 # Plain commands that must be on PATH.
-for cmd in containerd runc ctr protoc skopeo systemd-socket-activate; do
+for cmd in containerd runc ctr protoc skopeo systemd-socket-activate go socat; do
     if ! command -v "$cmd" >/dev/null 2>&1; then
         missing+=("$cmd")
     fi
@@ -24,6 +24,15 @@ if [[ ! -x /bin/busybox ]] ||
     missing+=("busybox-static")
 fi
 
+# The real clients the proxy is tested with (hack/clients.sh builds them):
+# grpc-go's sources for an offline GOPATH build, and a venv for grpcio.
+if [[ ! -d /usr/share/gocode/src/google.golang.org/grpc ]]; then
+    missing+=("golang-google-grpc-dev")
+fi
+if ! /usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1; then
+    missing+=("python3-venv")
+fi
+
 if ((${#missing[@]} > 0)); then
     echo "install-deps: missing: ${missing[*]}; installing with apt-get" >&2
     if [[ "$(id -u)" -ne 0 ]]; then
@@ -34,9 +43,11 @@ if ((${#missing[@]} > 0)); then
     # packages are simply kept).
     apt-get update
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        containerd runc busybox-static protobuf-compiler skopeo systemd ca-certificates
+        containerd runc busybox-static protobuf-compiler skopeo systemd ca-certificates \
+        golang-go golang-google-grpc-dev socat python3-venv
 else
-    echo "install-deps: containerd, runc, ctr, busybox-static, protoc, skopeo, systemd-socket-activate present" >&2
+    echo "install-deps: containerd, runc, ctr, busybox-static, protoc, skopeo, systemd-socket-activate," \
+        "go, grpc-go, socat, python3-venv present" >&2
 fi
 
 # cargo is not ours to install: say so clearly instead of failing later.

@@ -8,6 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [[ "$(id -u)" -eq 0 ]] || { echo "test.sh: run as root (the tests start containerd)" >&2; exit 1; }
 
 hack/install-deps.sh
+hack/clients.sh >/dev/null
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
 cargo test "$@"

@@ -3,13 +3,16 @@
 #![allow(dead_code)]
 
 pub mod apiserver;
+pub mod clients;
 pub mod containerd;
+pub mod echo;
 pub mod h2peer;
 pub mod memcg;
 pub mod metrics;
 pub mod pods;
 pub mod pressure;
 pub mod rawgrpc;
+pub mod tonic_raw;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -27,11 +27,11 @@ use prometheus_client::metrics::family::Family;
 use tokio::time::Instant;
 
 use crate::metrics::OomKillLabels;
-use crate::model::{NodeModel, QosClass, container_cgroup};
+use crate::model::{NodeModel, QosClass};
 use crate::policy::oom_kill::{RankHistory, new_kills};
 use crate::runtime::events::TaskExit;
+use crate::signals::cgroup_path;
 use crate::signals::memory::CgroupFs;
-use crate::signals::usage::pod_cgroup;
 
 mod record;
 
@@ -62,7 +62,8 @@ fn target(model: &NodeModel, task_id: &str) -> Option<Target> {
         None => (model.pod(task_id)?, SANDBOX_TASK.to_owned()),
     };
     Some(Target {
-        cgroup: container_cgroup(&pod_cgroup(&pod.cgroup_parent), task_id),
+        // The pause task's cgroup sits where a container's would.
+        cgroup: cgroup_path::container(&pod.cgroup_parent, task_id)?,
         sandbox_id: pod.sandbox_id,
         pod: format!("{}/{}", pod.namespace, pod.name),
         uid: pod.uid,
