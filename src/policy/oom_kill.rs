@@ -23,6 +23,16 @@ pub fn new_kills(last: Option<u64>, now: u64) -> u64 {
     }
 }
 
+/// Kills to record when a task's counter cannot be read at its own
+/// `/tasks/oom` (its cgroup is gone already: with the systemd driver an
+/// emptied scope is removed at once). On cgroup v2 (`unified`) containerd
+/// publishes `/tasks/oom` only after the task's own `oom_kill` counter rose
+/// (`pkg/oom/v2`), so the notification is itself the evidence of a kill; on
+/// v1 every cgroup below the one that ran out is notified, so it is not.
+pub fn kills_from_notification(unified: bool) -> u64 {
+    u64::from(unified)
+}
+
 /// The pod criguard ranked first for memory, round by round (oldest first),
 /// with the wall-clock time of each round in ms since the epoch.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -64,6 +74,12 @@ mod tests {
         assert_eq!(new_kills(Some(3), 3), 0);
         assert_eq!(new_kills(None, 1), 1, "a container new since the baseline");
         assert_eq!(new_kills(Some(5), 1), 1, "a new cgroup under the same name");
+    }
+
+    #[test]
+    fn a_notification_alone_is_a_kill_on_v2_only() {
+        assert_eq!(kills_from_notification(true), 1);
+        assert_eq!(kills_from_notification(false), 0);
     }
 
     #[test]

@@ -182,8 +182,26 @@ async fn the_kubelets_negative_scores_and_a_kernel_oom() {
         kills.lines().any(|l| l == "oom_kill 1"),
         "exactly one kill: {kills}"
     );
+    // criguard recorded the kill from containerd's /tasks/oom (cgroup v2:
+    // the container scope's memory.events), matched with its ranking.
+    let recorded =
+        crate::common::poll_until(Duration::from_secs(30), "the OOM kill record", || async {
+            let k = guard.oom_kills().await;
+            (!k.is_empty()).then_some(k)
+        })
+        .await;
+    assert!(
+        recorded.iter().all(|k| k.container_id == xc),
+        "{recorded:#?}"
+    );
+    let k = &recorded[0];
+    assert!(
+        k.matched_rank && k.notified && k.qos == criguard::model::QosClass::BestEffort,
+        "{k:#?}"
+    );
     guest::report(&format!(
-        "scores: kernel OOM in kubepods.slice killed X (adjusted to 1000; Y lowered from {y_static} to {y_adj}, gu at -997)"
+        "scores: kernel OOM in kubepods.slice killed X (adjusted to 1000; Y lowered from {y_static} to {y_adj}, gu at -997); recorded from /tasks/oom: {} {} matched_rank={}",
+        k.pod, k.container, k.matched_rank
     ));
 
     drop(guard);

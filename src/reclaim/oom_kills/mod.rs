@@ -12,6 +12,14 @@
 //! Each kill is counted in `criguard_kernel_oom_kills_total{matched_rank}`,
 //! logged once, and kept for `criguard evictions`.
 //!
+//! A SIGKILL exit alone is no evidence: on cgroup v1 an OOM notifies every
+//! pod below the cgroup that ran out, and the kubelet stopping one of them
+//! a moment later must not read as a kill. The kernel counts the kill right
+//! after it notifies, well before the notification has crossed the shim and
+//! containerd. On cgroup v2 containerd notifies only after the task's own
+//! counter rose, so a notification whose cgroup is already gone (systemd
+//! removes an emptied scope at once) still counts one kill.
+//!
 //! Kills the events cannot reveal are missed: one while criguard was down,
 //! or one on cgroup v1 of a process other than the container's init in a
 //! global (not memcg) OOM, which raises no notification; the counters read
@@ -28,10 +36,10 @@ use tokio::time::Instant;
 
 use crate::metrics::OomKillLabels;
 use crate::model::{NodeModel, QosClass};
-use crate::policy::oom_kill::{RankHistory, new_kills};
+use crate::policy::oom_kill::{RankHistory, kills_from_notification, new_kills};
 use crate::runtime::events::TaskExit;
 use crate::signals::cgroup_path;
-use crate::signals::memory::CgroupFs;
+use crate::signals::memory::{CgroupFs, Layout};
 
 mod record;
 
@@ -138,7 +146,9 @@ impl OomKillWatcher {
             recheck_at: now + RECHECK_AFTER,
         });
         s.recheck_at = now + RECHECK_AFTER;
-        self.check(model, task_id, at_ms).into_iter().collect()
+        self.check(model, task_id, at_ms, true)
+            .into_iter()
+            .collect()
     }
 
     /// `/tasks/exit`: a process killed by SIGKILL may be the OOM killer's
@@ -146,7 +156,7 @@ impl OomKillWatcher {
     pub fn on_exit(&mut self, model: &NodeModel, exit: &TaskExit) -> Vec<OomKill> {
         let id = exit.container_id.as_str();
         let found = if exit.sigkilled() {
-            self.check(model, id, exit.exited_at_unix_ms)
+            self.check(model, id, exit.exited_at_unix_ms, false)
         } else {
             None
         };
@@ -173,7 +183,7 @@ impl OomKillWatcher {
         let mut out = Vec::new();
         for id in due {
             let at = self.suspects[&id].notified_at_ms;
-            out.extend(self.check(model, &id, at));
+            out.extend(self.check(model, &id, at, false));
             self.suspects.remove(&id);
         }
         out
@@ -189,7 +199,7 @@ impl OomKillWatcher {
         let mut out = Vec::new();
         for id in &live {
             if self.seen.contains_key(id) {
-                out.extend(self.check(model, id, at_ms));
+                out.extend(self.check(model, id, at_ms, false));
             } else if let Some(t) = target(model, id)
                 && let Ok(n) = self.cgroups.oom_kills(&t.cgroup)
             {
@@ -201,7 +211,15 @@ impl OomKillWatcher {
         out
     }
 
-    fn check(&mut self, model: &NodeModel, task_id: &str, at_ms: u64) -> Option<OomKill> {
+    /// Reads `task_id`'s counter and records what is new; `notification`:
+    /// called for the task's own `/tasks/oom`.
+    fn check(
+        &mut self,
+        model: &NodeModel,
+        task_id: &str,
+        at_ms: u64,
+        notification: bool,
+    ) -> Option<OomKill> {
         let Some(t) = target(model, task_id) else {
             tracing::debug!(task = task_id, "OOM check: task not in the model");
             return None;
@@ -214,6 +232,9 @@ impl OomKillWatcher {
                 let n = new_kills(self.seen.get(task_id).copied(), now);
                 self.seen.insert(task_id.to_owned(), now);
                 n
+            }
+            Err(e) if notification && e.source.kind() == std::io::ErrorKind::NotFound => {
+                kills_from_notification(self.cgroups.layout() == Layout::V2)
             }
             Err(e) => {
                 tracing::debug!(err = %e, "OOM check: counter not read");

@@ -147,3 +147,39 @@ fn kills_from_before_the_baseline_are_not_new_and_a_sweep_finds_missed_ones() {
     assert_eq!(w.on_exit(&m, &exec).len(), 1);
     assert_eq!(w.seen.get("cx"), Some(&7));
 }
+
+#[test]
+fn a_v2_notification_counts_a_kill_even_when_the_scope_is_gone() {
+    // cgroup v2, systemd driver: the emptied scope is removed before the
+    // notification arrives; containerd sent it because the counter rose.
+    let t = tempfile::tempdir().unwrap();
+    write(t.path(), "cgroup.controllers", "memory\n");
+    let mut m = NodeModel::new(1 << 30);
+    m.upsert_sandbox(SandboxInfo {
+        id: "sx".into(),
+        name: "x".into(),
+        namespace: "ns".into(),
+        cgroup_parent: "kubepods-besteffort-podx.slice".into(),
+        state: Some(SandboxState::Ready),
+        ..Default::default()
+    });
+    m.upsert_container(ContainerInfo {
+        id: "cx".into(),
+        sandbox_id: "sx".into(),
+        name: "app".into(),
+        oom_score_adj: 1000,
+        state: Some(ContainerState::Running),
+        ..Default::default()
+    });
+    let mut w = watcher(t.path(), "sx");
+    let kills = w.on_oom(&m, "cx", 2_000, Instant::now());
+    assert_eq!(kills.len(), 1, "{kills:#?}");
+    assert!(kills[0].matched_rank && kills[0].notified);
+    // Its SIGKILL exit adds nothing.
+    assert!(w.on_exit(&m, &exit("cx", 137)).is_empty());
+    // On v1 the same gone cgroup at a notification is no evidence.
+    let (t1, m1) = fixture();
+    let mut w1 = watcher(t1.path(), "sx");
+    std::fs::remove_dir_all(t1.path().join("memory/kubepods/besteffort/podsx/cx")).unwrap();
+    assert!(w1.on_oom(&m1, "cx", 2_000, Instant::now()).is_empty());
+}
