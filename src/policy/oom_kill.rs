@@ -23,14 +23,14 @@ pub fn new_kills(last: Option<u64>, now: u64) -> u64 {
     }
 }
 
-/// Kills to record when a task's counter cannot be read at its own
-/// `/tasks/oom` (its cgroup is gone already: with the systemd driver an
-/// emptied scope is removed at once). On cgroup v2 (`unified`) containerd
-/// publishes `/tasks/oom` only after the task's own `oom_kill` counter rose
-/// (`pkg/oom/v2`), so the notification is itself the evidence of a kill; on
-/// v1 every cgroup below the one that ran out is notified, so it is not.
-pub fn kills_from_notification(unified: bool) -> u64 {
-    u64::from(unified)
+/// Kills to record on cgroup v2 when neither a gone task's counter nor its
+/// pod's can be read: one for the task's own `/tasks/oom` (containerd
+/// publishes it on v2 only after the task's `oom_kill` counter rose,
+/// `pkg/oom/v2`), none for a mere SIGKILL exit. (On v1 every cgroup below
+/// the one that ran out is notified, so a notification is no evidence and
+/// this is not asked.)
+pub fn kills_from_notification(notification: bool) -> u64 {
+    u64::from(notification)
 }
 
 /// The pod criguard ranked first for memory, round by round (oldest first),
@@ -77,7 +77,7 @@ mod tests {
     }
 
     #[test]
-    fn a_notification_alone_is_a_kill_on_v2_only() {
+    fn a_v2_notification_alone_is_a_kill_and_a_sigkill_alone_is_not() {
         assert_eq!(kills_from_notification(true), 1);
         assert_eq!(kills_from_notification(false), 0);
     }

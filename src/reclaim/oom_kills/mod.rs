@@ -16,9 +16,12 @@
 //! pod below the cgroup that ran out, and the kubelet stopping one of them
 //! a moment later must not read as a kill. The kernel counts the kill right
 //! after it notifies, well before the notification has crossed the shim and
-//! containerd. On cgroup v2 containerd notifies only after the task's own
-//! counter rose, so a notification whose cgroup is already gone (systemd
-//! removes an emptied scope at once) still counts one kill.
+//! containerd. On cgroup v2 with the systemd driver the victim's scope can
+//! be gone before anyone reads it (systemd removes an emptied scope at
+//! once; containerd then misses the OOM too and reports the exit as
+//! `Error`). v2 counters are hierarchical, so the pod's cgroup still counts
+//! the kill: what no readable container of the pod accounts for is the
+//! gone task's, when its own `/tasks/oom` or its SIGKILL exit says it died.
 //!
 //! Kills the events cannot reveal are missed: one while criguard was down,
 //! or one on cgroup v1 of a process other than the container's init in a
@@ -59,6 +62,21 @@ struct Target {
     container: String,
     qos: QosClass,
     cgroup: String,
+    /// The pod's own cgroup.
+    pod_cgroup: Option<String>,
+    /// Every task of the pod: its sandbox and its containers.
+    tasks: Vec<String>,
+}
+
+/// Why a task's counter is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Look {
+    /// Its own `/tasks/oom`.
+    Notification,
+    /// Its process ended by SIGKILL.
+    Killed,
+    /// A recheck, a sweep, or a sibling's look.
+    Recheck,
 }
 
 fn target(model: &NodeModel, task_id: &str) -> Option<Target> {
@@ -72,6 +90,10 @@ fn target(model: &NodeModel, task_id: &str) -> Option<Target> {
     Some(Target {
         // The pause task's cgroup sits where a container's would.
         cgroup: cgroup_path::container(&pod.cgroup_parent, task_id)?,
+        pod_cgroup: cgroup_path::pod(&pod.cgroup_parent),
+        tasks: std::iter::once(pod.sandbox_id.clone())
+            .chain(pod.containers.keys().cloned())
+            .collect(),
         sandbox_id: pod.sandbox_id,
         pod: format!("{}/{}", pod.namespace, pod.name),
         uid: pod.uid,
@@ -92,6 +114,9 @@ struct Suspect {
 pub struct OomKillWatcher {
     cgroups: CgroupFs,
     seen: HashMap<String, u64>,
+    /// Per pod (sandbox id), the kills its counter held at the baseline
+    /// plus those recorded since: what its tasks account for (cgroup v2).
+    accounted: HashMap<String, u64>,
     suspects: HashMap<String, Suspect>,
     ranks: Arc<Mutex<RankHistory>>,
     store: OomKills,
@@ -105,6 +130,7 @@ impl OomKillWatcher {
         Self {
             cgroups: CgroupFs::detect(cgroup_root),
             seen: HashMap::new(),
+            accounted: HashMap::new(),
             suspects: HashMap::new(),
             ranks,
             store,
@@ -123,13 +149,29 @@ impl OomKillWatcher {
     pub fn baseline(&mut self, model: &NodeModel) {
         let (sandboxes, containers) = model.ids();
         self.seen.clear();
+        self.accounted.clear();
         for id in sandboxes.into_iter().chain(containers) {
-            if let Some(t) = target(model, &id)
-                && let Ok(n) = self.cgroups.oom_kills(&t.cgroup)
-            {
-                self.seen.insert(id, n);
-            }
+            self.start_from_now(model, &id);
         }
+    }
+
+    /// Takes `id`'s counter (and, for a sandbox, its pod's) as read now as
+    /// the starting point.
+    fn start_from_now(&mut self, model: &NodeModel, id: &str) {
+        let Some(t) = target(model, id) else { return };
+        if let Ok(n) = self.cgroups.oom_kills(&t.cgroup) {
+            self.seen.insert(id.to_owned(), n);
+        }
+        if t.sandbox_id == id
+            && self.unified()
+            && let Some(Ok(n)) = t.pod_cgroup.as_deref().map(|p| self.cgroups.oom_kills(p))
+        {
+            self.accounted.insert(t.sandbox_id, n);
+        }
+    }
+
+    fn unified(&self) -> bool {
+        self.cgroups.layout() == Layout::V2
     }
 
     /// `/tasks/oom` for `task_id` at `at_ms`: reads its counter now and
@@ -146,9 +188,7 @@ impl OomKillWatcher {
             recheck_at: now + RECHECK_AFTER,
         });
         s.recheck_at = now + RECHECK_AFTER;
-        self.check(model, task_id, at_ms, true)
-            .into_iter()
-            .collect()
+        self.check(model, task_id, at_ms, Look::Notification)
     }
 
     /// `/tasks/exit`: a process killed by SIGKILL may be the OOM killer's
@@ -156,15 +196,15 @@ impl OomKillWatcher {
     pub fn on_exit(&mut self, model: &NodeModel, exit: &TaskExit) -> Vec<OomKill> {
         let id = exit.container_id.as_str();
         let found = if exit.sigkilled() {
-            self.check(model, id, exit.exited_at_unix_ms, false)
+            self.check(model, id, exit.exited_at_unix_ms, Look::Killed)
         } else {
-            None
+            Vec::new()
         };
         if exit.is_init() {
             self.suspects.remove(id);
             self.seen.remove(id);
         }
-        found.into_iter().collect()
+        found
     }
 
     /// When the next recheck is due.
@@ -183,7 +223,7 @@ impl OomKillWatcher {
         let mut out = Vec::new();
         for id in due {
             let at = self.suspects[&id].notified_at_ms;
-            out.extend(self.check(model, &id, at, false));
+            out.extend(self.check(model, &id, at, Look::Recheck));
             self.suspects.remove(&id);
         }
         out
@@ -194,56 +234,75 @@ impl OomKillWatcher {
     /// reading; a task read for the first time only sets its starting point.
     pub fn sweep(&mut self, model: &NodeModel, at_ms: u64) -> Vec<OomKill> {
         let (sandboxes, containers) = model.ids();
+        self.accounted.retain(|id, _| sandboxes.contains(id));
         let live: Vec<String> = sandboxes.into_iter().chain(containers).collect();
         self.seen.retain(|id, _| live.contains(id));
         let mut out = Vec::new();
         for id in &live {
             if self.seen.contains_key(id) {
-                out.extend(self.check(model, id, at_ms, false));
-            } else if let Some(t) = target(model, id)
-                && let Ok(n) = self.cgroups.oom_kills(&t.cgroup)
-            {
+                out.extend(self.check(model, id, at_ms, Look::Recheck));
+            } else {
                 // First read of a task learned meanwhile: its past kills
                 // cannot be dated, so they are its starting point.
-                self.seen.insert(id.clone(), n);
+                self.start_from_now(model, id);
             }
         }
         out
     }
 
-    /// Reads `task_id`'s counter and records what is new; `notification`:
-    /// called for the task's own `/tasks/oom`.
-    fn check(
-        &mut self,
-        model: &NodeModel,
-        task_id: &str,
-        at_ms: u64,
-        notification: bool,
-    ) -> Option<OomKill> {
+    /// Reads `task_id`'s counter and records what is new, with what its
+    /// pod's counter says when its own cgroup is gone (see the module docs).
+    fn check(&mut self, model: &NodeModel, task_id: &str, at_ms: u64, why: Look) -> Vec<OomKill> {
         let Some(t) = target(model, task_id) else {
             tracing::debug!(task = task_id, "OOM check: task not in the model");
-            return None;
+            return Vec::new();
         };
         let suspect = self.suspects.get(task_id);
         let notified = suspect.is_some();
         let at_ms = suspect.map_or(at_ms, |s| s.notified_at_ms);
+        let mut out = Vec::new();
         let kills = match self.cgroups.oom_kills(&t.cgroup) {
             Ok(now) => {
                 let n = new_kills(self.seen.get(task_id).copied(), now);
                 self.seen.insert(task_id.to_owned(), now);
                 n
             }
-            Err(e) if notification && e.source.kind() == std::io::ErrorKind::NotFound => {
-                kills_from_notification(self.cgroups.layout() == Layout::V2)
+            Err(e)
+                if e.source.kind() == std::io::ErrorKind::NotFound
+                    && why != Look::Recheck
+                    && self.unified() =>
+            {
+                // The pod's readable tasks first: their kills are theirs.
+                for sibling in t.tasks.iter().filter(|id| *id != task_id) {
+                    out.extend(self.check(model, sibling, at_ms, Look::Recheck));
+                }
+                match t.pod_cgroup.as_deref().map(|p| self.cgroups.oom_kills(p)) {
+                    Some(Ok(now)) => new_kills(self.accounted.get(&t.sandbox_id).copied(), now),
+                    _ => kills_from_notification(why == Look::Notification),
+                }
             }
             Err(e) => {
                 tracing::debug!(err = %e, "OOM check: counter not read");
                 0
             }
         };
-        if kills == 0 {
-            return None;
+        if kills > 0 {
+            out.push(self.record(model, t, task_id, kills, at_ms, notified));
         }
+        out
+    }
+
+    /// Counts, logs and keeps one record.
+    fn record(
+        &mut self,
+        model: &NodeModel,
+        t: Target,
+        task_id: &str,
+        kills: u64,
+        at_ms: u64,
+        notified: bool,
+    ) -> OomKill {
+        *self.accounted.entry(t.sandbox_id.clone()).or_insert(0) += kills;
         let first = self
             .ranks
             .lock()
@@ -284,7 +343,7 @@ impl OomKillWatcher {
             "kernel OOM kill in a pod"
         );
         self.store.push(kill.clone());
-        Some(kill)
+        kill
     }
 }
 

@@ -183,3 +183,105 @@ fn a_v2_notification_counts_a_kill_even_when_the_scope_is_gone() {
     std::fs::remove_dir_all(t1.path().join("memory/kubepods/besteffort/podsx/cx")).unwrap();
     assert!(w1.on_oom(&m1, "cx", 2_000, Instant::now()).is_empty());
 }
+
+#[test]
+fn on_v2_a_gone_scope_takes_what_its_pods_counter_holds_beyond_its_siblings() {
+    // The systemd driver: the victim's scope is removed at once and
+    // containerd never sends /tasks/oom; the pod's slice still counts it.
+    let t = tempfile::tempdir().unwrap();
+    write(t.path(), "cgroup.controllers", "memory\n");
+    let pod = "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podx.slice";
+    let events = |kills: u64| format!("low 0\nhigh 0\nmax 0\noom 1\noom_kill {kills}\n");
+    for task in ["sx", "cx", "cy"] {
+        write(
+            t.path(),
+            &format!("{pod}/cri-containerd-{task}.scope/memory.events"),
+            &events(0),
+        );
+    }
+    write(t.path(), &format!("{pod}/memory.events"), &events(0));
+    let mut m = NodeModel::new(1 << 30);
+    m.upsert_sandbox(SandboxInfo {
+        id: "sx".into(),
+        name: "x".into(),
+        namespace: "ns".into(),
+        cgroup_parent: "kubepods-besteffort-podx.slice".into(),
+        state: Some(SandboxState::Ready),
+        ..Default::default()
+    });
+    for c in ["cx", "cy"] {
+        m.upsert_container(ContainerInfo {
+            id: c.into(),
+            sandbox_id: "sx".into(),
+            name: format!("app-{c}"),
+            oom_score_adj: 1000,
+            state: Some(ContainerState::Running),
+            ..Default::default()
+        });
+    }
+    let mut w = watcher(t.path(), "sx");
+    w.baseline(&m);
+    // cx is killed: the pod counts it, cx's scope is gone.
+    write(t.path(), &format!("{pod}/memory.events"), &events(1));
+    std::fs::remove_dir_all(t.path().join(format!("{pod}/cri-containerd-cx.scope"))).unwrap();
+    let kills = w.on_exit(&m, &exit("cx", 137));
+    assert_eq!(kills.len(), 1, "{kills:#?}");
+    assert_eq!((kills[0].container.as_str(), kills[0].kills), ("app-cx", 1));
+    assert!(kills[0].matched_rank && !kills[0].notified);
+    // A late notification for it adds nothing: the pod's kill is accounted.
+    assert!(w.on_oom(&m, "cx", 3_000, Instant::now()).is_empty());
+    // cy is stopped by the kubelet (SIGKILL), its scope gone: no new kill.
+    std::fs::remove_dir_all(t.path().join(format!("{pod}/cri-containerd-cy.scope"))).unwrap();
+    assert!(w.on_exit(&m, &exit("cy", 137)).is_empty());
+    assert_eq!(w.store.list().len(), 1);
+}
+
+#[test]
+fn on_v2_a_kill_in_a_readable_sibling_stays_the_siblings() {
+    let t = tempfile::tempdir().unwrap();
+    write(t.path(), "cgroup.controllers", "memory\n");
+    let pod = "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podx.slice";
+    let events = |kills: u64| format!("oom 1\noom_kill {kills}\n");
+    for task in ["sx", "cx", "cy"] {
+        write(
+            t.path(),
+            &format!("{pod}/cri-containerd-{task}.scope/memory.events"),
+            &events(0),
+        );
+    }
+    write(t.path(), &format!("{pod}/memory.events"), &events(0));
+    let mut m = NodeModel::new(1 << 30);
+    m.upsert_sandbox(SandboxInfo {
+        id: "sx".into(),
+        name: "x".into(),
+        namespace: "ns".into(),
+        cgroup_parent: "kubepods-besteffort-podx.slice".into(),
+        state: Some(SandboxState::Ready),
+        ..Default::default()
+    });
+    for c in ["cx", "cy"] {
+        m.upsert_container(ContainerInfo {
+            id: c.into(),
+            sandbox_id: "sx".into(),
+            name: c.into(),
+            state: Some(ContainerState::Running),
+            ..Default::default()
+        });
+    }
+    let mut w = watcher(t.path(), "sx");
+    w.baseline(&m);
+    // cy lost a process (still running); cx is stopped by SIGKILL.
+    write(
+        t.path(),
+        &format!("{pod}/cri-containerd-cy.scope/memory.events"),
+        &events(1),
+    );
+    write(t.path(), &format!("{pod}/memory.events"), &events(1));
+    std::fs::remove_dir_all(t.path().join(format!("{pod}/cri-containerd-cx.scope"))).unwrap();
+    let kills = w.on_exit(&m, &exit("cx", 137));
+    assert_eq!(kills.len(), 1, "{kills:#?}");
+    assert_eq!(
+        kills[0].container_id, "cy",
+        "the kill is cy's, not the stopped cx's"
+    );
+}
