@@ -88,7 +88,8 @@ struct EvictionArgs {
     /// Configuration file (TOML with KubeletConfiguration's key names).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Hard thresholds, e.g. memory.available<100Mi,nodefs.available<10%.
+    /// Hard thresholds, e.g. memory.available<100Mi,nodefs.available<10%
+    /// (`none`: no hard threshold at all).
     #[arg(long)]
     eviction_hard: Option<String>,
     /// Soft thresholds, e.g. memory.available<1.5Gi.
@@ -130,7 +131,11 @@ impl EvictionArgs {
                 v.as_deref().map(|t| f(key, t)).transpose()
             };
         let flags = config::RawEviction {
-            hard: map("--eviction-hard", &self.eviction_hard, flags::thresholds)?,
+            hard: map(
+                "--eviction-hard",
+                &self.eviction_hard,
+                flags::hard_thresholds,
+            )?,
             soft: map("--eviction-soft", &self.eviction_soft, flags::thresholds)?
                 .unwrap_or_default(),
             soft_grace_period: map(
