@@ -17,3 +17,4 @@ pub mod quantity;
 pub mod reclaim;
 pub mod runtime;
 pub mod signals;
+pub mod statefile;
