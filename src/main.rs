@@ -911,6 +911,10 @@ fn main() -> ExitCode {
             };
             settings.dry_run |= cmd.dry_run;
             tracing::info!(config = %settings.describe().replace('\n', "; "), memory_events = psi.is_some(), "configuration");
+            match criguard::limits::raise_nofile() {
+                Ok(n) => tracing::info!(before = n.before, now = n.after, "open-file limit"),
+                Err(err) => tracing::warn!(%err, "cannot raise the open-file limit"),
+            }
             let run = || -> anyhow::Result<()> {
                 let activated = listen::from_systemd()?;
                 // criguard's own loops (eviction, GC, sync, admin) share one

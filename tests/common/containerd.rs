@@ -208,8 +208,28 @@ pub struct CriguardProcess {
 impl CriguardProcess {
     /// Starts `criguard serve` and waits until its socket accepts.
     pub async fn start(listen: &Path, runtime: &Path, extra: &[&str]) -> Self {
+        Self::start_via(&[], listen, runtime, extra).await
+    }
+
+    /// [`Self::start`] through `wrapper`, a command that execs criguard in
+    /// its place (e.g. `prlimit --nofile=128:128`), so the pid is criguard's.
+    pub async fn start_via(
+        wrapper: &[&str],
+        listen: &Path,
+        runtime: &Path,
+        extra: &[&str],
+    ) -> Self {
         let admin = listen.with_extension("admin.sock");
-        let child = Command::new(env!("CARGO_BIN_EXE_criguard"))
+        let bin = env!("CARGO_BIN_EXE_criguard");
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = cmd
             .arg("serve")
             .arg("--listen")
             .arg(listen)
