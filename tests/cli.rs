@@ -115,10 +115,21 @@ fn spawn_activated(
     upstream: &std::path::Path,
 ) -> std::process::Child {
     use std::os::fd::AsRawFd;
+    spawn_with_fd3(listener.as_raw_fd(), dir, upstream, Stdio::inherit())
+}
+
+/// Spawns `criguard serve` with `LISTEN_FDS=1` and `fd` as its fd 3 (a
+/// negative `fd`: fd 3 closed).
+fn spawn_with_fd3(
+    fd: std::os::fd::RawFd,
+    dir: &std::path::Path,
+    upstream: &std::path::Path,
+    stderr: Stdio,
+) -> std::process::Child {
     use std::os::unix::process::CommandExt;
-    let fd = listener.as_raw_fd();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_criguard"));
-    cmd.arg("serve")
+    cmd.stderr(stderr)
+        .arg("serve")
         .arg("--listen")
         .arg(dir.join("never-bound.sock"))
         .arg("--admin-socket")
@@ -131,7 +142,9 @@ fn spawn_activated(
     // SAFETY: dup2 and fcntl are async-signal-safe; nothing else runs here.
     unsafe {
         cmd.pre_exec(move || {
-            if fd == 3 {
+            if fd < 0 {
+                libc::close(3);
+            } else if fd == 3 {
                 let flags = libc::fcntl(3, libc::F_GETFD);
                 libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
             } else if libc::dup2(fd, 3) < 0 {
@@ -512,4 +525,95 @@ fn a_quantity_past_the_int64_range_is_refused_naming_key_and_value() {
     let (code, out, err) = check_config(&["--eviction-hard=memory.available<9223372036854775807"]);
     assert_eq!(code, 0, "{err}");
     assert!(!out.contains("8Ei"), "{out}");
+}
+
+#[test]
+fn socket_activation_refuses_an_fd_3_that_is_not_a_listening_unix_stream_socket() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = dir.path().join("runtime.sock");
+    let datagram = std::os::unix::net::UnixDatagram::bind(dir.path().join("dgram.sock")).unwrap();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let file = std::fs::File::create(dir.path().join("plain")).unwrap();
+    let (connected, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let cases: [(&str, std::os::fd::RawFd, &str); 5] = [
+        (
+            "a unix datagram socket",
+            datagram.as_raw_fd(),
+            "not a stream socket",
+        ),
+        ("a TCP listener", tcp.as_raw_fd(), "not a unix socket"),
+        ("a regular file", file.as_raw_fd(), "not a socket"),
+        (
+            "a connected unix stream",
+            connected.as_raw_fd(),
+            "not listening",
+        ),
+        ("nothing", -1, "not a socket"),
+    ];
+    for (what, fd, needle) in cases {
+        let mut child = spawn_with_fd3(fd, dir.path(), &upstream, Stdio::piped());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("fd 3 = {what}: criguard still running after 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(2), "fd 3 = {what}: {err}");
+        assert!(
+            err.contains("fd 3") && err.contains(needle),
+            "fd 3 = {what}: {err}"
+        );
+    }
+}
+
+#[test]
+fn serve_refuses_a_bad_runtime_endpoint_or_metrics_address_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = dir.path().join("criguard.sock");
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--runtime-endpoint", "tcp://127.0.0.1:1234"],
+            &["--runtime-endpoint", "tcp://127.0.0.1:1234"],
+        ),
+        (
+            &["--metrics-address", "localhost:nine"],
+            &["--metrics-address", "localhost:nine"],
+        ),
+        // TEST-NET-1: never an address of this machine.
+        (
+            &["--metrics-address", "192.0.2.1:9809"],
+            &["--metrics-address", "192.0.2.1:9809"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
+            .arg("serve")
+            .arg("--listen")
+            .arg(&listen)
+            .arg("--admin-socket")
+            .arg(dir.path().join("admin.sock"))
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .args(*args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        for n in *needles {
+            assert!(err.contains(n), "{args:?}: {err:?} lacks {n:?}");
+        }
+        assert!(
+            !listen.exists(),
+            "{args:?}: the socket is removed or never made"
+        );
+    }
 }
