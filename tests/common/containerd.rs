@@ -173,8 +173,7 @@ impl Drop for PrivateContainerd {
 }
 
 fn nix_is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    nix::unistd::geteuid().is_root()
 }
 
 /// CRI v1 clients to one socket.
@@ -319,8 +318,9 @@ impl CriguardProcess {
 
     /// Sends `signal` and waits for the exit status.
     pub fn signal_and_wait(mut self, signal: i32) -> std::process::ExitStatus {
-        // SAFETY: plain kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, signal) };
+        let signal = nix::sys::signal::Signal::try_from(signal).expect("a signal number");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal)
+            .expect("signal our own child");
         self.child.wait().unwrap()
     }
 }
