@@ -45,9 +45,12 @@ enum Command {
         /// criguard's admin socket.
         #[arg(long, default_value = DEFAULT_ADMIN)]
         admin_socket: PathBuf,
-        /// JSON instead of lines.
+        /// JSON instead of lines (with --watch: one JSON object per line).
         #[arg(long)]
         json: bool,
+        /// Then keep printing each eviction as it is made, until criguard stops.
+        #[arg(long)]
+        watch: bool,
     },
     /// Print per-pod disk and process usage as a running criguard reads it now.
     Usage {
@@ -832,17 +835,31 @@ fn run_client(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitC
     }
 }
 
-async fn evictions(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
-    let list = admin::get_evictions(&admin_socket).await?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
-    } else {
-        for e in list {
-            let dry = if e.dry_run { " (dry run)" } else { "" };
-            println!(
-                "{} {} [{}]{dry}: {}",
-                e.at_unix_ms, e.pod, e.threshold, e.message
-            );
+async fn evictions(admin_socket: PathBuf, json: bool, watch: bool) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let line = |e: &criguard::reclaim::evict::Eviction| {
+        let dry = if e.dry_run { " (dry run)" } else { "" };
+        format!(
+            "{} {} [{}]{dry}: {}",
+            e.at_unix_ms, e.pod, e.threshold, e.message
+        )
+    };
+    if !watch {
+        let list = admin::get_evictions(&admin_socket).await?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&list)?);
+        } else {
+            list.iter().for_each(|e| println!("{}", line(e)));
+        }
+        return Ok(());
+    }
+    let mut stream = std::pin::pin!(admin::watch_evictions(&admin_socket, true).await?);
+    while let Some(e) = stream.next().await {
+        let e = e?;
+        if json {
+            println!("{}", serde_json::to_string(&e)?);
+        } else {
+            println!("{}", line(&e));
         }
     }
     Ok(())
@@ -924,7 +941,11 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Evictions { admin_socket, json } => run_client(evictions(admin_socket, json)),
+        Command::Evictions {
+            admin_socket,
+            json,
+            watch,
+        } => run_client(evictions(admin_socket, json, watch)),
         Command::Pods { admin_socket, json } => run_client(pods(admin_socket, json)),
         Command::Rank { admin_socket, json } => run_client(rank(admin_socket, json)),
         Command::Usage { admin_socket, json } => run_client(usage(admin_socket, json)),

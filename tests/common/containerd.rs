@@ -304,8 +304,8 @@ impl CriguardProcess {
         .await
     }
 
-    /// Conditions and observations, as the admin socket serves them.
-    pub async fn conditions(&self) -> serde_json::Value {
+    /// Conditions and observations, as the admin API serves them.
+    pub async fn conditions(&self) -> criguard::admin::ConditionsReport {
         criguard::admin::get_conditions(&self.admin)
             .await
             .expect("criguard admin socket")
