@@ -17,6 +17,35 @@ fn fds(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
+/// Established TCP connections to local `port` that process `pid` holds
+/// a descriptor of.
+fn held_connections(pid: u32, port: u16) -> usize {
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    let inodes: std::collections::HashSet<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let local_port = u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok()?;
+            // State 01: ESTABLISHED; field 10: the socket's inode.
+            (local_port == port && f.get(3) == Some(&"01"))
+                .then(|| f.get(9).map(|i| i.to_string()))?
+        })
+        .collect();
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+                })
+                .filter(|i| inodes.contains(i))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 /// User + system CPU time of process `pid` (all its threads).
 fn cpu(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -100,7 +129,7 @@ async fn idle_metrics_connections_starve_neither_cri_calls_nor_metrics_nor_a_cor
     common::poll_until(
         Duration::from_secs(20),
         "criguard to take the idle connections",
-        || async { (fds(pid) >= baseline + 60).then_some(()) },
+        || async { (held_connections(pid, port) >= 60).then_some(()) },
     )
     .await;
 
@@ -128,6 +157,8 @@ async fn idle_metrics_connections_starve_neither_cri_calls_nor_metrics_nor_a_cor
         status.as_ref().is_ok_and(|s| s.contains(" 200")),
         "/metrics on a new connection: {status:?}"
     );
+    let held = held_connections(pid, port);
+    assert!(held <= 64, "criguard holds {held} metrics connections");
     assert!(
         fds(pid) <= baseline + 70,
         "criguard holds {} descriptors ({baseline} before the idle connections)",
