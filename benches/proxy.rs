@@ -10,10 +10,12 @@
 //! Run with `hack/bench-proxy.sh`. `CRIGUARD_BENCH_CONTAINERS` (default 100)
 //! and `CRIGUARD_BENCH_CALLS` (default 2000 per path; ListContainers a
 //! quarter) size it; `CRIGUARD_BENCH_CLIENTS` (default `tonic,grpc-go,grpcio`)
-//! picks clients; `CRIGUARD_BENCH_DIAL=raw` makes grpc-go dial the bare
-//! socket path and grpcio send its percent-encoded authority (the default,
-//! `localhost`, is what today's hyper-based criguard accepts);
-//! `CRIGUARD_BENCH_RELAY_MODE` picks byte_relay's `--mode`.
+//! picks clients. grpc-go dials the bare socket path (`:authority` is the
+//! path, as kubelets before 1.31 send it) and grpcio sends its
+//! percent-encoded authority; `CRIGUARD_BENCH_DIAL=localhost` makes both
+//! send `localhost` instead. `CRIGUARD_BENCH_RELAY_MODE` picks the `relay`
+//! path's `byte_relay --mode`; the `loop` path is `byte_relay --mode pump`,
+//! criguard's own I/O loop passing bytes untouched.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -141,16 +143,18 @@ async fn main() {
     let total = env_usize("CRIGUARD_BENCH_CONTAINERS", 100);
     let calls = env_usize("CRIGUARD_BENCH_CALLS", 2000);
     let clients = std::env::var("CRIGUARD_BENCH_CLIENTS").unwrap_or("tonic,grpc-go,grpcio".into());
-    let raw_dial = std::env::var("CRIGUARD_BENCH_DIAL").is_ok_and(|v| v == "raw");
+    let raw_dial = std::env::var("CRIGUARD_BENCH_DIAL").is_ok_and(|v| v != "localhost");
     let built = common::clients::built();
     let ctrd = PrivateContainerd::start();
     let guard = CriguardProcess::start(&ctrd.dir.join("criguard.sock"), &ctrd.socket, &[]).await;
     let socat = Relay::socat(&ctrd.dir.join("socat.sock"), &ctrd.socket);
-    let relay = Relay::ours(&ctrd.dir.join("relay.sock"), &ctrd.socket);
+    let relay = Relay::ours(&ctrd.dir.join("relay.sock"), &ctrd.socket, None);
+    let pump = Relay::ours(&ctrd.dir.join("loop.sock"), &ctrd.socket, Some("pump"));
     let sockets = vec![
         ctrd.socket.clone(),
         socat.socket.clone(),
         relay.socket.clone(),
+        pump.socket.clone(),
         guard.socket.clone(),
     ];
     for s in &sockets {
@@ -229,7 +233,7 @@ async fn main() {
         .map(|s| format!("unix:{}", s.display()))
         .collect();
     let cripy = built.cripy.to_str().unwrap();
-    let pids = [guard.pid(), relay.pid(), socat.pid()];
+    let pids = [guard.pid(), relay.pid(), socat.pid(), pump.pid()];
     let cpu_before = pids.map(cpu_seconds);
     let started = Instant::now();
     let mut samples = Vec::new();
@@ -278,9 +282,10 @@ async fn main() {
         "\nproxy overhead, one run: {total} containers; paths cycled call by call; latencies in µs, timed inside each client"
     );
     println!(
-        "paths: direct = containerd's socket; socat = socat UNIX-LISTEN,fork; relay = examples/byte_relay; criguard"
+        "paths: direct = containerd's socket; socat = socat UNIX-LISTEN,fork; relay = examples/byte_relay (poll); \
+         loop = criguard's relay loop passing bytes (byte_relay --mode pump); criguard"
     );
-    println!("floor = the better of socat and relay in the same row\n");
+    println!("floor = the best of socat, relay and loop in the same row\n");
     report::header();
     for s in &samples {
         report::rows(s);
@@ -290,11 +295,13 @@ async fn main() {
     let idle_per_call = idle_rate * elapsed / forwarded as f64 * 1e6;
     println!(
         "CPU per forwarded call (user+sys from /proc/PID/stat over {forwarded} calls per path, {elapsed:.1} s): \
-         criguard {:.1} µs ({:.1} µs net of its idle {:.1} ms/s), byte_relay {:.1} µs, socat {:.1} µs (target for criguard ≤ 25 µs)",
+         criguard {:.1} µs ({:.1} µs net of its idle {:.1} ms/s), byte_relay {:.1} µs, loop {:.1} µs, socat {:.1} µs \
+         (target for criguard ≤ 25 µs)",
         per_call(0),
         per_call(0) - idle_per_call,
         idle_rate * 1e3,
         per_call(1),
+        per_call(3),
         per_call(2),
     );
 
@@ -307,7 +314,7 @@ async fn main() {
         .into_inner()
         .items;
     remove_pods(&mut rt, sandboxes.into_iter().map(|s| s.id)).await;
-    drop((socat, relay, guard));
+    drop((socat, relay, pump, guard));
     drop(ctrd);
     remove_cgroup_tree(&root);
 }

@@ -3,7 +3,7 @@
 //! connection to the upstream, and bytes are copied both ways as they come,
 //! never looked at.
 //!
-//! Usage: `byte_relay --listen PATH --upstream PATH [--mode poll|threads|splice|tokio]`
+//! Usage: `byte_relay --listen PATH --upstream PATH [--mode poll|threads|splice|tokio|pump]`
 //!
 //! Modes (measured against each other with grpc-go calls through an echo
 //! upstream on the 2-core VM, `poll` was the fastest and cheapest: about
@@ -17,6 +17,9 @@
 //!   pipe, never entering user space (two splices per chunk).
 //! - `tokio`: `copy_bidirectional` on a current-thread runtime, one task
 //!   per connection (what a tokio proxy does without thinking).
+//! - `pump`: criguard's own relay loop (`criguard::cri::pump`) with an
+//!   engine that passes every byte: criguard's hot path without the frame
+//!   handling, so the bench shows what the frames themselves cost.
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
@@ -32,6 +35,7 @@ enum Mode {
     Poll,
     Splice,
     Tokio,
+    Pump,
 }
 
 struct Args {
@@ -54,9 +58,10 @@ fn parse() -> Result<Args, String> {
                     "poll" => Mode::Poll,
                     "splice" => Mode::Splice,
                     "tokio" => Mode::Tokio,
+                    "pump" => Mode::Pump,
                     other => {
                         return Err(format!(
-                            "--mode {other:?}: expected poll, threads, splice or tokio"
+                            "--mode {other:?}: expected poll, threads, splice, tokio or pump"
                         ));
                     }
                 }
@@ -73,7 +78,7 @@ fn parse() -> Result<Args, String> {
 
 fn main() {
     let args = parse().unwrap_or_else(|e| {
-        eprintln!("byte_relay: {e}\nusage: byte_relay --listen PATH --upstream PATH [--mode poll|threads|splice|tokio]");
+        eprintln!("byte_relay: {e}\nusage: byte_relay --listen PATH --upstream PATH [--mode poll|threads|splice|tokio|pump]");
         std::process::exit(2);
     });
     let _ = std::fs::remove_file(&args.listen);
@@ -81,8 +86,8 @@ fn main() {
         eprintln!("byte_relay: bind {}: {e}", args.listen.display());
         std::process::exit(1);
     });
-    if args.mode == Mode::Tokio {
-        return tokio_relay(listener, args.upstream);
+    if matches!(args.mode, Mode::Tokio | Mode::Pump) {
+        return tokio_relay(listener, args.upstream, args.mode == Mode::Pump);
     }
     for client in listener.incoming() {
         let Ok(client) = client else { continue };
@@ -218,9 +223,9 @@ fn splice_pump(from: UnixStream, to: UnixStream) {
     let _ = to.shutdown(Shutdown::Write);
 }
 
-fn tokio_relay(listener: UnixListener, upstream: PathBuf) {
+fn tokio_relay(listener: UnixListener, upstream: PathBuf, pump: bool) {
     let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
+        .enable_all()
         .build()
         .unwrap();
     rt.block_on(async move {
@@ -232,7 +237,14 @@ fn tokio_relay(listener: UnixListener, upstream: PathBuf) {
             };
             let upstream = upstream.clone();
             tokio::spawn(async move {
-                if let Ok(mut up) = tokio::net::UnixStream::connect(&upstream).await {
+                let Ok(mut up) = tokio::net::UnixStream::connect(&upstream).await else {
+                    return;
+                };
+                if pump {
+                    let (_never, drain) = tokio::sync::watch::channel(false);
+                    let mut engine = criguard::cri::pump::Bytes;
+                    criguard::cri::pump::pump(&mut engine, client, up, None, drain).await;
+                } else {
                     let _ = tokio::io::copy_bidirectional_with_sizes(
                         &mut client,
                         &mut up,

@@ -460,7 +460,9 @@ impl GcArgs {
 /// Where the node's signals are read.
 #[derive(clap::Args, Debug, Clone)]
 struct NodeArgs {
-    /// The pods' cgroup (node allocatable), as the kubelet names it.
+    /// The pods' cgroup (node allocatable), as the kubelet names it: a path
+    /// or a systemd slice (`kubepods.slice`); the default is found under
+    /// either driver (`/kubepods` or `/kubepods.slice`).
     #[arg(long, default_value = "/kubepods")]
     kubepods_cgroup: String,
     /// The kubelet's root directory: its filesystem is nodefs.

@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
@@ -151,17 +150,18 @@ async fn node_reclaim_first_then_the_largest_disk_user_even_if_guaranteed() {
     // Pressure: leave 54 MiB available against a 100 Mi threshold. The dead
     // container (10 MiB) and the unused image (~16 MiB) cannot cover the
     // 46 MiB deficit; evicting the 40 MiB pod then can.
+    // One fallocate(2): criguard never sees the filesystem half filled (a
+    // round in the middle of a slow fill would reclaim what the rest of the
+    // fill then takes, and the decision would see no reclaim at all).
     let target = 54 * MI;
-    let mut ballast = std::fs::File::create(fs.join("ballast")).unwrap();
-    let chunk = vec![0x77u8; MI as usize];
-    while available(&fs) > target + MI {
-        ballast.write_all(&chunk).unwrap();
-        ballast.flush().unwrap();
-    }
-    let rest = available(&fs) - target;
-    ballast.write_all(&chunk[..rest as usize]).unwrap();
-    ballast.sync_all().unwrap();
+    let ballast = std::fs::File::create(fs.join("ballast")).unwrap();
+    let len = (available(&fs) - target) as libc::off_t;
+    // SAFETY: fallocate on a file descriptor we own, within its file.
+    let rc = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&ballast), 0, 0, len) };
+    assert_eq!(rc, 0, "fallocate: {}", std::io::Error::last_os_error());
     drop(ballast);
+    let filled = available(&fs);
+    assert!(filled.abs_diff(target) < MI, "filled to {filled}");
 
     let evictions = guard
         .first_evictions(Duration::from_secs(30), "a disk eviction")

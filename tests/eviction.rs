@@ -95,7 +95,7 @@ impl Scenario {
             me.containers.push(c[0].clone());
         }
         for c in &me.containers {
-            common::pressure::wait_holding(&me.ctrd.direct().rt, c).await;
+            common::pods::wait_holding(&me.ctrd.direct().rt, c, Duration::from_secs(60)).await;
         }
         assert!(
             me.guard.evictions().await.is_empty(),
@@ -115,12 +115,7 @@ impl Scenario {
 
     /// The BestEffort hog grows by 160Mi: allocatable drops below 64Mi.
     async fn grow(&self) {
-        let go = cri::ExecSyncRequest {
-            container_id: self.containers[0].clone(),
-            cmd: vec!["touch".into(), "/tmp/go".into()],
-            timeout: 5,
-        };
-        self.ctrd.direct().rt.exec_sync(go).await.unwrap();
+        common::pods::grow(&self.ctrd.direct().rt, &self.containers[0]).await;
     }
 
     async fn teardown(&self) {

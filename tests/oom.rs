@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
 use common::pods::{
-    CgroupRoot, hog, init_pid, mem_total, oom_score_adj_of, remove_pods, run_pod, sleeper,
+    CgroupRoot, grow, hog, init_pid, mem_total, oom_score_adj_of, remove_pods, run_pod, sleeper,
+    wait_holding,
 };
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::policy::oom::badness;
@@ -92,26 +93,7 @@ async fn oom_scenario(dynamic: bool) -> [cri::ContainerStatus; 3] {
     let (_, yc) = run_pod(&mut rt, &y, None).await;
     let (_, zc) = run_pod(&mut rt, &z, None).await;
     for c in [&xc[0], &yc[0], &zc[0]] {
-        common::poll_until(
-            Duration::from_secs(60),
-            "the hogs to hold their memory",
-            || {
-                let mut d = direct.rt.clone();
-                let id = c.clone();
-                async move {
-                    let r = d
-                        .exec_sync(cri::ExecSyncRequest {
-                            container_id: id,
-                            cmd: vec!["test".into(), "-e".into(), "/tmp/ready".into()],
-                            timeout: 5,
-                        })
-                        .await
-                        .ok()?;
-                    (r.into_inner().exit_code == 0).then_some(())
-                }
-            },
-        )
-        .await;
+        wait_holding(&direct.rt, c, Duration::from_secs(60)).await;
     }
 
     // The scenario must need criguard: at the kubelet's static scores the
@@ -144,15 +126,7 @@ async fn oom_scenario(dynamic: bool) -> [cri::ContainerStatus; 3] {
     }
 
     // X grows into the limit; the kernel kills someone.
-    direct
-        .rt
-        .exec_sync(cri::ExecSyncRequest {
-            container_id: xc[0].clone(),
-            cmd: vec!["touch".into(), "/tmp/go".into()],
-            timeout: 5,
-        })
-        .await
-        .unwrap();
+    grow(&direct.rt, &xc[0]).await;
     let status = |id: String| {
         let mut d = direct.rt.clone();
         async move {

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
-use common::pods::{BUSYBOX, CgroupRoot, remove_pods, run_pod, sleeper};
+use common::pods::{CgroupRoot, forker, remove_pods, run_pod, sleeper};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 
 const PIDS_MAX: u64 = 100;
@@ -52,19 +52,7 @@ async fn the_pod_with_most_tasks_goes_under_pid_pressure() {
 
     // 80 sleeping children: with the pause processes and shells the pods'
     // cgroup passes 70 of its 100 tasks.
-    let forker = pod(
-        "forker",
-        ContainerSpec {
-            name: "forker".into(),
-            image: BUSYBOX.into(),
-            command: vec![
-                "sh".into(),
-                "-c".into(),
-                "for i in $(seq 80); do sleep 3600 & done; wait".into(),
-            ],
-            ..Default::default()
-        },
-    );
+    let forker = pod("forker", forker(80));
     let (forker_sb, _) = run_pod(&mut rt, &forker, None).await;
 
     let evictions = guard

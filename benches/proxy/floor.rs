@@ -30,8 +30,9 @@ impl Relay {
         }
     }
 
-    /// Our own relay (`examples/byte_relay`, built by hack/bench-proxy.sh).
-    pub fn ours(listen: &Path, upstream: &Path) -> Self {
+    /// Our own relay (`examples/byte_relay`, built by hack/bench-proxy.sh),
+    /// in `mode` (default: `CRIGUARD_BENCH_RELAY_MODE`, else its own default).
+    pub fn ours(listen: &Path, upstream: &Path, mode: Option<&str>) -> Self {
         let bin = std::env::var_os("CRIGUARD_BYTE_RELAY")
             .map(PathBuf::from)
             .unwrap_or_else(|| {
@@ -47,7 +48,10 @@ impl Relay {
             .arg(listen)
             .arg("--upstream")
             .arg(upstream);
-        if let Ok(mode) = std::env::var("CRIGUARD_BENCH_RELAY_MODE") {
+        let mode = mode
+            .map(str::to_owned)
+            .or_else(|| std::env::var("CRIGUARD_BENCH_RELAY_MODE").ok());
+        if let Some(mode) = mode {
             cmd.args(["--mode", &mode]);
         }
         Self {

@@ -4,7 +4,11 @@
 use std::time::Duration;
 
 /// The paths, in the order the clients cycle through them.
-pub const PATHS: [&str; 4] = ["direct", "socat", "relay", "criguard"];
+pub const PATHS: [&str; 5] = ["direct", "socat", "relay", "loop", "criguard"];
+/// Index of criguard in [`PATHS`].
+pub const CRIGUARD: usize = 4;
+/// Indices of the byte relays (the floor) in [`PATHS`].
+const FLOOR: [usize; 3] = [1, 2, 3];
 
 /// Latencies of one (client, method), one list per path.
 pub struct Sample {
@@ -25,6 +29,14 @@ impl Sample {
             method,
             times,
         }
+    }
+
+    /// The best byte relay's percentile `p`, in µs.
+    pub fn floor(&self, p: f64) -> f64 {
+        FLOOR
+            .iter()
+            .map(|&i| self.pct(i, p))
+            .fold(f64::MAX, f64::min)
     }
 
     /// Percentile `p` (0..=1) of path `i`, in µs.
@@ -53,10 +65,9 @@ pub fn header() {
 }
 
 /// Prints one (client, method): a row per path, ratios against direct and
-/// against the best byte relay (socat or ours, whichever is lower).
+/// against the best byte relay (socat, ours or criguard's loop, whichever is lower).
 pub fn rows(s: &Sample) {
-    let floor50 = s.pct(1, 0.5).min(s.pct(2, 0.5));
-    let floor99 = s.pct(1, 0.99).min(s.pct(2, 0.99));
+    let (floor50, floor99) = (s.floor(0.5), s.floor(0.99));
     for (i, path) in PATHS.iter().enumerate() {
         let (p50, p99) = (s.pct(i, 0.5), s.pct(i, 0.99));
         let vs_floor = if i == 0 {
@@ -83,7 +94,7 @@ pub fn summary(samples: &[Sample]) {
     let worst = |p: f64| {
         samples
             .iter()
-            .map(|s| s.pct(3, p) / s.pct(1, p).min(s.pct(2, p)))
+            .map(|s| s.pct(CRIGUARD, p) / s.floor(p))
             .fold(0.0, f64::max)
     };
     println!(

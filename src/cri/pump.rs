@@ -103,6 +103,15 @@ fn make_room(buf: &mut BytesMut) {
     }
 }
 
+/// Sleeps until `deadline`; never returns without one. The timer is made
+/// only when polled, so the common case (no deadline) costs nothing.
+async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn ready_or_gone(ready: &mut Option<watch::Receiver<bool>>) {
     if let Some(r) = ready {
         // An error means the sender is gone: nothing to wait for.
@@ -149,8 +158,7 @@ pub async fn pump<E: Engine>(
             r = write_some(&mut cw, &mut io.to_client), if !io.to_client.is_empty() => {
                 client_open = r.is_ok();
             }
-            () = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()),
-                if deadline.is_some() => engine.on_deadline(&mut io),
+            () = until(deadline), if deadline.is_some() => engine.on_deadline(&mut io),
             () = ready_or_gone(&mut ready), if engine.wants_ready() => engine.on_ready(&mut io),
             _ = drain.changed(), if !draining => {
                 draining = true;

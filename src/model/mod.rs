@@ -117,8 +117,10 @@ pub struct Container {
     pub attempt: u32,
     /// Image reference.
     pub image: String,
-    /// Cgroup path relative to the hierarchy root (cgroupfs driver:
-    /// `<cgroup parent>/<id>`).
+    /// Cgroup path from the hierarchy root, as
+    /// [`crate::signals::cgroup_path::container`] resolves it (cgroupfs:
+    /// `<cgroup parent>/<id>`; systemd: the expanded slice's
+    /// `cri-containerd-<id>.scope`); empty when the pod has no cgroup parent.
     pub cgroup_path: String,
     /// CPU shares.
     pub cpu_shares: i64,
@@ -178,18 +180,18 @@ impl Pod {
     pub fn memory_request(&self) -> i64 {
         self.containers.values().map(|c| c.memory_request).sum()
     }
+
+    /// The pod's cgroup from the hierarchy root, for either cgroup driver
+    /// ([`crate::signals::cgroup_path::pod`]); `None` without a cgroup parent.
+    pub fn cgroup(&self) -> Option<String> {
+        crate::signals::cgroup_path::pod(&self.cgroup_parent)
+    }
 }
 
-/// Where containerd puts a container's cgroup (`pkg/cri` getCgroupsPath):
-/// `<parent>/<id>` with the cgroupfs driver; with the systemd driver (a
-/// parent ending in `.slice`) the scope `<parent>/cri-containerd-<id>.scope`.
+/// Where containerd puts a container's cgroup, from the hierarchy root
+/// ([`crate::signals::cgroup_path::container`]); empty when unknown.
 pub fn container_cgroup(parent: &str, id: &str) -> String {
-    let parent = parent.trim_end_matches('/');
-    if parent.ends_with(".slice") {
-        format!("{parent}/cri-containerd-{id}.scope")
-    } else {
-        format!("{parent}/{id}")
-    }
+    crate::signals::cgroup_path::container(parent, id).unwrap_or_default()
 }
 
 /// All pods on the node, by sandbox id.

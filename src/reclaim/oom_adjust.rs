@@ -17,6 +17,7 @@ use crate::metrics::OomMetrics;
 use crate::model::{ContainerState, NodeModel, SandboxState};
 use crate::policy::oom::{ContainerMemory, dynamic_scores};
 use crate::policy::rank::{PodMemory, rank_memory};
+use crate::signals::cgroup_path::kubepods_of;
 use crate::signals::memory::CgroupFs;
 
 /// What one round decided, for logs and tests.
@@ -38,19 +39,6 @@ pub struct OomAdjuster {
     /// (container, score) pairs already logged at info, so each change is said once.
     announced: HashSet<(String, i64)>,
     metrics: OomMetrics,
-}
-
-/// The cgroup named `kubepods` (or `kubepods.slice`) above a pod's cgroup.
-fn kubepods_of(cgroup_parent: &str) -> Option<String> {
-    let mut out = String::new();
-    for part in cgroup_parent.split('/').filter(|p| !p.is_empty()) {
-        out.push('/');
-        out.push_str(part);
-        if part == "kubepods" || part == "kubepods.slice" {
-            return Some(out);
-        }
-    }
-    None
 }
 
 impl OomAdjuster {
@@ -87,7 +75,11 @@ impl OomAdjuster {
         let mut containers = Vec::new();
         let mut total = capacity;
         for p in &running {
-            if let Some(limit) = kubepods_of(&p.cgroup_parent)
+            // Resolved for either cgroup driver; a pod without one is unread.
+            let cgroup = p.cgroup();
+            if let Some(limit) = cgroup
+                .as_deref()
+                .and_then(kubepods_of)
                 .and_then(|k| self.cgroups.memory(&k).ok())
                 .and_then(|m| m.limit)
             {
@@ -97,17 +89,15 @@ impl OomAdjuster {
                 sandbox_id: p.sandbox_id.clone(),
                 priority: p.priority,
                 request: p.memory_request(),
-                usage: self
-                    .cgroups
-                    .memory(&p.cgroup_parent)
-                    .ok()
+                usage: cgroup
+                    .and_then(|cg| self.cgroups.memory(&cg).ok())
                     .map(|m| m.working_set as i64),
                 critical: p.critical,
             });
             for c in p
                 .containers
                 .values()
-                .filter(|c| c.state == ContainerState::Running)
+                .filter(|c| c.state == ContainerState::Running && !c.cgroup_path.is_empty())
             {
                 let Ok(usage) = self.cgroups.memory(&c.cgroup_path) else {
                     continue;
@@ -196,24 +186,5 @@ impl OomAdjuster {
             }
         }
         any
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn kubepods_ancestor_in_both_drivers() {
-        assert_eq!(
-            super::kubepods_of("/x/kubepods/burstable/pod1").as_deref(),
-            Some("/x/kubepods")
-        );
-        assert_eq!(
-            super::kubepods_of(
-                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice"
-            )
-            .as_deref(),
-            Some("/kubepods.slice")
-        );
-        assert_eq!(super::kubepods_of("/k8s.io"), None);
     }
 }

@@ -108,11 +108,15 @@ impl Ranker {
     /// The kubelet's memory ranking, by working set.
     pub fn memory(&self, tried: &BTreeSet<String>) -> Vec<Victim> {
         let pods = self.candidates(tried);
-        let working_set =
-            |cgroup: &str| Some(self.sources.cgroups.memory(cgroup).ok()?.working_set as i64);
+        // Cgroups resolved for either driver; an unknown one (empty) is unread.
+        let working_set = |cgroup: &str| {
+            (!cgroup.is_empty())
+                .then(|| Some(self.sources.cgroups.memory(cgroup).ok()?.working_set as i64))
+                .flatten()
+        };
         let usage: HashMap<&str, i64> = pods
             .iter()
-            .filter_map(|p| Some((p.sandbox_id.as_str(), working_set(&p.cgroup_parent)?)))
+            .filter_map(|p| Some((p.sandbox_id.as_str(), working_set(&p.cgroup()?)?)))
             .collect();
         let input: Vec<PodMemory> = pods
             .iter()
@@ -154,11 +158,15 @@ impl Ranker {
     /// The kubelet's pid ranking: priority, then tasks (threads included).
     pub fn pids(&self, tried: &BTreeSet<String>) -> Vec<Victim> {
         let pods = self.candidates(tried);
-        let tasks = |cgroup: &str| self.sources.cgroups.pids_counter(cgroup).ok().map(|c| c.0);
+        let tasks = |cgroup: &str| {
+            (!cgroup.is_empty())
+                .then(|| self.sources.cgroups.pids_counter(cgroup).ok().map(|c| c.0))
+                .flatten()
+        };
         let uses: Vec<PodUse> = pods
             .iter()
             .map(|p| {
-                let n = tasks(&p.cgroup_parent);
+                let n = p.cgroup().and_then(|cg| tasks(&cg));
                 PodUse {
                     sandbox_id: p.sandbox_id.clone(),
                     priority: p.priority,

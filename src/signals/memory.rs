@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::cgroup_path::{self, Controller};
 use super::{ReadError, read};
 
 /// Which cgroup layout a root uses.
@@ -78,13 +79,15 @@ impl CgroupFs {
         self.layout
     }
 
+    /// The directory of `cgroup` (a path from the root, see
+    /// [`cgroup_path`]) for `controller`.
+    pub fn dir(&self, controller: Controller, cgroup: &str) -> PathBuf {
+        cgroup_path::dir(&self.root, self.layout, controller, cgroup)
+    }
+
     /// The directory of `cgroup` (a path like `/kubepods/burstable/pod…`) for memory.
     pub fn memory_dir(&self, cgroup: &str) -> PathBuf {
-        let rel = cgroup.trim_start_matches('/');
-        match self.layout {
-            Layout::V1 => self.root.join("memory").join(rel),
-            Layout::V2 => self.root.join(rel),
-        }
+        self.dir(Controller::Memory, cgroup)
     }
 
     /// Usage, working set and limit of `cgroup`.
@@ -118,11 +121,7 @@ impl CgroupFs {
     /// `pids.current` (tasks, threads included) and `pids.max` (None:
     /// unlimited) of `cgroup`, from the pids controller.
     pub fn pids_counter(&self, cgroup: &str) -> Result<(u64, Option<u64>), ReadError> {
-        let rel = cgroup.trim_start_matches('/');
-        let dir = match self.layout {
-            Layout::V1 => self.root.join("pids").join(rel),
-            Layout::V2 => self.root.join(rel),
-        };
+        let dir = self.dir(Controller::Pids, cgroup);
         let cur_path = dir.join("pids.current");
         let current = parse_u64(&cur_path, read(&cur_path)?.trim())?;
         let max_path = dir.join("pids.max");

@@ -3,6 +3,7 @@
 //! Readers take a root (never a hard-coded `/sys/fs/cgroup`) and parse plain
 //! text, so tests run them against fixture trees. Errors carry the path.
 
+pub mod cgroup_path;
 pub mod disk;
 pub mod events;
 pub mod memory;

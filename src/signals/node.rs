@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::cgroup_path;
 use super::memory::CgroupFs;
 use super::{ReadError, read};
 use crate::config::Signal;
@@ -25,7 +26,8 @@ pub struct NodeSources {
     pub proc_root: PathBuf,
     /// Node memory capacity in bytes.
     pub memory_capacity: u64,
-    /// The pods' cgroup (the kubelet's `/kubepods`).
+    /// The pods' cgroup as configured (`--kubepods-cgroup`: a path or a
+    /// slice name); read through [`NodeSources::kubepods`].
     pub pods_cgroup: String,
     /// The kubelet's root directory (nodefs).
     pub nodefs: PathBuf,
@@ -90,6 +92,13 @@ pub fn pids_in_use(proc_root: &Path) -> Result<u64, ReadError> {
 }
 
 impl NodeSources {
+    /// The pods' cgroup from the hierarchy root, resolved now
+    /// ([`cgroup_path::kubepods_in`]: the default `/kubepods` is
+    /// `/kubepods.slice` on a systemd-driver node).
+    pub fn kubepods(&self) -> String {
+        cgroup_path::kubepods_in(&self.cgroups, &self.pods_cgroup)
+    }
+
     /// Reads every signal it can, stamped with the time the reading started;
     /// a signal whose source cannot be read is left out (and logged), never
     /// guessed.
@@ -110,7 +119,7 @@ impl NodeSources {
         );
         put(
             Signal::AllocatableMemoryAvailable,
-            self.cgroups.memory(&self.pods_cgroup).map(|m| {
+            self.cgroups.memory(&self.kubepods()).map(|m| {
                 let allocatable = m
                     .limit
                     .unwrap_or(self.memory_capacity)
@@ -163,7 +172,7 @@ impl NodeSources {
                 };
                 // Beyond the kubelet: a pids limit on the pods' cgroup
                 // (system-reserved pids) is the tighter bound for pods.
-                Ok(match self.cgroups.pids_counter(&self.pods_cgroup) {
+                Ok(match self.cgroups.pids_counter(&self.kubepods()) {
                     Ok((current, Some(max))) if (max as i64 - current as i64) < node.available => {
                         Observation {
                             available: max as i64 - current as i64,

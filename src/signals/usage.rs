@@ -163,31 +163,6 @@ pub fn counted(signal: Signal, pod: &PodUsage, dedicated_imagefs: bool) -> Optio
     })
 }
 
-/// The cgroup path of a pod's cgroup parent: a cgroupfs path as given, or
-/// a systemd slice name expanded to its place in the tree
-/// (`kubepods-burstable-pod1.slice` →
-/// `/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice`).
-pub fn pod_cgroup(parent: &str) -> String {
-    let Some(stem) = parent.strip_suffix(".slice") else {
-        return parent.to_owned();
-    };
-    if parent.contains('/') || stem.is_empty() {
-        return parent.to_owned();
-    }
-    let mut path = String::new();
-    let mut prefix = String::new();
-    for part in stem.split('-') {
-        if !prefix.is_empty() {
-            prefix.push('-');
-        }
-        prefix.push_str(part);
-        path.push('/');
-        path.push_str(&prefix);
-        path.push_str(".slice");
-    }
-    path
-}
-
 /// The directory of the pod's emptyDir volumes under the kubelet root.
 pub fn empty_dir_root(kubelet_root: &Path, uid: &str) -> PathBuf {
     kubelet_root
@@ -276,16 +251,13 @@ pub fn read_pod(pod: &Pod, layers: &Layers, src: &UsageSources) -> PodUsage {
             (_, Err(e)) => errors.push(format!("{}: {e}", root.display())),
         }
     }
-    let processes = if pod.cgroup_parent.is_empty() {
-        None
-    } else {
-        match src.cgroups.pids(&pod_cgroup(&pod.cgroup_parent)) {
-            Ok(p) => Some(p.len() as u64),
-            Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => {
-                errors.push(e.to_string());
-                None
-            }
+    let processes = match pod.cgroup().map(|cg| src.cgroups.pids(&cg)) {
+        None => None,
+        Some(Ok(p)) => Some(p.len() as u64),
+        Some(Err(e)) if e.source.kind() == std::io::ErrorKind::NotFound => None,
+        Some(Err(e)) => {
+            errors.push(e.to_string());
+            None
         }
     };
     PodUsage {
@@ -478,22 +450,6 @@ mod tests {
         ] {
             assert_eq!(counted(sig, &p, false), want, "{sig}");
         }
-    }
-
-    #[test]
-    fn systemd_slices_expand_and_cgroupfs_paths_stay() {
-        assert_eq!(
-            pod_cgroup("kubepods-burstable-pod1_2.slice"),
-            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice"
-        );
-        assert_eq!(
-            pod_cgroup("kubepods-pod9.slice"),
-            "/kubepods.slice/kubepods-pod9.slice"
-        );
-        assert_eq!(
-            pod_cgroup("/kubepods/besteffort/pod1"),
-            "/kubepods/besteffort/pod1"
-        );
     }
 
     #[test]

@@ -36,6 +36,20 @@ pub fn sleeper(name: &str) -> ContainerSpec {
     }
 }
 
+/// A busybox container `forker` that starts `n` sleeping children and waits.
+pub fn forker(n: u32) -> ContainerSpec {
+    ContainerSpec {
+        name: "forker".into(),
+        image: BUSYBOX.into(),
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            format!("for i in $(seq {n}); do sleep 3600 & done; wait"),
+        ],
+        ..Default::default()
+    }
+}
+
 /// Runs `pod` through `rt` the kubelet's way; `adj_override` replaces the
 /// kubelet's `oom_score_adj` in the request (a kubelet criguard disagrees with).
 pub async fn run_pod(
@@ -162,18 +176,47 @@ pub async fn proc_oom_score_adj(
     oom_score_adj_of(init_pid(c, container, sandbox).await)
 }
 
-/// A shell that holds `mib` MiB of heap in 10 MiB steps (so it never peaks
-/// much above what it holds), then, once /tmp/go exists, `grow_mib` more.
+/// A process that holds `mib` MiB of heap in 10 MiB steps (so it never
+/// peaks much above what it holds), then, once /tmp/go exists, `grow_mib`
+/// more; /tmp/ready says the first share is held. One busybox awk process
+/// holds it all (strings built by `sprintf`, each page written), so an OOM
+/// kill of it ends the container; about four times faster than growing
+/// shell variables, which matters under the VM tier's emulated CPU.
 pub fn hog(mib: i64, grow_mib: i64) -> Vec<String> {
-    let script = format!(
-        "hold() {{ n=$1; i=0; while [ $i -lt $n ]; do \
-           eval \"v$2$i=\\$(yes aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa | head -c 10485760)\"; i=$((i+1)); done; }}; \
-         hold {} a; touch /tmp/ready; \
-         while [ ! -e /tmp/go ]; do sleep 0.1; done; hold {} b; while true; do sleep 3600; done",
+    let program = format!(
+        "function hold(n, tag,   i) {{ for (i = 0; i < n; i++) m[tag i] = sprintf(\"%10485760s\", tag i) }} \
+         BEGIN {{ hold({}, \"a\"); system(\"touch /tmp/ready\"); \
+           while (system(\"test -e /tmp/go\") != 0) system(\"sleep 0.1\"); \
+           hold({}, \"b\"); while (1) system(\"sleep 3600\") }}",
         mib / 10,
         grow_mib / 10
     );
-    vec!["sh".into(), "-c".into(), script]
+    vec!["awk".into(), program]
+}
+
+/// Runs `cmd` in container `id` (ExecSync, 30 s); its exit code, or `None`
+/// when it could not be run.
+pub async fn exec(rt: &RuntimeServiceClient<Channel>, id: &str, cmd: &[&str]) -> Option<i32> {
+    let req = cri::ExecSyncRequest {
+        container_id: id.to_owned(),
+        cmd: cmd.iter().map(|s| s.to_string()).collect(),
+        timeout: 30,
+    };
+    Some(rt.clone().exec_sync(req).await.ok()?.into_inner().exit_code)
+}
+
+/// Waits (up to `deadline`) until the [`hog`] in container `id` holds its
+/// first share of memory (`/tmp/ready`).
+pub async fn wait_holding(rt: &RuntimeServiceClient<Channel>, id: &str, deadline: Duration) {
+    super::poll_until(deadline, "the hog to hold its memory", || async {
+        (exec(rt, id, &["test", "-e", "/tmp/ready"]).await == Some(0)).then_some(())
+    })
+    .await;
+}
+
+/// Tells the [`hog`] in container `id` to take its second share.
+pub async fn grow(rt: &RuntimeServiceClient<Channel>, id: &str) {
+    assert_eq!(exec(rt, id, &["touch", "/tmp/go"]).await, Some(0));
 }
 
 /// Stops and removes every sandbox in `sandbox_ids` through `rt`, the

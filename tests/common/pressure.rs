@@ -9,10 +9,8 @@ use std::time::Duration;
 use k8s_cri::v1 as cri;
 
 use super::containerd::{CriguardProcess, PrivateContainerd, unique};
-use super::pods::{CgroupRoot, hog, mem_total, run_pod, sleeper, wait_exited};
+use super::pods::{CgroupRoot, grow, hog, mem_total, run_pod, sleeper, wait_exited, wait_holding};
 use criguard::kubelet::{ContainerSpec, PodSpec};
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use tonic::transport::Channel;
 
 /// A private containerd with a kubepods memcg of a given size.
 pub struct Pressure {
@@ -92,18 +90,13 @@ impl Pressure {
     /// returns (sandbox, container).
     pub async fn run(&self, guard: &CriguardProcess, pod: &PodSpec) -> (String, String) {
         let (sandbox, c) = run_pod(&mut guard.clients().rt, pod, None).await;
-        wait_holding(&self.ctrd.direct().rt, &c[0]).await;
+        wait_holding(&self.ctrd.direct().rt, &c[0], Duration::from_secs(60)).await;
         (sandbox, c[0].clone())
     }
 
     /// Tells a hog container to grow.
     pub async fn grow(&self, container: &str) {
-        let go = cri::ExecSyncRequest {
-            container_id: container.to_owned(),
-            cmd: vec!["touch".into(), "/tmp/go".into()],
-            timeout: 5,
-        };
-        self.ctrd.direct().rt.exec_sync(go).await.unwrap();
+        grow(&self.ctrd.direct().rt, container).await;
     }
 
     /// When the container exited (Unix ms), once it has.
@@ -134,26 +127,4 @@ impl Pressure {
             runtime_handler: String::new(),
         }
     }
-}
-
-/// Waits until a [`hog`] container holds its first memory (`/tmp/ready`).
-pub async fn wait_holding(rt: &RuntimeServiceClient<Channel>, container: &str) {
-    super::poll_until(
-        Duration::from_secs(60),
-        "the pod to hold its memory",
-        || {
-            let (mut rt, id) = (rt.clone(), container.to_owned());
-            async move {
-                let cmd = vec!["test".into(), "-e".into(), "/tmp/ready".into()];
-                let req = cri::ExecSyncRequest {
-                    container_id: id,
-                    cmd,
-                    timeout: 5,
-                };
-                let r = rt.exec_sync(req).await.ok()?;
-                (r.into_inner().exit_code == 0).then_some(())
-            }
-        },
-    )
-    .await;
 }

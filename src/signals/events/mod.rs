@@ -174,8 +174,9 @@ impl MemoryEvents {
         match self.sources.cgroups.layout() {
             Layout::V1 => {
                 let mut memcgs = BTreeMap::new();
+                let kubepods = self.sources.kubepods();
                 for t in &self.thresholds {
-                    let Some(cg) = signal_cgroup(t.signal, &self.sources.pods_cgroup) else {
+                    let Some(cg) = signal_cgroup(t.signal, &kubepods) else {
                         continue;
                     };
                     match self.sources.cgroups.memory(cg) {

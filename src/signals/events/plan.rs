@@ -116,8 +116,9 @@ pub fn plan_v1(
 /// pods' `memory.events`.
 pub fn plan_v2(sources: &NodeSources, signals: &BTreeSet<Signal>) -> Vec<Watch> {
     let mut out = BTreeSet::new();
+    let kubepods = sources.kubepods();
     for s in signals {
-        let Some(cgroup) = signal_cgroup(*s, &sources.pods_cgroup) else {
+        let Some(cgroup) = signal_cgroup(*s, &kubepods) else {
             continue;
         };
         let dir = sources.cgroups.memory_dir(cgroup);

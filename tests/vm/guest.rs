@@ -1,0 +1,246 @@
+//! The guest's side of the VM tier: the guard that keeps these tests out of
+//! any other machine, shell and systemd helpers, runtime slices, the
+//! machine's containerd set up as a systemd-driver node's, pods run the
+//! kubelet's way (several at once), and timing lines.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use criguard::kubelet::{CgroupDriver, ContainerSpec, PodSpec};
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::Channel;
+
+use crate::common::containerd::{Clients, unique};
+use crate::common::pods::{mem_total, remove_pods, run_pod};
+
+/// Set by the guest's runner (hack/vm/guest.sh).
+pub fn inside() -> bool {
+    std::env::var_os("CRIGUARD_VM_GUEST").is_some()
+}
+
+/// Panics unless this runs inside the VM: the scenarios reconfigure the
+/// machine's containerd and systemd.
+pub fn require() {
+    assert!(
+        inside(),
+        "this scenario reconfigures the machine's containerd and systemd: it runs only \
+         inside the VM (hack/vm.sh test, or the host-side test of tests/vm)"
+    );
+}
+
+/// A line on stderr that the host-side test passes on (not captured by
+/// the test harness, so it shows for passing tests too).
+pub fn report(line: &str) {
+    let _ = writeln!(std::io::stderr(), "vm-tier: {line}");
+}
+
+/// Reports how long a scenario took when dropped.
+pub struct Timer(&'static str, Instant);
+
+impl Timer {
+    /// Starts timing `name`.
+    pub fn start(name: &'static str) -> Self {
+        Self(name, Instant::now())
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        let verdict = if std::thread::panicking() {
+            "failed"
+        } else {
+            "passed"
+        };
+        report(&format!(
+            "scenario {} {verdict} in {:.1} s",
+            self.0,
+            self.1.elapsed().as_secs_f64()
+        ));
+    }
+}
+
+/// Runs `script` with bash; its stdout. Panics with both outputs on failure.
+pub fn sh(script: &str) -> String {
+    let out = Command::new("bash")
+        .args(["-c", script])
+        .output()
+        .expect("run bash");
+    assert!(
+        out.status.success(),
+        "`{script}` failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs `script`; its exit code, stdout and stderr, whatever they are.
+pub fn sh_status(script: &str) -> (i32, String, String) {
+    let out = Command::new("bash")
+        .args(["-c", script])
+        .output()
+        .expect("run bash");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `systemctl show -p PROP --value UNIT`.
+pub fn show(unit: &str, prop: &str) -> String {
+    sh(&format!("systemctl show -p {prop} --value {unit}"))
+        .trim()
+        .to_owned()
+}
+
+/// The unit's main process (0: none).
+pub fn main_pid(unit: &str) -> u32 {
+    show(unit, "MainPID").parse().unwrap()
+}
+
+/// The cgroup v2 path of a process (`0::/path` in `/proc/<pid>/cgroup`).
+pub fn cgroup_of(pid: i64) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or_else(|| panic!("no v2 line in /proc/{pid}/cgroup: {text}"))
+        .to_owned()
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or panics after
+/// `deadline` (for checks that block, off the async runtime's threads).
+pub fn wait_for<T>(deadline: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + deadline;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            Instant::now() < end,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A slice made the way the kubelet makes `kubepods.slice` (a unit with
+/// resource limits, here a runtime unit file); stopped and removed on drop.
+pub struct Slice(String);
+
+impl Slice {
+    /// Creates and starts slice `name` with `properties` (`MemoryMax=320M`).
+    pub fn create(name: &str, properties: &[&str]) -> Self {
+        let path = format!("/run/systemd/system/{name}");
+        let mut unit = String::from("[Unit]\nDescription=criguard VM tier pods\n\n[Slice]\n");
+        for p in properties {
+            unit.push_str(p);
+            unit.push('\n');
+        }
+        std::fs::create_dir_all("/run/systemd/system").unwrap();
+        std::fs::write(&path, unit).unwrap();
+        sh(&format!(
+            "systemctl daemon-reload && systemctl start {name}"
+        ));
+        Self(name.to_owned())
+    }
+
+    /// Its directory in the unified hierarchy.
+    pub fn dir(&self) -> String {
+        let rel = criguard::signals::cgroup_path::kubepods(&self.0);
+        format!("/sys/fs/cgroup{rel}")
+    }
+}
+
+impl Drop for Slice {
+    fn drop(&mut self) {
+        let _ = sh_status(&format!(
+            "systemctl stop {0}; rm -f /run/systemd/system/{0}; systemctl daemon-reload",
+            self.0
+        ));
+    }
+}
+
+/// The machine's containerd as a systemd-driver node runs it (the image
+/// ships it): the test images' pause, runc under systemd's cgroups, the
+/// kubelet's negative scores let through.
+const NODE_CONTAINERD_CONFIG: &str = include_str!("../../hack/vm/image/containerd-config.toml");
+
+/// containerd.service's socket.
+pub const CONTAINERD: &str = "/run/containerd/containerd.sock";
+
+/// Where the node's pods log, as the kubelet has it.
+pub const LOG_ROOT: &str = "/var/log/pods";
+
+/// containerd.service as a systemd-driver node's: its configuration (the
+/// image's; put back and restarted only if something changed it), the test
+/// images (imported when missing), its CRI answering.
+pub async fn node_containerd() -> Clients {
+    let path = "/etc/containerd/config.toml";
+    if std::fs::read_to_string(path).ok().as_deref() != Some(NODE_CONTAINERD_CONFIG) {
+        std::fs::write(path, NODE_CONTAINERD_CONFIG).unwrap();
+        sh("systemctl restart containerd.service");
+    }
+    let have = sh("ctr -n k8s.io images ls -q");
+    if !have.lines().any(|l| l == "registry.k8s.io/pause:3.9")
+        || !have.lines().any(|l| l == crate::common::pods::BUSYBOX)
+    {
+        let tars = sh(&format!(
+            "{}/hack/images.sh \"$CRIGUARD_IMAGE_CACHE\"",
+            env!("CARGO_MANIFEST_DIR")
+        ));
+        for tar in tars.lines() {
+            sh(&format!(
+                "ctr -n k8s.io images import --snapshotter overlayfs {tar} >/dev/null"
+            ));
+        }
+    }
+    let clients = Clients::new(Path::new(CONTAINERD));
+    crate::common::poll_until(Duration::from_secs(60), "containerd's CRI", || {
+        let mut rt = clients.rt.clone();
+        async move {
+            rt.version(cri::VersionRequest::default()).await.ok()?;
+            Some(())
+        }
+    })
+    .await;
+    clients
+}
+
+/// A pod as the kubelet sends it on this node: the systemd driver, logs
+/// under [`LOG_ROOT`], the node's memory, priority in its annotation.
+pub fn pod(name: &str, priority: i32, c: ContainerSpec) -> PodSpec {
+    let mut p = PodSpec::new(name, &unique(name)).container(c);
+    p.driver = CgroupDriver::Systemd;
+    p.log_root = LOG_ROOT.into();
+    p.node_memory = mem_total();
+    p.annotations
+        .insert("criguard.io/priority".into(), priority.to_string());
+    p
+}
+
+/// Runs `pods` through `rt` at once, as the kubelet's pod workers do (the
+/// emulated CPU makes each one slow); their sandbox and container ids.
+pub async fn run_pods(
+    rt: &RuntimeServiceClient<Channel>,
+    pods: &[&PodSpec],
+) -> Vec<(String, Vec<String>)> {
+    let runs = pods.iter().map(|p| {
+        let mut rt = rt.clone();
+        async move { run_pod(&mut rt, p, None).await }
+    });
+    futures::future::join_all(runs).await
+}
+
+/// Stops and removes `sandboxes` through `rt` at once.
+pub async fn remove_all(rt: &RuntimeServiceClient<Channel>, sandboxes: Vec<String>) {
+    let runs = sandboxes.into_iter().map(|id| {
+        let mut rt = rt.clone();
+        async move { remove_pods(&mut rt, [id]).await }
+    });
+    futures::future::join_all(runs).await;
+}

@@ -1,0 +1,182 @@
+//! Scenario 1: criguard's units under systemd as PID 1, in front of the
+//! machine's own containerd.service, installed by `hack/install.sh`.
+//!
+//! A CRI client talks to `criguard.socket`; after `systemctl kill -s KILL
+//! criguard` a call made at once waits in the socket's backlog and is
+//! served by the restarted criguard; `systemctl restart containerd` takes
+//! criguard down and brings it back (`BindsTo=`,
+//! `WantedBy=containerd.service`), and calls recover with the model
+//! rebuilt; a bad configuration exits 2 and systemd does not restart it;
+//! `hack/install.sh --uninstall` takes it all away again.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::common::containerd::Clients;
+use crate::common::pods::{remove_pods, run_pod, sleeper};
+use crate::guest::{self, main_pid, sh, sh_status, show, wait_for};
+use k8s_cri::v1 as cri;
+
+const SOCKET: &str = "/run/criguard/criguard.sock";
+const ADMIN: &str = "/run/criguard/admin.sock";
+const CONFIG: &str = "/etc/criguard/config.toml";
+
+fn active(unit: &str) -> bool {
+    show(unit, "ActiveState") == "active"
+}
+
+/// ListPodSandbox through criguard's socket on a new connection.
+async fn list_through_socket() -> Vec<String> {
+    let mut c = Clients::new(Path::new(SOCKET));
+    let call =
+        c.rt.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None });
+    let reply = tokio::time::timeout(Duration::from_secs(60), call)
+        .await
+        .expect("the call through criguard.socket was not answered within 60 s")
+        .expect("the call through criguard.socket failed");
+    reply.into_inner().items.into_iter().map(|s| s.id).collect()
+}
+
+async fn model_has(sandbox: &str) -> bool {
+    criguard::admin::get_pods(Path::new(ADMIN))
+        .await
+        .is_ok_and(|pods| pods.iter().any(|p| p.sandbox_id == sandbox))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "inside the VM only: hack/vm.sh test"]
+async fn units_run_under_systemd() {
+    guest::require();
+    let _t = guest::Timer::start("units");
+    guest::node_containerd().await;
+
+    // Install: the binary built on the host, the units, the config; the
+    // socket and the service enabled and started.
+    sh(&format!(
+        "cd {} && CRIGUARD_BIN={} hack/install.sh",
+        env!("CARGO_MANIFEST_DIR"),
+        env!("CARGO_BIN_EXE_criguard")
+    ));
+    wait_for(Duration::from_secs(60), "criguard.service active", || {
+        active("criguard.service").then_some(())
+    });
+    assert!(active("criguard.socket"));
+    let first = main_pid("criguard.service");
+    let adj = std::fs::read_to_string(format!("/proc/{first}/oom_score_adj")).unwrap();
+    assert_eq!(adj.trim(), "-999", "OOMScoreAdjust of criguard.service");
+
+    // A CRI client through the socket: the kubelet's calls.
+    let mut c = Clients::new(Path::new(SOCKET));
+    let v =
+        c.rt.version(cri::VersionRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(v.runtime_name, "containerd");
+    let pod = guest::pod("units-web", 0, sleeper("web"));
+    let (sandbox, _) = run_pod(&mut c.rt, &pod, None).await;
+    crate::common::poll_until(
+        Duration::from_secs(20),
+        "the pod in criguard's model",
+        || {
+            let s = sandbox.clone();
+            async move { model_has(&s).await.then_some(()) }
+        },
+    )
+    .await;
+
+    // SIGKILL: the socket keeps the next call waiting until systemd has
+    // started criguard again (RestartSec=1), and it is served.
+    let restarts = show("criguard.service", "NRestarts");
+    sh("systemctl kill -s KILL criguard.service");
+    let t0 = Instant::now();
+    let listed = list_through_socket().await;
+    let waited = t0.elapsed();
+    assert!(listed.contains(&sandbox), "{listed:?}");
+    let second = main_pid("criguard.service");
+    assert!(second != 0 && second != first, "criguard was not restarted");
+    let now: u32 = show("criguard.service", "NRestarts").parse().unwrap();
+    assert_eq!(now, restarts.parse::<u32>().unwrap() + 1);
+    guest::report(&format!(
+        "units: a call made right after SIGKILL was served by the restarted criguard after {} ms",
+        waited.as_millis()
+    ));
+
+    // containerd restarts: criguard goes down with it and comes back by
+    // itself (no call needed), with the model rebuilt from containerd.
+    sh("systemctl restart containerd.service");
+    let t0 = Instant::now();
+    let third = wait_for(
+        Duration::from_secs(60),
+        "criguard running again after containerd's restart",
+        || {
+            let p = main_pid("criguard.service");
+            (active("criguard.service") && p != 0 && p != second).then_some(p)
+        },
+    );
+    // Its model comes back from containerd: at start when containerd's CRI
+    // already answers, else at the next sync (10 s).
+    crate::common::poll_until(Duration::from_secs(30), "the model rebuilt", || {
+        let s = sandbox.clone();
+        async move { model_has(&s).await.then_some(()) }
+    })
+    .await;
+    let back = t0.elapsed();
+    assert!(list_through_socket().await.contains(&sandbox));
+    assert_eq!(main_pid("criguard.service"), third);
+    guest::report(&format!(
+        "units: after systemctl restart containerd, criguard ran again with its model rebuilt within {} ms",
+        back.as_millis()
+    ));
+
+    // A bad configuration: exit 2, no restart loop.
+    let good = std::fs::read_to_string(CONFIG).unwrap();
+    let bad = good.replace(
+        r#""memory.available" = "100Mi""#,
+        r#""memory.available" = "lots""#,
+    );
+    assert_ne!(bad, good, "the shipped config sets memory.available");
+    std::fs::write(CONFIG, bad).unwrap();
+    let (code, _, _) = sh_status("systemctl restart criguard.service");
+    let restarts: u32 = show("criguard.service", "NRestarts").parse().unwrap();
+    wait_for(Duration::from_secs(30), "criguard.service failed", || {
+        (show("criguard.service", "ActiveState") == "failed").then_some(())
+    });
+    assert_eq!(show("criguard.service", "ExecMainStatus"), "2");
+    // RestartSec=1: a loop would have restarted it three times by now.
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        assert_eq!(show("criguard.service", "ActiveState"), "failed");
+        let n: u32 = show("criguard.service", "NRestarts").parse().unwrap();
+        assert_eq!(n, restarts, "systemd restarted criguard after exit 2");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The journal has the reason, naming the key and the value (looked up
+    // by text: journald may not tie a process this short-lived to its unit).
+    let line = wait_for(Duration::from_secs(20), "the error in the journal", || {
+        sh("journalctl -b -o cat --no-pager | grep 'invalid configuration' || true")
+            .lines()
+            .last()
+            .map(str::to_owned)
+    });
+    assert!(
+        line.contains("memory.available") && line.contains("lots"),
+        "the error names the key and the value: {line}"
+    );
+    guest::report(&format!(
+        "units: bad config -> systemctl restart exit {code}, ExecMainStatus 2, no restart: {line}"
+    ));
+
+    // Put things back, leave the pod gone, and uninstall: the units go
+    // and containerd no longer brings criguard back.
+    std::fs::write(CONFIG, good).unwrap();
+    sh("systemctl reset-failed criguard.service; systemctl start criguard.service");
+    let mut c = Clients::new(Path::new(SOCKET));
+    remove_pods(&mut c.rt, [sandbox]).await;
+    sh(&format!(
+        "cd {} && hack/install.sh --uninstall",
+        env!("CARGO_MANIFEST_DIR")
+    ));
+    assert!(!active("criguard.service") && !active("criguard.socket"));
+    assert!(!Path::new("/usr/local/bin/criguard").exists());
+}
