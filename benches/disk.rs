@@ -25,6 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use nix::sys::resource::{UsageWho, getrusage};
+
 use common::containerd::{CriguardProcess, PrivateContainerd, remove_cgroup_tree, unique};
 use common::pods::{BUSYBOX, mem_total, remove_pods, run_pod, sleeper};
 use criguard::kubelet::{ContainerSpec, PodSpec};
@@ -67,12 +69,11 @@ fn process_cpu(pid: u32) -> Duration {
 }
 
 /// `getrusage(who)` user + system time.
-fn rusage(who: i32) -> Duration {
-    // SAFETY: getrusage writes into the zeroed struct we own.
-    let mut r: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(who, &mut r) };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(r.ru_utime) + tv(r.ru_stime)
+fn rusage(who: UsageWho) -> Duration {
+    let r = getrusage(who).expect("getrusage");
+    let tv =
+        |t: nix::sys::time::TimeVal| Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000);
+    tv(r.user_time()) + tv(r.system_time())
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -233,7 +234,7 @@ async fn cost(ctrd: &PrivateContainerd, pods: Vec<Pod>, sources: UsageSources, r
         .trim()
         .parse()
         .unwrap();
-    let (me, children) = (libc::RUSAGE_SELF, libc::RUSAGE_CHILDREN);
+    let (me, children) = (UsageWho::RUSAGE_SELF, UsageWho::RUSAGE_CHILDREN);
     // walks, warm read, cold read, containerd Usage, du.
     let mut s: [Samples; 5] = Default::default();
     // Round 0 is not kept: it warms the page cache and connections for all.
@@ -323,8 +324,7 @@ async fn main() {
     if std::env::args().any(|a| a == "--list") {
         return; // `cargo test --benches` probes bench binaries this way.
     }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         eprintln!("bench disk: needs root (it starts a private containerd); skipped");
         return;
     }

@@ -22,7 +22,7 @@
 mod common;
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -48,23 +48,18 @@ fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
 
 /// Waits up to `limit` for `fd` to poll readable; when it did.
 fn readable_at(fd: OwnedFd, limit: Duration) -> Option<Instant> {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd that outlives the call.
-    let n = unsafe { libc::poll(&mut p, 1, limit.as_millis() as i32) };
-    (n == 1).then(Instant::now)
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    let timeout = PollTimeout::try_from(limit).unwrap_or(PollTimeout::MAX);
+    (poll(&mut fds, timeout) == Ok(1)).then(Instant::now)
 }
 
 /// The bench's own memcg threshold at `bytes` on `dir`, written by hand: a
 /// thread notes when the kernel signals it.
 fn threshold_witness(dir: &Path, bytes: u64) -> JoinHandle<Option<Instant>> {
-    // SAFETY: eventfd(2) takes no pointers; the fd is owned at once.
-    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    assert!(efd >= 0, "eventfd: {}", std::io::Error::last_os_error());
-    let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+    let efd = nix::sys::eventfd::EventFd::from_flags(nix::sys::eventfd::EfdFlags::EFD_CLOEXEC)
+        .map(OwnedFd::from)
+        .expect("eventfd");
     let usage = File::open(dir.join("memory.usage_in_bytes")).unwrap();
     let line = format!("{} {} {bytes}", efd.as_raw_fd(), usage.as_raw_fd());
     std::fs::write(dir.join("cgroup.event_control"), line).unwrap();
@@ -73,13 +68,15 @@ fn threshold_witness(dir: &Path, bytes: u64) -> JoinHandle<Option<Instant>> {
 
 /// A pidfd on `pid`: a thread notes when the process exits.
 fn death_witness(pid: i64) -> JoinHandle<Option<Instant>> {
-    // SAFETY: pidfd_open(2) takes a pid and flags; the fd is owned at once.
+    // SAFETY: pidfd_open(2) (no wrapper in nix) takes a pid and flags, no
+    // pointers; a non-negative result is a new fd, owned at once below.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     assert!(
         fd >= 0,
         "pidfd_open {pid}: {}",
         std::io::Error::last_os_error()
     );
+    // SAFETY: `fd` is the fresh descriptor pidfd_open returned; nothing else owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     std::thread::spawn(move || readable_at(fd, Duration::from_secs(60)))
 }

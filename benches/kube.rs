@@ -96,7 +96,8 @@ async fn run_mode(sc: &Pressure, api: &ApiServer, mode: Mode, trials: usize) -> 
             "MemoryPressure to clear",
             || async {
                 let c = guard.conditions().await;
-                (!c["conditions"].to_string().contains("MemoryPressure")).then_some(())
+                let pressure = criguard::policy::thresholds::Condition::MemoryPressure;
+                (!c.conditions.contains(&pressure)).then_some(())
             },
         )
         .await;

@@ -9,7 +9,8 @@ set -euo pipefail
 
 missing=()
 
-# Plain commands that must be on PATH.
+# Plain commands that must be on PATH (protoc: build.rs generates the admin
+# API from proto/).
 for cmd in containerd runc ctr protoc skopeo systemd-socket-activate go socat; do
     if ! command -v "$cmd" >/dev/null 2>&1; then
         missing+=("$cmd")

@@ -24,7 +24,7 @@ if [[ "${1:-}" == "--uninstall" ]]; then
     if systemd_live; then
         systemctl disable --now criguard.service criguard.socket || true
     fi
-    rm -f "$bin" "$units/criguard.service" "$units/criguard.socket" "$doc/README.md" "$doc/rbac.yaml"
+    rm -f "$bin" "$units/criguard.service" "$units/criguard.socket" "$doc/README.md" "$doc/rbac.yaml" "$doc/admin.proto"
     rmdir "$doc" 2>/dev/null || true
     systemd_live && systemctl daemon-reload
     echo "criguard removed; $defaults and $config kept (remove them by hand)."
@@ -33,9 +33,10 @@ if [[ "${1:-}" == "--uninstall" ]]; then
 fi
 
 if [[ -z "${CRIGUARD_BIN:-}" ]]; then
-    # containerd-client's build compiles containerd's protos with protoc.
-    command -v protoc >/dev/null 2>&1 ||
-        { echo "install.sh: protoc not found (apt-get install protobuf-compiler, or hack/install-deps.sh)" >&2; exit 1; }
+    # build.rs generates the admin API from proto/ with protoc, and
+    # containerd-client's build compiles containerd's protos with it.
+    command -v protoc >/dev/null || [[ -n "${PROTOC:-}" ]] ||
+        { echo "install.sh: protoc is needed to build: run hack/install-deps.sh (protobuf-compiler)" >&2; exit 1; }
     cargo build --release --bin criguard
     CRIGUARD_BIN=target/release/criguard
 fi
@@ -44,6 +45,8 @@ install -D -m 0644 systemd/criguard.service "$units/criguard.service"
 install -D -m 0644 systemd/criguard.socket "$units/criguard.socket"
 install -D -m 0644 README.md "$doc/README.md"
 install -D -m 0644 deploy/rbac.yaml "$doc/rbac.yaml"
+# The admin API's definition, for grpcurl and node agents.
+install -D -m 0644 proto/criguard/admin/v1/admin.proto "$doc/admin.proto"
 if [[ ! -e "$config" ]]; then
     install -D -m 0644 etc/config.toml "$config"
 fi

@@ -4,11 +4,13 @@
 //! forwards every call to containerd ([`cri`]) and, standing in that path,
 //! handles memory, disk and pid pressure at the runtime layer.
 
+pub mod accept;
 pub mod admin;
 pub mod config;
 pub mod cri;
 pub mod kube;
 pub mod kubelet;
+pub mod limits;
 pub mod listen;
 pub mod metrics;
 pub mod model;
@@ -17,3 +19,4 @@ pub mod quantity;
 pub mod reclaim;
 pub mod runtime;
 pub mod signals;
+pub mod statefile;

@@ -12,7 +12,7 @@
 //! other users out during that window.
 
 use std::io;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -50,7 +50,8 @@ pub enum ListenError {
         /// The underlying error.
         source: io::Error,
     },
-    /// `LISTEN_FDS` was set but the passed descriptor is unusable.
+    /// `LISTEN_FDS` was set but the passed descriptor is unusable: a
+    /// configuration error (the socket unit), exit code 2.
     #[error("socket activation: {reason}")]
     Activation {
         /// Why the descriptor was refused.
@@ -103,9 +104,13 @@ pub fn bind(path: &Path) -> Result<UnixListener, ListenError> {
 
 /// The first socket passed by systemd socket activation, if this process was
 /// given one (`LISTEN_PID` is ours and `LISTEN_FDS` ≥ 1). The variables are
-/// removed so that children do not inherit them. Call it before any thread
-/// is started (it edits the environment); hand the result to
-/// `tokio::net::UnixListener::from_std` inside the runtime.
+/// removed so that children do not inherit them. fd 3 must be a listening
+/// unix stream socket (`ListenStream=` of a path); anything else (a
+/// datagram or TCP socket, a file, nothing) is refused with
+/// [`ListenError::Activation`], where serving on it would fail every
+/// accept. Call it before any thread is started (it edits the
+/// environment); hand the result to `tokio::net::UnixListener::from_std`
+/// inside the runtime.
 pub fn from_systemd() -> Result<Option<std::os::unix::net::UnixListener>, ListenError> {
     let fds = std::env::var("LISTEN_FDS").ok();
     let pid = std::env::var("LISTEN_PID").ok();
@@ -125,17 +130,49 @@ pub fn from_systemd() -> Result<Option<std::os::unix::net::UnixListener>, Listen
         // SAFETY: called once at start-up, before any other thread exists.
         unsafe { std::env::remove_var(var) };
     }
-    const SD_LISTEN_FDS_START: RawFd = 3;
-    // SAFETY: systemd hands descriptors from 3 on to this process only; we
-    // take ownership of the first exactly once.
-    let std_listener =
-        unsafe { std::os::unix::net::UnixListener::from_raw_fd(SD_LISTEN_FDS_START) };
-    std_listener
+    let fd = passed_listener(SD_LISTEN_FDS_START).map_err(|reason| ListenError::Activation {
+        reason: format!("fd {SD_LISTEN_FDS_START}: {reason}"),
+    })?;
+    let listener = std::os::unix::net::UnixListener::from(fd);
+    listener
         .set_nonblocking(true)
         .map_err(|e| ListenError::Activation {
-            reason: format!("fd 3: set non-blocking: {e}"),
+            reason: format!("fd {SD_LISTEN_FDS_START}: set non-blocking: {e}"),
         })?;
-    Ok(Some(std_listener))
+    Ok(Some(listener))
+}
+
+/// The first descriptor systemd passes.
+const SD_LISTEN_FDS_START: RawFd = 3;
+
+/// Takes `raw` once it is known to be a listening unix stream socket; the
+/// reason otherwise.
+fn passed_listener(raw: RawFd) -> Result<OwnedFd, String> {
+    use nix::sys::socket::{
+        AddressFamily, SockType, SockaddrLike, SockaddrStorage, getsockname, getsockopt, sockopt,
+    };
+    // getsockname fails on a descriptor that is not open (EBADF) or not a
+    // socket (ENOTSOCK), so nothing is taken that is not there.
+    let addr = getsockname::<SockaddrStorage>(raw).map_err(|e| format!("not a socket ({e})"))?;
+    if addr.family() != Some(AddressFamily::Unix) {
+        return Err(format!(
+            "not a unix socket ({:?}); criguard.socket needs ListenStream=/path",
+            addr.family()
+        ));
+    }
+    // SAFETY: `raw` is open (getsockname succeeded) and was passed by
+    // systemd to this process alone; it is taken exactly once, here.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let kind = getsockopt(&fd, sockopt::SockType).map_err(|e| format!("socket type: {e}"))?;
+    if kind != SockType::Stream {
+        return Err(format!(
+            "a unix {kind:?} socket, not a stream socket; criguard.socket needs ListenStream=/path"
+        ));
+    }
+    if !getsockopt(&fd, sockopt::AcceptConn).map_err(|e| format!("SO_ACCEPTCONN: {e}"))? {
+        return Err("a unix stream socket that is not listening".into());
+    }
+    Ok(fd)
 }
 
 #[cfg(test)]
@@ -186,5 +223,35 @@ mod tests {
         assert!(err.to_string().contains(path.to_str().unwrap()), "{err}");
         assert!(matches!(err, ListenError::NotASocket { .. }));
         assert_eq!(std::fs::read(&path).unwrap(), b"precious");
+    }
+
+    #[test]
+    fn only_a_listening_unix_stream_socket_is_taken() {
+        use std::os::fd::{AsRawFd, IntoRawFd};
+        let tmp = tempfile::tempdir().unwrap();
+        let listening = std::os::unix::net::UnixListener::bind(tmp.path().join("l.sock")).unwrap();
+        let fd = passed_listener(listening.into_raw_fd()).expect("a listening unix stream socket");
+        drop(fd);
+        let dgram = std::os::unix::net::UnixDatagram::unbound().unwrap();
+        let err = passed_listener(dgram.into_raw_fd()).unwrap_err();
+        assert!(err.contains("not a stream socket"), "{err}");
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert!(
+            passed_listener(a.into_raw_fd())
+                .unwrap_err()
+                .contains("not listening")
+        );
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(
+            passed_listener(tcp.as_raw_fd())
+                .unwrap_err()
+                .contains("not a unix socket")
+        );
+        let file = std::fs::File::open("/dev/null").unwrap();
+        assert!(
+            passed_listener(file.as_raw_fd())
+                .unwrap_err()
+                .contains("not a socket")
+        );
     }
 }

@@ -45,9 +45,13 @@ enum Command {
         /// criguard's admin socket.
         #[arg(long, default_value = DEFAULT_ADMIN)]
         admin_socket: PathBuf,
-        /// JSON instead of lines.
+        /// JSON instead of lines (with --watch: one JSON object per line).
         #[arg(long)]
         json: bool,
+        /// Then keep printing each eviction as it is made, until criguard
+        /// stops (evictions only, not kernel OOM kills).
+        #[arg(long)]
+        watch: bool,
     },
     /// Print per-pod disk and process usage as a running criguard reads it now.
     Usage {
@@ -88,7 +92,8 @@ struct EvictionArgs {
     /// Configuration file (TOML with KubeletConfiguration's key names).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Hard thresholds, e.g. memory.available<100Mi,nodefs.available<10%.
+    /// Hard thresholds, e.g. memory.available<100Mi,nodefs.available<10%
+    /// (`none`: no hard threshold at all).
     #[arg(long)]
     eviction_hard: Option<String>,
     /// Soft thresholds, e.g. memory.available<1.5Gi.
@@ -130,7 +135,11 @@ impl EvictionArgs {
                 v.as_deref().map(|t| f(key, t)).transpose()
             };
         let flags = config::RawEviction {
-            hard: map("--eviction-hard", &self.eviction_hard, flags::thresholds)?,
+            hard: map(
+                "--eviction-hard",
+                &self.eviction_hard,
+                flags::hard_thresholds,
+            )?,
             soft: map("--eviction-soft", &self.eviction_soft, flags::thresholds)?
                 .unwrap_or_default(),
             soft_grace_period: map(
@@ -249,6 +258,32 @@ struct ServeCmd {
     events: EventArgs,
     #[command(flatten)]
     kube: KubeArgs,
+}
+
+/// The runtime endpoint and the metrics address (`None`: no metrics).
+type Endpoints = (runtime::RuntimeEndpoint, Option<std::net::SocketAddr>);
+
+impl ServeCmd {
+    /// `--runtime-endpoint` and `--metrics-address`, parsed, or the
+    /// configuration error naming the flag.
+    fn endpoints(&self) -> Result<Endpoints, config::ConfigError> {
+        let endpoint = runtime::RuntimeEndpoint::parse(&self.runtime_endpoint).map_err(|e| {
+            config::ConfigError {
+                key: "--runtime-endpoint".into(),
+                value: self.runtime_endpoint.clone(),
+                rule: e.to_string(),
+            }
+        })?;
+        let metrics = match self.metrics_address.as_str() {
+            "none" => None,
+            addr => Some(addr.parse().map_err(|_| config::ConfigError {
+                key: "--metrics-address".into(),
+                value: addr.into(),
+                rule: "expected IP:port (e.g. 127.0.0.1:9809) or none".into(),
+            })?),
+        };
+        Ok((endpoint, metrics))
+    }
 }
 
 /// Memory events: eviction rounds between housekeeping ticks.
@@ -533,6 +568,7 @@ async fn shutdown_signal() {
 /// on) are the validated forms of `cmd`'s settings.
 async fn serve(
     activated: Option<std::os::unix::net::UnixListener>,
+    (endpoint, metrics_address): Endpoints,
     cmd: ServeCmd,
     settings: Settings,
     psi: Option<PsiSettings>,
@@ -546,25 +582,42 @@ async fn serve(
     } = settings;
     let ServeCmd {
         listen: listen_path,
-        runtime_endpoint,
         drain,
         admin_socket,
         snapshotter,
         sync_interval,
         dynamic_oom_score_adj,
         oom_adjust_interval,
-        metrics_address,
         node: node_args,
         state_dir,
         ..
     } = cmd;
     let sources = node_args.sources()?;
-    let endpoint = runtime::RuntimeEndpoint::parse(&runtime_endpoint)?;
+    let metrics_listener = match metrics_address {
+        None => None,
+        Some(sock) => {
+            // First of the sockets, so that a refusal leaves none behind.
+            let l = tokio::net::TcpListener::bind(sock).await.map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AddrNotAvailable {
+                    // Not an address of this machine: configuration.
+                    anyhow::Error::from(config::ConfigError {
+                        key: "--metrics-address".into(),
+                        value: sock.to_string(),
+                        rule: format!("cannot bind: {e}"),
+                    })
+                } else {
+                    anyhow::anyhow!("--metrics-address {sock}: bind: {e}")
+                }
+            })?;
+            tracing::info!(address = %l.local_addr()?, "serving metrics");
+            Some(l)
+        }
+    };
     let (listener, owned_path) = match activated {
         Some(l) => {
             tracing::info!("listening on the socket passed by systemd");
             let l = tokio::net::UnixListener::from_std(l)
-                .context("socket activation: fd 3 is not a unix stream socket")?;
+                .context("socket activation: register fd 3")?;
             (l, None)
         }
         None => {
@@ -575,19 +628,6 @@ async fn serve(
     };
     let admin_listener = listen::bind(&admin_socket)?;
     let metrics = criguard::metrics::Metrics::new();
-    let metrics_listener = match metrics_address.as_str() {
-        "none" => None,
-        addr => {
-            let sock: std::net::SocketAddr = addr
-                .parse()
-                .with_context(|| format!("--metrics-address {addr:?}: not host:port or none"))?;
-            let l = tokio::net::TcpListener::bind(sock)
-                .await
-                .with_context(|| format!("--metrics-address {addr}: bind"))?;
-            tracing::info!(address = %l.local_addr()?, "serving metrics");
-            Some(l)
-        }
-    };
     let upstream = runtime::Upstream::new(endpoint);
     let capacity = sources.memory_capacity as i64;
     // The model is rebuilt from the runtime before the first call is served.
@@ -825,12 +865,25 @@ fn run_client(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitC
     }
 }
 
-async fn evictions(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
-    let report = admin::get_evictions_report(&admin_socket).await?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", admin::evictions_text(&report));
+async fn evictions(admin_socket: PathBuf, json: bool, watch: bool) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    if !watch {
+        let report = admin::get_evictions_report(&admin_socket).await?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", admin::evictions_text(&report));
+        }
+        return Ok(());
+    }
+    let mut stream = std::pin::pin!(admin::watch_evictions(&admin_socket, true).await?);
+    while let Some(e) = stream.next().await {
+        let e = e?;
+        if json {
+            println!("{}", serde_json::to_string(&e)?);
+        } else {
+            println!("{}", admin::eviction_line(&e));
+        }
     }
     Ok(())
 }
@@ -911,7 +964,11 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Evictions { admin_socket, json } => run_client(evictions(admin_socket, json)),
+        Command::Evictions {
+            admin_socket,
+            json,
+            watch,
+        } => run_client(evictions(admin_socket, json, watch)),
         Command::Pods { admin_socket, json } => run_client(pods(admin_socket, json)),
         Command::Rank { admin_socket, json } => run_client(rank(admin_socket, json)),
         Command::Usage { admin_socket, json } => run_client(usage(admin_socket, json)),
@@ -929,8 +986,22 @@ fn main() -> ExitCode {
             };
             settings.dry_run |= cmd.dry_run;
             tracing::info!(config = %settings.describe().replace('\n', "; "), memory_events = psi.is_some(), "configuration");
+            // The socket unit and the endpoints are configuration too.
+            let checked = listen::from_systemd()
+                .map_err(anyhow::Error::from)
+                .and_then(|a| Ok((a, cmd.endpoints()?)));
+            let (activated, endpoints) = match checked {
+                Ok(c) => c,
+                Err(err) => {
+                    eprintln!("criguard: invalid configuration: {err}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            match criguard::limits::raise_nofile() {
+                Ok(n) => tracing::info!(before = n.before, now = n.after, "open-file limit"),
+                Err(err) => tracing::warn!(%err, "cannot raise the open-file limit"),
+            }
             let run = || -> anyhow::Result<()> {
-                let activated = listen::from_systemd()?;
                 // criguard's own loops (eviction, GC, sync, admin) share one
                 // thread; the proxy relays on a thread of its own
                 // (cri::server::ProxyThread), so they can never delay a call.
@@ -938,14 +1009,20 @@ fn main() -> ExitCode {
                     .enable_all()
                     .build()
                     .context("start tokio runtime")?;
-                rt.block_on(serve(activated, *cmd, settings, psi))
+                rt.block_on(serve(activated, endpoints, *cmd, settings, psi))
             };
             match run() {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     tracing::error!("{err:#}");
                     eprintln!("criguard: {err:#}");
-                    ExitCode::FAILURE
+                    // A configuration error found while starting (an
+                    // address that is not this machine's) is still one.
+                    if err.downcast_ref::<config::ConfigError>().is_some() {
+                        ExitCode::from(EXIT_CONFIG)
+                    } else {
+                        ExitCode::FAILURE
+                    }
                 }
             }
         }

@@ -3,17 +3,17 @@
 //!
 //! Served as OpenMetrics text on `--metrics-address` (loopback by default:
 //! the node's own Prometheus agent scrapes it; exposing it wider is the
-//! operator's choice).
+//! operator's choice) by [`http::serve`], which bounds what connections
+//! may cost.
 
-use std::convert::Infallible;
-use std::future::Future;
+pub mod http;
+
+pub use http::serve;
+
 use std::sync::Arc;
 
 use std::time::Instant;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::rt::TokioIo;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -414,39 +414,5 @@ pub fn code_name(code: i32) -> &'static str {
         15 => "DataLoss",
         16 => "Unauthenticated",
         _ => "Unknown",
-    }
-}
-
-/// Serves `/metrics` on `addr` until `shutdown` resolves.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    metrics: Metrics,
-    shutdown: impl Future<Output = ()>,
-) {
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let metrics = metrics.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                        let metrics = metrics.clone();
-                        async move {
-                            let resp = if req.uri().path() == "/metrics" {
-                                http::Response::builder()
-                                    .header("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
-                                    .body(Full::new(Bytes::from(metrics.encode())))
-                            } else {
-                                http::Response::builder().status(404).body(Full::new(Bytes::from_static(b"try /metrics\n")))
-                            };
-                            Ok::<_, Infallible>(resp.expect("static response parts"))
-                        }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-                });
-            }
-            () = &mut shutdown => return,
-        }
     }
 }

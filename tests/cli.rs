@@ -115,10 +115,21 @@ fn spawn_activated(
     upstream: &std::path::Path,
 ) -> std::process::Child {
     use std::os::fd::AsRawFd;
+    spawn_with_fd3(listener.as_raw_fd(), dir, upstream, Stdio::inherit())
+}
+
+/// Spawns `criguard serve` with `LISTEN_FDS=1` and `fd` as its fd 3 (a
+/// negative `fd`: fd 3 closed).
+fn spawn_with_fd3(
+    fd: std::os::fd::RawFd,
+    dir: &std::path::Path,
+    upstream: &std::path::Path,
+    stderr: Stdio,
+) -> std::process::Child {
     use std::os::unix::process::CommandExt;
-    let fd = listener.as_raw_fd();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_criguard"));
-    cmd.arg("serve")
+    cmd.stderr(stderr)
+        .arg("serve")
         .arg("--listen")
         .arg(dir.join("never-bound.sock"))
         .arg("--admin-socket")
@@ -131,7 +142,9 @@ fn spawn_activated(
     // SAFETY: dup2 and fcntl are async-signal-safe; nothing else runs here.
     unsafe {
         cmd.pre_exec(move || {
-            if fd == 3 {
+            if fd < 0 {
+                libc::close(3);
+            } else if fd == 3 {
                 let flags = libc::fcntl(3, libc::F_GETFD);
                 libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
             } else if libc::dup2(fd, 3) < 0 {
@@ -371,4 +384,236 @@ fn check_config_reads_the_kubeconfig_setting_from_the_config_file() {
     ]);
     assert_eq!(code, 0);
     assert!(out.contains("nodeName: worker-2"), "{out}");
+}
+
+/// Runs `criguard check-config` with its address space capped at 1 GiB and
+/// a 20 s deadline, so that an unbounded read fails fast instead of
+/// exhausting the machine's memory.
+fn check_config_bounded(args: &[&str]) -> (i32, String) {
+    let mut child = Command::new("prlimit")
+        .arg(format!("--as={}", 1u64 << 30))
+        .arg(env!("CARGO_BIN_EXE_criguard"))
+        .arg("check-config")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("prlimit (util-linux) must be installed");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("check-config {args:?} still running after 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    (status.code().unwrap_or(-1), err)
+}
+
+#[test]
+fn a_config_file_that_is_not_a_small_regular_file_is_refused_by_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.toml");
+    // 2 MiB of comments: valid TOML, but past the 1 MiB bound.
+    std::fs::write(&big, "# padding\n".repeat(210_000)).unwrap();
+    let fifo = dir.path().join("config.fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let d = dir.path().to_str().unwrap();
+    let cases = [
+        ("/dev/zero", "not a regular file"),
+        (d, "not a regular file"),
+        (fifo.to_str().unwrap(), "not a regular file"),
+        (big.to_str().unwrap(), "larger than 1 MiB"),
+    ];
+    for (path, rule) in cases {
+        let (code, err) = check_config_bounded(&[&format!("--config={path}")]);
+        assert_eq!(code, 2, "{path}: {err}");
+        assert!(err.contains(path) && err.contains(rule), "{path}: {err}");
+    }
+}
+
+#[test]
+fn a_toml_syntax_error_names_file_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    std::fs::write(
+        &file,
+        "dryRun = true\nevictionHard = { \"memory.available\" = \"1Gi\" \nhousekeepingInterval = \"10s\"\n",
+    )
+    .unwrap();
+    let (code, _, err) = check_config(&[&format!("--config={}", file.display())]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}, line 3, column 1: \"housekeepingInterval = \\\"10s\\\"\": missing comma",
+            file.display()
+        )),
+        "{err}"
+    );
+    assert!(!err.contains(": \"\":"), "no empty key or value: {err}");
+}
+
+#[test]
+fn an_empty_eviction_hard_is_refused_and_none_says_it_explicitly() {
+    for empty in [
+        "--eviction-hard=",
+        "--eviction-hard=,",
+        "--eviction-hard= , ",
+    ] {
+        let (code, out, err) = check_config(&[empty]);
+        assert_eq!(code, 2, "{empty}: {out}{err}");
+        assert!(
+            err.contains("--eviction-hard") && err.contains("--eviction-hard=none"),
+            "{empty}: {err}"
+        );
+    }
+    let (code, out, err) = check_config(&["--eviction-hard=none"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("evictionHard: (none)"), "{out}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    std::fs::write(&file, "evictionHard = {}\n").unwrap();
+    let (code, _, err) = check_config(&[&format!("--config={}", file.display())]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("evictionHard = \\\"none\\\"") || err.contains("evictionHard = \"none\""),
+        "{err}"
+    );
+    std::fs::write(&file, "evictionHard = \"none\"\n").unwrap();
+    let (code, out, err) = check_config(&[&format!("--config={}", file.display())]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("evictionHard: (none)"), "{out}");
+}
+
+#[test]
+fn a_quantity_past_the_int64_range_is_refused_naming_key_and_value() {
+    for (arg, value) in [
+        (
+            "--eviction-hard=memory.available<9223372036854775808",
+            "memory.available=9223372036854775808",
+        ),
+        (
+            "--eviction-hard=memory.available<8Ei",
+            "memory.available=8Ei",
+        ),
+        (
+            "--eviction-minimum-reclaim=memory.available=18446744073709551615",
+            "memory.available=18446744073709551615",
+        ),
+    ] {
+        let (code, out, err) = check_config(&[arg]);
+        assert_eq!(code, 2, "{arg}: {out}{err}");
+        assert!(
+            err.contains(value) && err.contains("out of range"),
+            "{arg}: {err}"
+        );
+    }
+    // The largest value that fits is taken as given.
+    let (code, out, err) = check_config(&["--eviction-hard=memory.available<9223372036854775807"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("8Ei"), "{out}");
+}
+
+#[test]
+fn socket_activation_refuses_an_fd_3_that_is_not_a_listening_unix_stream_socket() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = dir.path().join("runtime.sock");
+    let datagram = std::os::unix::net::UnixDatagram::bind(dir.path().join("dgram.sock")).unwrap();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let file = std::fs::File::create(dir.path().join("plain")).unwrap();
+    let (connected, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let cases: [(&str, std::os::fd::RawFd, &str); 5] = [
+        (
+            "a unix datagram socket",
+            datagram.as_raw_fd(),
+            "not a stream socket",
+        ),
+        ("a TCP listener", tcp.as_raw_fd(), "not a unix socket"),
+        ("a regular file", file.as_raw_fd(), "not a socket"),
+        (
+            "a connected unix stream",
+            connected.as_raw_fd(),
+            "not listening",
+        ),
+        ("nothing", -1, "not a socket"),
+    ];
+    for (what, fd, needle) in cases {
+        let mut child = spawn_with_fd3(fd, dir.path(), &upstream, Stdio::piped());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("fd 3 = {what}: criguard still running after 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(2), "fd 3 = {what}: {err}");
+        assert!(
+            err.contains("fd 3") && err.contains(needle),
+            "fd 3 = {what}: {err}"
+        );
+    }
+}
+
+#[test]
+fn serve_refuses_a_bad_runtime_endpoint_or_metrics_address_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = dir.path().join("criguard.sock");
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--runtime-endpoint", "tcp://127.0.0.1:1234"],
+            &["--runtime-endpoint", "tcp://127.0.0.1:1234"],
+        ),
+        (
+            &["--metrics-address", "localhost:nine"],
+            &["--metrics-address", "localhost:nine"],
+        ),
+        // TEST-NET-1: never an address of this machine.
+        (
+            &["--metrics-address", "192.0.2.1:9809"],
+            &["--metrics-address", "192.0.2.1:9809"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
+            .arg("serve")
+            .arg("--listen")
+            .arg(&listen)
+            .arg("--admin-socket")
+            .arg(dir.path().join("admin.sock"))
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .args(*args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        for n in *needles {
+            assert!(err.contains(n), "{args:?}: {err:?} lacks {n:?}");
+        }
+        assert!(
+            !listen.exists(),
+            "{args:?}: the socket is removed or never made"
+        );
+    }
 }

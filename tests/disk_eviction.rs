@@ -226,8 +226,10 @@ async fn node_reclaim_first_then_the_largest_disk_user_even_if_guaranteed() {
     assert_eq!(guard.evictions().await.len(), 1, "no more pods than needed");
     let conditions = guard.conditions().await;
     assert!(
-        conditions.to_string().contains("DiskPressure"),
-        "DiskPressure holds for the transition period: {conditions}"
+        conditions
+            .conditions
+            .contains(&criguard::policy::thresholds::Condition::DiskPressure),
+        "DiskPressure holds for the transition period: {conditions:?}"
     );
 
     // criguard first, so that its GC does not race the teardown.

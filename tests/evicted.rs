@@ -14,8 +14,9 @@ use common::containerd::unique;
 use common::pressure::Pressure;
 use k8s_cri::v1 as cri;
 
-fn memory_pressure(c: &serde_json::Value) -> bool {
-    c["conditions"].to_string().contains("MemoryPressure")
+fn memory_pressure(c: &criguard::admin::ConditionsReport) -> bool {
+    c.conditions
+        .contains(&criguard::policy::thresholds::Condition::MemoryPressure)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

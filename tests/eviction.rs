@@ -11,6 +11,7 @@ use common::containerd::{CriguardProcess, PrivateContainerd, unique};
 use common::pods::{CgroupRoot, hog, mem_total, remove_pods, run_pod, sleeper};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::model::SandboxState;
+use criguard::policy::thresholds::Condition;
 use k8s_cri::v1 as cri;
 
 const MI: i64 = 1 << 20;
@@ -134,6 +135,12 @@ async fn memory_pressure_evicts_the_first_ranked_pod_only_and_admission_follows(
     let besteffort = &sc.pods[0];
     let rt = guard.clients().rt;
     let spec = |name: &str, c: ContainerSpec| sc.spec(name, c);
+    // A node agent watching criguard's admin API learns of the eviction.
+    let mut watch = Box::pin(
+        criguard::admin::watch_evictions(&guard.admin, false)
+            .await
+            .unwrap(),
+    );
     sc.grow().await;
     let evictions = guard
         .first_evictions(Duration::from_secs(60), "an eviction")
@@ -142,6 +149,13 @@ async fn memory_pressure_evicts_the_first_ranked_pod_only_and_admission_follows(
         evictions[0].uid, besteffort.uid,
         "the BestEffort hog ranks first: {evictions:#?}"
     );
+    let watched =
+        tokio::time::timeout(Duration::from_secs(5), futures::StreamExt::next(&mut watch))
+            .await
+            .expect("WatchEvictions sent the eviction")
+            .expect("the watch is open")
+            .unwrap();
+    assert_eq!(watched, evictions[0]);
     assert_eq!(evictions[0].signal, "allocatableMemory.available");
     assert!(
         evictions[0]
@@ -155,10 +169,8 @@ async fn memory_pressure_evicts_the_first_ranked_pod_only_and_admission_follows(
     // Conditions: MemoryPressure while it lasts.
     let conditions = guard.conditions().await;
     assert!(
-        conditions["conditions"]
-            .to_string()
-            .contains("MemoryPressure"),
-        "{conditions}"
+        conditions.conditions.contains(&Condition::MemoryPressure),
+        "{conditions:?}"
     );
 
     // Admission under MemoryPressure: no new BestEffort pod, not the evicted
@@ -272,9 +284,8 @@ async fn soft_threshold_waits_for_its_grace_period_then_evicts_with_the_capped_g
     // MemoryPressure is reported as soon as the soft threshold is met...
     let seen = common::poll_until(Duration::from_secs(60), "MemoryPressure", || async {
         let c = sc.guard.conditions().await;
-        c["conditions"]
-            .to_string()
-            .contains("MemoryPressure")
+        c.conditions
+            .contains(&Condition::MemoryPressure)
             .then(std::time::SystemTime::now)
     })
     .await;

@@ -70,6 +70,7 @@ fn install_is_idempotent_keeps_edited_defaults_and_uninstalls() {
         "etc/systemd/system/criguard.socket",
         "etc/default/criguard",
         "etc/criguard/config.toml",
+        "usr/local/share/doc/criguard/admin.proto",
     ] {
         assert!(d.join(f).is_file(), "{f} missing");
     }

@@ -79,7 +79,13 @@ async fn the_pod_with_most_tasks_goes_under_pid_pressure() {
     let q = pods.iter().find(|p| p.sandbox_id == quiet_sb).unwrap();
     assert_eq!(q.state, criguard::model::SandboxState::Ready);
     assert_eq!(guard.evictions().await.len(), 1, "one pod was enough");
-    assert!(guard.conditions().await.to_string().contains("PIDPressure"));
+    assert!(
+        guard
+            .conditions()
+            .await
+            .conditions
+            .contains(&criguard::policy::thresholds::Condition::PIDPressure)
+    );
 
     drop(guard);
     remove_pods(&mut ctrd.direct().rt, [quiet_sb, forker_sb]).await;

@@ -93,8 +93,10 @@ fn children(pid: u32) -> Vec<u32> {
 /// User plus system CPU seconds of `pid`, its reaped children and its live
 /// children (socat forks one per connection).
 pub fn cpu_seconds(pid: u32) -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
     let own = ticks(pid).map(|t| t.iter().sum::<u64>()).unwrap_or(0);
     let live: u64 = children(pid)
         .into_iter()

@@ -20,12 +20,19 @@
 //! ```
 //!
 //! Unknown keys are refused, naming the key, so a typo never silently
-//! falls back to a default.
+//! falls back to a default; every parse error names the file, line and
+//! column. `evictionHard = "none"` turns every hard threshold off; an empty
+//! table is refused. Only a regular file of at most [`MAX_FILE_BYTES`] is
+//! read: a device, FIFO or directory given by mistake is refused by name
+//! instead of read until memory runs out.
 
 use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
 use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 
 use super::image_gc::RawImageGc;
 use super::kube::RawKube;
@@ -34,6 +41,7 @@ use super::{ConfigError, RawEviction};
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct FileConfig {
+    #[serde(default, deserialize_with = "hard_table")]
     eviction_hard: Option<BTreeMap<String, String>>,
     #[serde(default)]
     eviction_soft: BTreeMap<String, String>,
@@ -60,6 +68,49 @@ struct FileConfig {
     node_taints: Option<bool>,
 }
 
+/// `evictionHard`: a table of signal = amount, or `"none"` (an empty map).
+fn hard_table<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    struct Hard;
+    impl<'de> Visitor<'de> for Hard {
+        type Value = BTreeMap<String, String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(
+                f,
+                "a table of signal = amount, or \"{}\"",
+                super::flags::NONE
+            )
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            if v == super::flags::NONE {
+                Ok(BTreeMap::new())
+            } else {
+                Err(E::invalid_value(de::Unexpected::Str(v), &self))
+            }
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some((k, v)) = m.next_entry::<String, String>()? {
+                out.insert(k, v);
+            }
+            if out.is_empty() {
+                return Err(de::Error::custom(format!(
+                    "an empty evictionHard would turn off every hard threshold; write \
+                     evictionHard = \"{}\" to mean that, or leave the key out for the kubelet's defaults",
+                    super::flags::NONE
+                )));
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(Hard).map(Some)
+}
+
+/// The largest configuration file criguard reads (the annotated example is
+/// about 3 KiB).
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
 /// Everything a configuration file sets, before validation.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RawFile {
@@ -76,18 +127,18 @@ pub struct RawFile {
 /// Parses the file's text; `origin` names it in errors.
 pub fn parse(origin: &str, text: &str) -> Result<RawFile, ConfigError> {
     let f: FileConfig = toml::from_str(text).map_err(|e| {
-        let msg = e.message().to_owned();
-        // The parser names the key in its message (unknown field `x`, …).
-        let value = e
-            .span()
-            .and_then(|s| text.get(s))
-            .unwrap_or("")
-            .trim()
-            .to_owned();
+        let span = e.span().unwrap_or(text.len()..text.len());
+        let (line, column) = line_column(text, span.start);
+        // The text the parser points at (the unknown key, the bad value),
+        // else the line where it stopped.
+        let value = match text.get(span.clone()).map(str::trim) {
+            Some(t) if !t.is_empty() => t.to_owned(),
+            _ => text.lines().nth(line - 1).unwrap_or("").trim().to_owned(),
+        };
         ConfigError {
-            key: origin.to_owned(),
+            key: format!("{origin}, line {line}, column {column}"),
             value,
-            rule: msg,
+            rule: e.message().trim().to_owned(),
         }
     })?;
     let eviction = RawEviction {
@@ -119,14 +170,58 @@ pub fn parse(origin: &str, text: &str) -> Result<RawFile, ConfigError> {
     })
 }
 
-/// Reads and parses a configuration file.
+/// 1-based line and column (in characters) of byte `at` in `text`.
+fn line_column(text: &str, at: usize) -> (usize, usize) {
+    let before = text.get(..at).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[start..].chars().count() + 1)
+}
+
+/// Reads and parses a configuration file: a regular file of at most
+/// [`MAX_FILE_BYTES`], UTF-8.
 pub fn load(path: &Path) -> Result<RawFile, ConfigError> {
     let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        key: origin.clone(),
-        value: String::new(),
-        rule: e.to_string(),
-    })?;
+    let fail = |rule: String| ConfigError::new(&origin, "", rule);
+    // Non-blocking, so that opening a FIFO does not wait for a writer.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)
+        .map_err(|e| fail(e.to_string()))?;
+    let kind = file
+        .metadata()
+        .map_err(|e| fail(e.to_string()))?
+        .file_type();
+    if !kind.is_file() {
+        let what = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else if kind.is_block_device() {
+            "a block device"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "not a file"
+        };
+        return Err(fail(format!(
+            "not a regular file ({what}); --config takes a TOML file"
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| fail(e.to_string()))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(fail(format!(
+            "larger than {} MiB; a configuration file is a few KiB",
+            MAX_FILE_BYTES >> 20
+        )));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| fail(format!("not UTF-8 text: {e}")))?;
     parse(&origin, &text)
 }
 
@@ -176,11 +271,50 @@ mod tests {
     fn unknown_keys_and_wrong_types_are_named() {
         let e = parse("config.toml", "evictionHardd = {}\n").unwrap_err();
         assert!(e.rule.contains("evictionHardd"), "{e}");
+        assert_eq!(e.key, "config.toml, line 1, column 1");
         let e = parse(
             "config.toml",
             "evictionHard = { \"memory.available\" = 100 }\n",
         )
         .unwrap_err();
         assert!(e.to_string().contains("100"), "{e}");
+    }
+
+    #[test]
+    fn a_syntax_error_names_line_and_column() {
+        let text = "dryRun = true\nevictionHard = { \"memory.available\" = \"1Gi\" \nx = 1\n";
+        let e = parse("c.toml", text).unwrap_err();
+        assert_eq!(e.key, "c.toml, line 3, column 1", "{e}");
+        assert_eq!(e.value, "x = 1");
+        assert!(!e.to_string().contains("\"\""), "{e}");
+        assert_eq!(line_column("ab\ncdé\nf", 7), (2, 4));
+        assert_eq!(line_column("", 0), (1, 1));
+    }
+
+    #[test]
+    fn eviction_hard_none_is_explicit_and_an_empty_table_is_refused() {
+        let f = parse("c.toml", "evictionHard = \"none\"\n").unwrap();
+        assert_eq!(f.eviction.hard, Some(BTreeMap::new()));
+        assert!(f.eviction.validate().unwrap().hard.is_empty());
+        let e = parse("c.toml", "evictionHard = {}\n").unwrap_err();
+        assert!(e.rule.contains("evictionHard = \"none\""), "{e}");
+        let e = parse("c.toml", "evictionHard = \"off\"\n").unwrap_err();
+        assert!(e.to_string().contains("off"), "{e}");
+    }
+
+    #[test]
+    fn only_a_small_regular_file_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = load(Path::new("/dev/zero")).unwrap_err();
+        assert_eq!(e.key, "/dev/zero");
+        assert!(e.rule.contains("character device"), "{e}");
+        let e = load(dir.path()).unwrap_err();
+        assert!(e.rule.contains("a directory"), "{e}");
+        let big = dir.path().join("big.toml");
+        std::fs::write(&big, vec![b'#'; MAX_FILE_BYTES as usize + 1]).unwrap();
+        assert!(load(&big).unwrap_err().rule.contains("larger than"));
+        let ok = dir.path().join("ok.toml");
+        std::fs::write(&ok, "dryRun = true\n").unwrap();
+        assert_eq!(load(&ok).unwrap().dry_run, Some(true));
     }
 }

@@ -1,6 +1,7 @@
 //! The kubelet's flag syntax: `--eviction-hard=memory.available<100Mi,nodefs.available<10%`
 //! for thresholds and `--eviction-soft-grace-period=memory.available=1m30s`
-//! for per-signal values.
+//! for per-signal values. `--eviction-hard=none` turns every hard threshold
+//! off; an empty `--eviction-hard=` is refused (see [`hard_thresholds`]).
 
 use std::collections::BTreeMap;
 
@@ -32,6 +33,31 @@ pub fn thresholds(key: &str, text: &str) -> Result<BTreeMap<String, String>, Con
         insert_once(key, entry, &mut out, name, value)?;
     }
     Ok(out)
+}
+
+/// The word that says "no hard threshold at all" (flag and file).
+pub const NONE: &str = "none";
+
+/// Parses `--eviction-hard`: thresholds as [`thresholds`] does, or [`NONE`]
+/// for no hard threshold at all (an empty map). A value with no threshold
+/// in it (`--eviction-hard=`, `--eviction-hard=,`) is refused: the kubelet
+/// reads it as "none", which silently turns off every hard threshold.
+pub fn hard_thresholds(key: &str, text: &str) -> Result<BTreeMap<String, String>, ConfigError> {
+    if text.trim() == NONE {
+        return Ok(BTreeMap::new());
+    }
+    let parsed = thresholds(key, text)?;
+    if parsed.is_empty() {
+        return Err(ConfigError::new(
+            key,
+            text,
+            format!(
+                "no threshold given, which would turn off every hard threshold; \
+                 write {key}={NONE} to mean that, or leave the flag out for the kubelet's defaults"
+            ),
+        ));
+    }
+    Ok(parsed)
 }
 
 /// Parses `signal=value,…`.
@@ -85,7 +111,23 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p["nodefs.available"], "500Mi");
-        assert!(thresholds("--eviction-hard", "").unwrap().is_empty());
+        assert!(thresholds("--eviction-soft", "").unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_empty_hard_list_is_refused_and_none_is_explicit() {
+        for empty in ["", ",", " , ,"] {
+            let e = hard_thresholds("--eviction-hard", empty).unwrap_err();
+            assert_eq!(e.key, "--eviction-hard");
+            assert!(e.rule.contains("--eviction-hard=none"), "{e}");
+        }
+        assert!(
+            hard_thresholds("--eviction-hard", "none")
+                .unwrap()
+                .is_empty()
+        );
+        let t = hard_thresholds("--eviction-hard", "memory.available<1Gi").unwrap();
+        assert_eq!(t["memory.available"], "1Gi");
     }
 
     #[test]

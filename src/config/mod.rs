@@ -12,7 +12,9 @@
 //! `nodefs.inodesFree<5%`, `imagefs.available<15%`. As with the kubelet,
 //! giving `evictionHard` replaces that whole set (signals left out have no
 //! hard threshold); the transition period defaults to 5m and housekeeping
-//! to 10s.
+//! to 10s. An empty `evictionHard` is refused, since it would turn every hard
+//! threshold off unnoticed: `none` (`--eviction-hard=none`,
+//! `evictionHard = "none"`) says so explicitly.
 
 pub mod file;
 pub mod flags;
@@ -170,7 +172,6 @@ pub struct EvictionConfig {
 
 /// A configuration error: which key, which value, which rule.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
-#[error("{key}: {value:?}: {rule}")]
 pub struct ConfigError {
     /// The key (file key or flag name).
     pub key: String,
@@ -178,6 +179,17 @@ pub struct ConfigError {
     pub value: String,
     /// What is wrong.
     pub rule: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    /// `key: "value": rule`, or `key: rule` when there is no value to show.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.value.is_empty() {
+            write!(f, "{}: {}", self.key, self.rule)
+        } else {
+            write!(f, "{}: {:?}: {}", self.key, self.value, self.rule)
+        }
+    }
 }
 
 impl ConfigError {
@@ -193,7 +205,8 @@ impl ConfigError {
 /// Configuration as written, before validation: signal names and strings.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RawEviction {
-    /// `evictionHard`: signal → amount (None: not given, kubelet defaults).
+    /// `evictionHard`: signal → amount (None: not given, kubelet defaults;
+    /// empty: `none` was given, no hard threshold at all).
     pub hard: Option<BTreeMap<String, String>>,
     /// `evictionSoft`.
     pub soft: BTreeMap<String, String>,
@@ -228,16 +241,30 @@ fn signal(key: &str, name: &str) -> Result<Signal, ConfigError> {
     })
 }
 
+/// The largest threshold quantity: signals are compared as `int64`, as the
+/// kubelet's `resource.Quantity` values are (8Ei − 1).
+pub const MAX_QUANTITY: u64 = i64::MAX as u64;
+
 fn amount(key: &str, sig: &str, value: &str) -> Result<Amount, ConfigError> {
     let err = |e: QuantityError| ConfigError::new(key, format!("{sig}={value}"), e.to_string());
     if value.ends_with('%') {
-        quantity::parse_percentage(value)
+        return quantity::parse_percentage(value)
             .map(Amount::Percentage)
-            .map_err(err)
-    } else {
-        quantity::parse_quantity(value)
-            .map(Amount::Quantity)
-            .map_err(err)
+            .map_err(err);
+    }
+    match quantity::parse_quantity(value) {
+        Ok(q) if q > MAX_QUANTITY => Err(ConfigError::new(
+            key,
+            format!("{sig}={value}"),
+            format!("out of range: at most {MAX_QUANTITY} (8Ei minus one)"),
+        )),
+        Ok(q) => Ok(Amount::Quantity(q)),
+        Err(QuantityError::TooLarge { .. }) => Err(ConfigError::new(
+            key,
+            format!("{sig}={value}"),
+            format!("out of range: at most {MAX_QUANTITY} (8Ei minus one)"),
+        )),
+        Err(e) => Err(err(e)),
     }
 }
 
@@ -516,6 +543,22 @@ mod tests {
                 },
                 "evictionHard",
                 "nodefs.available=150%",
+            ),
+            (
+                RawEviction {
+                    hard: Some(map(&[("memory.available", "9223372036854775808")])),
+                    ..Default::default()
+                },
+                "evictionHard",
+                "memory.available=9223372036854775808",
+            ),
+            (
+                RawEviction {
+                    minimum_reclaim: map(&[("nodefs.available", "1e30")]),
+                    ..Default::default()
+                },
+                "evictionMinimumReclaim",
+                "nodefs.available=1e30",
             ),
             (
                 RawEviction {

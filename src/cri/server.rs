@@ -22,6 +22,7 @@ use tokio::task::JoinSet;
 use super::conn::Conn;
 use super::proxy::Proxy;
 use super::{pump, standin};
+use crate::accept::Acceptor;
 
 /// Serves `proxy` on `listener` until `shutdown` resolves, then drains.
 pub async fn serve(
@@ -32,24 +33,19 @@ pub async fn serve(
 ) {
     let (drain_tx, drain_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
+    // EMFILE and the like: the shared loop backs off and keeps serving.
+    let mut acceptor = Acceptor::new(listener, "cri");
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    conns.spawn(connection(stream, proxy.clone(), drain_rx.clone()));
-                }
-                Err(err) => {
-                    // EMFILE and the like: back off briefly, keep serving.
-                    tracing::warn!(%err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
+            stream = acceptor.accept() => {
+                conns.spawn(connection(stream, proxy.clone(), drain_rx.clone()));
+            }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             () = &mut shutdown => break,
         }
     }
-    drop(listener);
+    drop(acceptor);
     let _ = drain_tx.send(true);
     let drained =
         tokio::time::timeout(drain, async { while conns.join_next().await.is_some() {} }).await;

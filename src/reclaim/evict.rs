@@ -93,6 +93,17 @@ pub struct NodeStatus {
     pub evictions: Vec<Eviction>,
     /// The last observations (none before the first round).
     pub observations: Option<Observations>,
+    /// How many evictions were recorded; the admin API's WatchEvictions
+    /// waits on it.
+    pub recorded: tokio::sync::watch::Sender<usize>,
+}
+
+impl NodeStatus {
+    /// Appends `e` to the evictions and wakes every watcher.
+    pub fn record_eviction(&mut self, e: Eviction) {
+        self.evictions.push(e);
+        self.recorded.send_replace(self.evictions.len());
+    }
 }
 
 /// The eviction manager's state and handles.
@@ -495,7 +506,7 @@ impl EvictionManager {
             m.set_sandbox_state(&pod.sandbox_id, SandboxState::NotReady);
         }
         let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
-        st.evictions.push(e.clone());
+        st.record_eviction(e.clone());
         e
     }
 

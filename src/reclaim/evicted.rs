@@ -8,8 +8,6 @@
 //! logged and set aside as `evicted-pods.json.bad`, and criguard starts with
 //! no records: that must never keep it from serving.
 
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use std::sync::RwLock;
@@ -71,33 +69,10 @@ impl EvictedStore {
         status
     }
 
-    /// Writes `pods` atomically; errors carry the path.
+    /// Writes `pods` atomically and privately ([`crate::statefile`]);
+    /// errors carry the path.
     pub fn save(&self, pods: &EvictedPods) -> std::io::Result<()> {
-        let wrap = |p: &Path, e: std::io::Error| {
-            std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))
-        };
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| wrap(dir, e))?;
-        let tmp = self.path.with_extension("json.tmp");
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| wrap(&tmp, e))?;
-        let body = serde_json::to_vec_pretty(pods)?;
-        f.write_all(&body).map_err(|e| wrap(&tmp, e))?;
-        f.sync_all().map_err(|e| wrap(&tmp, e))?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| wrap(&self.path, e))?;
-        // The rename itself is durable once the directory is synced.
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| wrap(dir, e))
+        crate::statefile::write_private(&self.path, &serde_json::to_vec_pretty(pods)?)
     }
 }
 

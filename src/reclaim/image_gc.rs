@@ -402,14 +402,9 @@ fn load_times(path: &Path) -> ImageTimes {
     }
 }
 
-/// Writes the times atomically (a temporary file renamed over the old one).
+/// Writes the times atomically, private to root ([`crate::statefile`]).
 fn save_times(path: &Path, times: &ImageTimes) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(times)?)?;
-    std::fs::rename(&tmp, path)
+    crate::statefile::write_private(path, &serde_json::to_vec_pretty(times)?)
 }
 
 #[cfg(test)]
@@ -453,6 +448,11 @@ mod tests {
         );
         save_times(&path, &t).unwrap();
         assert_eq!(load_times(&path), t);
+        // Private: the state directory 0700, the file 0600.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+        assert_eq!(mode(&path), 0o600);
         std::fs::write(&path, "not json").unwrap();
         assert_eq!(load_times(&path), ImageTimes::default());
         assert_eq!(

@@ -319,7 +319,7 @@ mod tests {
     #[test]
     fn a_mount_below_the_root_is_not_crossed() {
         // Needs root to mount; skipped (with a note) otherwise.
-        if unsafe { libc::geteuid() } != 0 {
+        if !nix::unistd::geteuid().is_root() {
             eprintln!("not root: mount test skipped");
             return;
         }

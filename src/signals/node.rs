@@ -50,24 +50,16 @@ pub struct FsStats {
 
 /// `statvfs(2)` of the filesystem holding `path`.
 pub fn fs_stats(path: &Path) -> Result<FsStats, ReadError> {
-    use std::os::unix::ffi::OsStrExt;
-    let err = |source| ReadError {
+    let s = nix::sys::statvfs::statvfs(path).map_err(|e| ReadError {
         path: path.to_owned(),
-        source,
-    };
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| err(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
-    // SAFETY: statvfs writes into the zeroed struct we own; `c` is a valid C string.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        return Err(err(std::io::Error::last_os_error()));
-    }
-    let frsize = s.f_frsize as u64;
+        source: e.into(),
+    })?;
+    let frsize = s.fragment_size() as u64;
     Ok(FsStats {
-        available: s.f_bavail as u64 * frsize,
-        capacity: s.f_blocks as u64 * frsize,
-        inodes_free: s.f_ffree as u64,
-        inodes: s.f_files as u64,
+        available: s.blocks_available() as u64 * frsize,
+        capacity: s.blocks() as u64 * frsize,
+        inodes_free: s.files_free() as u64,
+        inodes: s.files() as u64,
     })
 }
 

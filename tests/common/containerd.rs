@@ -223,8 +223,7 @@ impl Drop for PrivateContainerd {
 }
 
 fn nix_is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    nix::unistd::geteuid().is_root()
 }
 
 /// CRI v1 clients to one socket.
@@ -258,8 +257,28 @@ pub struct CriguardProcess {
 impl CriguardProcess {
     /// Starts `criguard serve` and waits until its socket accepts.
     pub async fn start(listen: &Path, runtime: &Path, extra: &[&str]) -> Self {
+        Self::start_via(&[], listen, runtime, extra).await
+    }
+
+    /// [`Self::start`] through `wrapper`, a command that execs criguard in
+    /// its place (e.g. `prlimit --nofile=128:128`), so the pid is criguard's.
+    pub async fn start_via(
+        wrapper: &[&str],
+        listen: &Path,
+        runtime: &Path,
+        extra: &[&str],
+    ) -> Self {
         let admin = listen.with_extension("admin.sock");
-        let child = Command::new(env!("CARGO_BIN_EXE_criguard"))
+        let bin = env!("CARGO_BIN_EXE_criguard");
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = cmd
             .arg("serve")
             .arg("--listen")
             .arg(listen)
@@ -342,8 +361,8 @@ impl CriguardProcess {
             .expect("criguard admin socket")
     }
 
-    /// Conditions and observations, as the admin socket serves them.
-    pub async fn conditions(&self) -> serde_json::Value {
+    /// Conditions and observations, as the admin API serves them.
+    pub async fn conditions(&self) -> criguard::admin::ConditionsReport {
         criguard::admin::get_conditions(&self.admin)
             .await
             .expect("criguard admin socket")
@@ -356,8 +375,9 @@ impl CriguardProcess {
 
     /// Sends `signal` and waits for the exit status.
     pub fn signal_and_wait(mut self, signal: i32) -> std::process::ExitStatus {
-        // SAFETY: plain kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, signal) };
+        let signal = nix::sys::signal::Signal::try_from(signal).expect("a signal number");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal)
+            .expect("signal our own child");
         self.child.wait().unwrap()
     }
 }

@@ -67,8 +67,11 @@ impl Drop for TestCgroup {
         let end = Instant::now() + Duration::from_secs(10);
         loop {
             for pid in self.pids() {
-                // SAFETY: kill(2) on a pid read from our own cgroup.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // A pid read from our own cgroup.
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
             match std::fs::remove_dir(&self.dir) {
                 Ok(()) => return,

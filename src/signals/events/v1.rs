@@ -10,7 +10,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -51,14 +51,10 @@ impl UsageThreshold {
         let usage_path = dir.join("memory.usage_in_bytes");
         let usage_file =
             File::open(&usage_path).map_err(|e| EventError::new("open", &usage_path, e))?;
-        // SAFETY: eventfd(2) takes no pointers; a non-negative result is a new fd we own.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if raw < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(EventError::new("eventfd for", dir, e));
-        }
-        // SAFETY: `raw` is a fresh fd that nothing else owns.
-        let eventfd = File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+        use nix::sys::eventfd::{EfdFlags, EventFd};
+        let eventfd = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+            .map_err(|e| EventError::new("eventfd for", dir, e.into()))?;
+        let eventfd = File::from(OwnedFd::from(eventfd));
         let control = dir.join("cgroup.event_control");
         let line = format!("{} {} {bytes}", eventfd.as_raw_fd(), usage_file.as_raw_fd());
         OpenOptions::new()

@@ -105,14 +105,14 @@ impl PsiTrigger {
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(libc::O_NONBLOCK)
+            .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
             .open(path)
             .map_err(|e| EventError::new("open", path, e))?;
         // The kernel takes the last byte written as the string's end: send the NUL.
         let mut line = settings.trigger().into_bytes();
         line.push(0);
         file.write_all(&line).map_err(|e| {
-            let hint = if e.raw_os_error() == Some(libc::EINVAL)
+            let hint = if e.raw_os_error() == Some(nix::errno::Errno::EINVAL as i32)
                 && !settings.window.as_millis().is_multiple_of(2000)
             {
                 " (without CAP_SYS_RESOURCE the window must be a multiple of 2s)"

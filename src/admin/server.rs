@@ -1,0 +1,233 @@
+//! The admin API's server: tonic on the admin socket.
+//!
+//! Each handler is a few lines: sync the model where the answer must be
+//! fresh (containers exit without passing criguard), read criguard's own
+//! types, convert at the edge ([`super::convert`]). A failed sync is
+//! logged and the model answered as it is. `WatchEvictions` streams from
+//! [`NodeStatus::evictions`], woken by [`NodeStatus::recorded`], so a
+//! watcher misses nothing and holds no copy of its own; every stream ends
+//! when criguard stops. Accepting backs off while it fails
+//! ([`crate::accept`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::Stream;
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use super::pb;
+use super::pb::admin_server::{Admin, AdminServer};
+use crate::accept::Acceptor;
+use crate::config::Signal;
+use crate::model::{NodeModel, sync};
+use crate::reclaim::evict::NodeStatus;
+use crate::reclaim::oom_kills::OomKills;
+use crate::reclaim::rank::Ranker;
+use crate::runtime::Upstream;
+use crate::signals::usage::UsageReader;
+
+/// How long open admin connections may finish after criguard is told to stop.
+pub const DRAIN: Duration = Duration::from_secs(5);
+
+/// What the admin API answers from.
+#[derive(Clone, Debug)]
+pub struct AdminState {
+    /// The live model.
+    pub model: Arc<RwLock<NodeModel>>,
+    /// The runtime, to sync before answering.
+    pub upstream: Upstream,
+    /// Conditions and evictions.
+    pub status: Arc<RwLock<NodeStatus>>,
+    /// Per-pod usage, read on request.
+    pub usage: UsageReader,
+    /// Eviction orders, read on request.
+    pub ranker: Ranker,
+    /// The signals `Rank` ranks for.
+    pub rank_signals: Vec<Signal>,
+    /// Kernel OOM kills recorded from containerd's events.
+    pub oom_kills: OomKills,
+}
+
+impl AdminState {
+    /// Syncs the model with the runtime; a failure is logged, not returned.
+    async fn sync(&self, rpc: &str) {
+        if let Err(err) = sync::sync(&self.model, &self.upstream).await {
+            tracing::warn!(%err, rpc, "sync before an admin answer failed; answering from the model as it is");
+        }
+    }
+
+    fn status(&self) -> std::sync::RwLockReadGuard<'_, NodeStatus> {
+        self.status.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The service: the state, and whether criguard is stopping.
+struct Service {
+    state: AdminState,
+    stopping: watch::Receiver<bool>,
+}
+
+type EvictionStream = Pin<Box<dyn Stream<Item = Result<pb::Eviction, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Admin for Service {
+    async fn pods(
+        &self,
+        _: Request<pb::PodsRequest>,
+    ) -> Result<Response<pb::PodsResponse>, Status> {
+        self.state.sync("Pods").await;
+        let pods = self
+            .state
+            .model
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .pods();
+        Ok(Response::new(pb::PodsResponse {
+            pods: pods.iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn evictions(
+        &self,
+        _: Request<pb::EvictionsRequest>,
+    ) -> Result<Response<pb::EvictionsResponse>, Status> {
+        let evictions = self
+            .state
+            .status()
+            .evictions
+            .iter()
+            .map(Into::into)
+            .collect();
+        Ok(Response::new(pb::EvictionsResponse { evictions }))
+    }
+
+    async fn kernel_oom_kills(
+        &self,
+        _: Request<pb::KernelOomKillsRequest>,
+    ) -> Result<Response<pb::KernelOomKillsResponse>, Status> {
+        let kills = self.state.oom_kills.list().iter().map(Into::into).collect();
+        Ok(Response::new(pb::KernelOomKillsResponse { kills }))
+    }
+
+    async fn rank(
+        &self,
+        _: Request<pb::RankRequest>,
+    ) -> Result<Response<pb::RankResponse>, Status> {
+        self.state.sync("Rank").await;
+        let entries = self.state.ranker.report(&self.state.rank_signals).await;
+        Ok(Response::new(pb::RankResponse {
+            entries: entries.iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn usage(
+        &self,
+        _: Request<pb::UsageRequest>,
+    ) -> Result<Response<pb::UsageResponse>, Status> {
+        self.state.sync("Usage").await;
+        let pods = self
+            .state
+            .model
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .pods();
+        let usage = self.state.usage.read(pods).await;
+        Ok(Response::new((&usage).into()))
+    }
+
+    async fn conditions(
+        &self,
+        _: Request<pb::ConditionsRequest>,
+    ) -> Result<Response<pb::ConditionsResponse>, Status> {
+        Ok(Response::new((&*self.state.status()).into()))
+    }
+
+    type WatchEvictionsStream = EvictionStream;
+
+    async fn watch_evictions(
+        &self,
+        req: Request<pb::WatchEvictionsRequest>,
+    ) -> Result<Response<EvictionStream>, Status> {
+        let (recorded, next) = {
+            let st = self.state.status();
+            let from = if req.get_ref().replay {
+                0
+            } else {
+                st.evictions.len()
+            };
+            (st.recorded.subscribe(), from)
+        };
+        let watch = Watch {
+            status: self.state.status.clone(),
+            recorded,
+            stopping: self.stopping.clone(),
+            next,
+        };
+        let stream = futures::stream::unfold(watch, |mut w| async move {
+            let e = w.next().await?;
+            Some((Ok(e), w))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// One `WatchEvictions` stream's place in the evictions.
+struct Watch {
+    status: Arc<RwLock<NodeStatus>>,
+    recorded: watch::Receiver<usize>,
+    stopping: watch::Receiver<bool>,
+    next: usize,
+}
+
+impl Watch {
+    /// The next eviction, waiting for one; None once criguard stops.
+    async fn next(&mut self) -> Option<pb::Eviction> {
+        loop {
+            // Marked seen before reading: a record made after this wakes
+            // `changed` below even if this read already returned it.
+            self.recorded.borrow_and_update();
+            let found = {
+                let st = self.status.read().unwrap_or_else(|e| e.into_inner());
+                st.evictions.get(self.next).map(pb::Eviction::from)
+            };
+            if let Some(e) = found {
+                self.next += 1;
+                return Some(e);
+            }
+            tokio::select! {
+                changed = self.recorded.changed() => changed.ok()?,
+                _ = self.stopping.wait_for(|s| *s) => return None,
+            }
+        }
+    }
+}
+
+/// Serves the admin API on `listener` until `shutdown` resolves; open
+/// connections then get [`DRAIN`] to finish and watch streams end.
+pub async fn serve(listener: UnixListener, state: AdminState, shutdown: impl Future<Output = ()>) {
+    let (stop, stopping) = watch::channel(false);
+    let mut stopped = stop.subscribe();
+    let service = AdminServer::new(Service { state, stopping });
+    let server = tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(Acceptor::new(listener, "admin"), async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        });
+    let drained = async {
+        let _ = stopped.wait_for(|s| *s).await;
+        tokio::time::sleep(DRAIN).await;
+    };
+    tokio::select! {
+        result = server => {
+            if let Err(err) = result {
+                tracing::error!(%err, "admin API server failed");
+            }
+        }
+        () = drained => tracing::warn!(?DRAIN, "admin connections still open after the drain; closing them"),
+    }
+}

@@ -1,0 +1,181 @@
+//! The admin API's answers as tables for people (`criguard pods`,
+//! `evictions`, `rank`, `usage`); `--json` prints the same data as JSON
+//! instead.
+
+use super::client::EvictionsReport;
+use crate::config::Signal;
+use crate::model::Pod;
+use crate::reclaim::evict::Eviction;
+use crate::reclaim::rank::RankEntry;
+use crate::signals::usage::NodeUsage;
+
+/// The ranking as a table: one line per pod and signal, first victim first.
+pub fn rank_table(entries: &[RankEntry]) -> String {
+    let mut out = format!(
+        "{:<28} {:>4}  {:<40} {:<10} {:>9} {:>12} {:>12}\n",
+        "SIGNAL", "RANK", "POD", "QOS", "PRIORITY", "USAGE", "REQUEST"
+    );
+    for e in entries {
+        let bytes = Signal::parse(&e.signal).is_some_and(|s| s.is_bytes());
+        let show = |v: i64| {
+            if bytes {
+                crate::quantity::format_bytes(v.max(0) as u64)
+            } else {
+                v.to_string()
+            }
+        };
+        out.push_str(&format!(
+            "{:<28} {:>4}  {:<40} {:<10} {:>9} {:>12} {:>12}\n",
+            e.signal,
+            e.rank,
+            e.pod,
+            e.qos,
+            e.priority,
+            e.usage.map_or("?".to_owned(), show),
+            show(e.request)
+        ));
+    }
+    out
+}
+
+/// The model as a table for people.
+pub fn pods_table(pods: &[Pod]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<30} {:<11} {:>9} {:<8} {:<9} {:<13} {:<16} {:<9} {:>9} {:>9} {:>5}",
+        "NAMESPACE/POD",
+        "QOS",
+        "PRIORITY",
+        "CRITICAL",
+        "STATE",
+        "SANDBOX",
+        "CONTAINER",
+        "C-STATE",
+        "MEM-REQ",
+        "MEM-LIM",
+        "OOM"
+    );
+    for p in pods {
+        let pod = format!("{}/{}", p.namespace, p.name);
+        let crit = if p.critical { "yes" } else { "no" };
+        let head = format!(
+            "{pod:<30} {:<11} {:>9} {crit:<8} {:<9} {:<13}",
+            format!("{:?}", p.qos),
+            p.priority,
+            format!("{:?}", p.state),
+            p.sandbox_id.get(..12).unwrap_or(&p.sandbox_id),
+        );
+        if p.containers.is_empty() {
+            let _ = writeln!(out, "{head}");
+        }
+        for c in p.containers.values() {
+            let _ = writeln!(
+                out,
+                "{head} {:<16} {:<9} {:>9} {:>9} {:>5}",
+                c.name,
+                format!("{:?}", c.state),
+                mib(c.memory_request),
+                mib(c.memory_limit),
+                c.oom_score_adj
+            );
+        }
+    }
+    out
+}
+
+fn mib(bytes: i64) -> String {
+    if bytes <= 0 {
+        "-".into()
+    } else {
+        format!("{}Mi", bytes >> 20)
+    }
+}
+
+/// Per-pod usage as a table for people: one line per pod, then the node's
+/// filesystems and image store.
+pub fn usage_table(u: &NodeUsage) -> String {
+    use crate::quantity::format_bytes;
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<36} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>6}",
+        "NAMESPACE/POD", "ROOTFS", "INODES", "LOGS", "INODES", "VOLUMES", "INODES", "PROCS"
+    );
+    for p in &u.pods {
+        let procs = p.processes.map_or("-".into(), |n| n.to_string());
+        let _ = writeln!(
+            out,
+            "{:<36} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>6}",
+            format!("{}/{}", p.namespace, p.name),
+            format_bytes(p.rootfs.bytes),
+            p.rootfs.inodes,
+            format_bytes(p.logs.bytes),
+            p.logs.inodes,
+            format_bytes(p.volumes.bytes),
+            p.volumes.inodes,
+            procs
+        );
+        for e in &p.errors {
+            let _ = writeln!(out, "  not read: {e}");
+        }
+    }
+    for (name, fs) in [("nodefs", u.nodefs), ("imagefs", u.imagefs)] {
+        if let Some(fs) = fs {
+            let _ = writeln!(
+                out,
+                "{name}: {} of {} available, {} of {} inodes free",
+                format_bytes(fs.available),
+                format_bytes(fs.capacity),
+                fs.inodes_free,
+                fs.inodes
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "dedicated imagefs: {}; image content store: {}; read in {} µs",
+        if u.dedicated_imagefs { "yes" } else { "no" },
+        u.images.map_or("-".into(), |i| format!(
+            "{} in {} inodes",
+            format_bytes(i.bytes),
+            i.inodes
+        )),
+        u.read_us
+    );
+    out
+}
+
+/// One eviction as a line for people.
+pub fn eviction_line(e: &Eviction) -> String {
+    let dry = if e.dry_run { " (dry run)" } else { "" };
+    format!(
+        "{} {} [{}]{dry}: {}",
+        e.at_unix_ms, e.pod, e.threshold, e.message
+    )
+}
+
+/// `criguard evictions` for people: the evictions, then the kernel OOM kills.
+pub fn evictions_text(r: &EvictionsReport) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for e in &r.evictions {
+        let _ = writeln!(out, "{}", eviction_line(e));
+    }
+    for k in &r.kernel_oom_kills {
+        let first = k.first_ranked.as_deref().unwrap_or("none");
+        let matched = if k.matched_rank {
+            "criguard's first-ranked pod"
+        } else {
+            "not criguard's first-ranked pod"
+        };
+        let _ = writeln!(
+            out,
+            "{} {} [kernel OOM kill] container {} ({:?}), {} process(es): {matched} (first ranked: {first})",
+            k.at_unix_ms, k.pod, k.container, k.qos, k.kills
+        );
+    }
+    out
+}
