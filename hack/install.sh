@@ -33,7 +33,8 @@ if [[ "${1:-}" == "--uninstall" ]]; then
 fi
 
 if [[ -z "${CRIGUARD_BIN:-}" ]]; then
-    # build.rs generates the admin API from proto/ with protoc.
+    # build.rs generates the admin API from proto/ with protoc, and
+    # containerd-client's build compiles containerd's protos with it.
     command -v protoc >/dev/null || [[ -n "${PROTOC:-}" ]] ||
         { echo "install.sh: protoc is needed to build: run hack/install-deps.sh (protobuf-compiler)" >&2; exit 1; }
     cargo build --release --bin criguard

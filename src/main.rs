@@ -40,7 +40,7 @@ enum Command {
         #[command(flatten)]
         node: NodeArgs,
     },
-    /// Print the evictions a running criguard made.
+    /// Print the evictions a running criguard made and the kernel OOM kills in pods it saw.
     Evictions {
         /// criguard's admin socket.
         #[arg(long, default_value = DEFAULT_ADMIN)]
@@ -48,7 +48,8 @@ enum Command {
         /// JSON instead of lines (with --watch: one JSON object per line).
         #[arg(long)]
         json: bool,
-        /// Then keep printing each eviction as it is made, until criguard stops.
+        /// Then keep printing each eviction as it is made, until criguard
+        /// stops (evictions only, not kernel OOM kills).
         #[arg(long)]
         watch: bool,
     },
@@ -226,7 +227,8 @@ struct ServeCmd {
     /// `containerd.snapshotter`): where writable layers are looked up.
     #[arg(long, default_value = criguard::runtime::snapshots::DEFAULT_SNAPSHOTTER)]
     snapshotter: String,
-    /// How often the node model is re-synced with the runtime.
+    /// How often the node model is re-synced with the runtime (the safety
+    /// net behind containerd's task events).
     #[arg(long, default_value = "10s", value_parser = parse_seconds)]
     sync_interval: Duration,
     /// Re-adjust running containers' oom_score_adj so that the kernel's
@@ -667,7 +669,8 @@ async fn serve(
     let usage = criguard::signals::usage::UsageReader::new(
         upstream.snapshots(&snapshotter),
         node_args.usage_sources(),
-    );
+    )
+    .with_content(upstream.content());
     let image_uses = criguard::reclaim::image_gc::ImageUses::default();
     let images = criguard::reclaim::image_gc::ImageGc::new(
         upstream.clone(),
@@ -682,6 +685,10 @@ async fn serve(
             vec![node_args.imagefs.clone(), node_args.nodefs.clone()],
             metrics.reclaim.clone(),
         );
+    let ranks = Arc::new(std::sync::Mutex::new(
+        criguard::policy::oom_kill::RankHistory::default(),
+    ));
+    let oom_kills = criguard::reclaim::oom_kills::OomKills::default();
     let admin_state = admin::AdminState {
         model: node.clone(),
         upstream: upstream.clone(),
@@ -693,6 +700,7 @@ async fn serve(
             Some(usage.clone()),
         ),
         rank_signals: rank_signals(&eviction),
+        oom_kills: oom_kills.clone(),
     };
     let events = psi.map(|psi| MemoryEvents::new(sources.clone(), &eviction, psi));
     let manager = criguard::reclaim::evict::EvictionManager::new(
@@ -721,17 +729,36 @@ async fn serve(
             }
         }
     });
-    let adjuster = dynamic_oom_score_adj.then(|| {
+    // The adjuster ranks every round (the kernel OOM kills are matched
+    // against it); it writes scores only with --dynamic-oom-score-adj.
+    let adjuster = {
         let a = criguard::reclaim::oom_adjust::OomAdjuster::new(
             node.clone(),
             node_args.cgroup_root.clone(),
             PathBuf::from("/proc"),
-        );
-        Arc::new(std::sync::Mutex::new(a.with_metrics(metrics.oom.clone())))
-    });
+        )
+        .with_metrics(metrics.oom.clone())
+        .with_rank_history(ranks.clone());
+        let a = if dynamic_oom_score_adj {
+            a
+        } else {
+            a.rank_only()
+        };
+        Arc::new(std::sync::Mutex::new(a))
+    };
+    let task_events = model::events::TaskEvents::new(node.clone(), upstream.clone())
+        .with_oom_kills(
+            criguard::reclaim::oom_kills::OomKillWatcher::new(
+                &node_args.cgroup_root,
+                ranks,
+                oom_kills,
+            )
+            .with_metrics(metrics.events.oom_kills.clone()),
+        )
+        .with_metrics(metrics.events.clone());
+    let events_task = tokio::spawn(task_events.run(stopped()));
     let oom_stopped = stopped();
     let oom_task = tokio::spawn(async move {
-        let Some(adjuster) = adjuster else { return };
         periodic(oom_adjust_interval, oom_stopped, move || {
             let a = adjuster.clone();
             // cgroupfs and procfs reads block briefly: off the proxy's thread.
@@ -782,6 +809,7 @@ async fn serve(
     let _ = tokio::join!(
         admin_task,
         sync_task,
+        events_task,
         oom_task,
         metrics_task,
         evict_task,
@@ -839,19 +867,12 @@ fn run_client(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitC
 
 async fn evictions(admin_socket: PathBuf, json: bool, watch: bool) -> anyhow::Result<()> {
     use futures::StreamExt;
-    let line = |e: &criguard::reclaim::evict::Eviction| {
-        let dry = if e.dry_run { " (dry run)" } else { "" };
-        format!(
-            "{} {} [{}]{dry}: {}",
-            e.at_unix_ms, e.pod, e.threshold, e.message
-        )
-    };
     if !watch {
-        let list = admin::get_evictions(&admin_socket).await?;
+        let report = admin::get_evictions_report(&admin_socket).await?;
         if json {
-            println!("{}", serde_json::to_string_pretty(&list)?);
+            println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
-            list.iter().for_each(|e| println!("{}", line(e)));
+            print!("{}", admin::evictions_text(&report));
         }
         return Ok(());
     }
@@ -861,7 +882,7 @@ async fn evictions(admin_socket: PathBuf, json: bool, watch: bool) -> anyhow::Re
         if json {
             println!("{}", serde_json::to_string(&e)?);
         } else {
-            println!("{}", line(&e));
+            println!("{}", admin::eviction_line(&e));
         }
     }
     Ok(())

@@ -72,6 +72,62 @@ pub struct OomMetrics {
     pub writes: Counter,
 }
 
+/// Labels of a kernel OOM kill.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OomKillLabels {
+    /// True when the killed container's pod was criguard's first-ranked pod.
+    pub matched_rank: bool,
+}
+
+/// Labels of a containerd event topic.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabels {
+    /// `/tasks/exit` or `/tasks/oom`.
+    pub topic: &'static str,
+}
+
+/// Metrics of containerd's task events and the kernel OOM kills they reveal.
+#[derive(Clone, Debug, Default)]
+pub struct TaskEventMetrics {
+    /// Subscriptions made to containerd's events service (the first, then
+    /// one per re-subscription after containerd went away).
+    pub subscriptions: Counter,
+    /// Catch-up syncs completed after a subscription (what the events
+    /// could not tell: before it was registered, or while containerd was down).
+    pub catch_ups: Counter,
+    /// Task events received, by topic.
+    pub events: Family<TopicLabels, Counter>,
+    /// Kernel OOM kills in pods, by whether the pod was criguard's first.
+    pub oom_kills: Family<OomKillLabels, Counter>,
+}
+
+impl TaskEventMetrics {
+    fn new(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "criguard_containerd_event_subscriptions",
+            "Subscriptions to containerd's events service (/tasks/exit, /tasks/oom): the first and each one after containerd went away",
+            m.subscriptions.clone(),
+        );
+        registry.register(
+            "criguard_containerd_event_catch_up_syncs",
+            "Model syncs run right after subscribing to containerd's events, for what happened before the subscription",
+            m.catch_ups.clone(),
+        );
+        registry.register(
+            "criguard_containerd_events",
+            "containerd task events received, by topic",
+            m.events.clone(),
+        );
+        registry.register(
+            "criguard_kernel_oom_kills",
+            "Processes the kernel's OOM killer took from pods' containers, by whether the pod was the one criguard ranked first for memory at the time",
+            m.oom_kills.clone(),
+        );
+        m
+    }
+}
+
 /// Labels naming an eviction signal.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SignalLabels {
@@ -292,6 +348,8 @@ pub struct Metrics {
     pub reclaim: ReclaimMetrics,
     /// The Kubernetes API report's.
     pub kube: KubeMetrics,
+    /// containerd task events' and kernel OOM kills'.
+    pub events: TaskEventMetrics,
 }
 
 impl Metrics {
@@ -308,7 +366,9 @@ impl Metrics {
         let eviction = EvictionMetrics::new(&mut registry);
         let reclaim = ReclaimMetrics::new(&mut registry);
         let kube = KubeMetrics::new(&mut registry);
+        let events = TaskEventMetrics::new(&mut registry);
         Self {
+            events,
             kube,
             registry: Arc::new(registry),
             cri,

@@ -61,6 +61,7 @@ impl Served {
             usage: usage.clone(),
             ranker: criguard::reclaim::rank::Ranker::new(model.clone(), sources, Some(usage)),
             rank_signals: vec![],
+            oom_kills: Default::default(),
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(admin::serve(listener, state, async {
@@ -257,8 +258,9 @@ async fn the_cli_prints_tables_and_json_of_the_same_fields() {
         pods_table.contains("default/web") && pods_table.contains("BestEffort"),
         "{pods_table}"
     );
-    let ev: Vec<Eviction> = serde_json::from_str(&ev_json).unwrap();
-    assert_eq!(ev, vec![eviction("a", 1)]);
+    let ev: criguard::admin::EvictionsReport = serde_json::from_str(&ev_json).unwrap();
+    assert_eq!(ev.evictions, vec![eviction("a", 1)]);
+    assert!(ev.kernel_oom_kills.is_empty(), "{ev_json}");
     assert!(
         ev_lines.contains("default/a [memory.available<100Mi]: The node was low"),
         "{ev_lines}"

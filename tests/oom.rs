@@ -1,27 +1,45 @@
 //! A real kernel OOM inside a small kubepods memory cgroup: the process the
 //! kernel kills belongs to the pod criguard ranks first, not to the one the
-//! kubelet's static scores would have it kill.
+//! kubelet's static scores would have it kill. Either way criguard records
+//! the kill from containerd's `/tasks/oom` event: the container, its pod's
+//! QoS class and whether the pod was criguard's first-ranked one
+//! (`criguard evictions`, `criguard_kernel_oom_kills_total{matched_rank}`).
 
 mod common;
 
 use std::time::Duration;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
+use common::metrics::{free_port, parse, scrape, value};
 use common::pods::{
     CgroupRoot, grow, hog, init_pid, mem_total, oom_score_adj_of, remove_pods, run_pod, sleeper,
     wait_holding,
 };
 use criguard::kubelet::{ContainerSpec, PodSpec};
+use criguard::model::QosClass;
 use criguard::policy::oom::badness;
+use criguard::reclaim::oom_kills::OomKill;
 use k8s_cri::v1 as cri;
 
 const MI: i64 = 1 << 20;
 /// The pods' memcg limit (the kubelet's allocatable memory, in miniature).
 const LIMIT: i64 = 320 * MI;
 
-/// Runs the scenario and returns the statuses of X, Y and Z once the
-/// kernel has killed one of them.
-async fn oom_scenario(dynamic: bool) -> [cri::ContainerStatus; 3] {
+/// What the scenario saw once the kernel killed.
+struct Outcome {
+    /// The statuses of X, Y and Z.
+    statuses: [cri::ContainerStatus; 3],
+    /// The kills criguard recorded.
+    kills: Vec<OomKill>,
+    /// Its metrics after the kill.
+    metrics: Vec<common::metrics::Sample>,
+    /// `criguard evictions` after the kill.
+    text: String,
+}
+
+/// Runs the scenario and returns what was seen once the kernel has killed
+/// one of X, Y and Z.
+async fn oom_scenario(dynamic: bool) -> Outcome {
     // Declared first so that it is dropped last, after containerd has
     // stopped the containers whose cgroups live under it.
     let root = format!("/{}", unique("criguard-oom"));
@@ -42,10 +60,18 @@ async fn oom_scenario(dynamic: bool) -> [cri::ContainerStatus; 3] {
     } else {
         "--dynamic-oom-score-adj=false"
     };
+    let port = free_port();
+    let metrics_address = format!("127.0.0.1:{port}");
     let guard = CriguardProcess::start(
         &listen,
         &ctrd.socket,
-        &[switch, "--oom-adjust-interval", "1s"],
+        &[
+            switch,
+            "--oom-adjust-interval",
+            "1s",
+            "--metrics-address",
+            &metrics_address,
+        ],
     )
     .await;
     let mut rt = guard.clients().rt;
@@ -153,12 +179,89 @@ async fn oom_scenario(dynamic: bool) -> [cri::ContainerStatus; 3] {
     })
     .await;
 
+    // The kill as criguard recorded it from containerd's events.
+    common::poll_until(Duration::from_secs(20), "the OOM kill record", || async {
+        (!guard.oom_kills().await.is_empty()).then_some(())
+    })
+    .await;
+
+    // The teardown SIGKILLs every container, each notified of the OOM on
+    // cgroup v1 a moment ago: none of that is a kernel OOM kill.
     remove_pods(
         &mut rt,
         guard.pods().await.into_iter().map(|p| p.sandbox_id),
     )
     .await;
-    statuses
+    let kills = guard.oom_kills().await;
+    let metrics = parse(&scrape(port));
+    // What `criguard evictions` shows of it, as JSON and as text.
+    let cli = |json: bool| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_criguard"))
+            .arg("evictions")
+            .arg("--admin-socket")
+            .arg(&guard.admin)
+            .args(json.then_some("--json"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let report: criguard::admin::EvictionsReport = serde_json::from_str(&cli(true)).unwrap();
+    assert_eq!(report.kernel_oom_kills, kills, "criguard evictions --json");
+    assert!(
+        report.evictions.is_empty(),
+        "no threshold configured to evict"
+    );
+    Outcome {
+        statuses,
+        kills,
+        metrics,
+        text: cli(false),
+    }
+}
+
+/// Checks the recorded kill: in `container_id`, of class `qos`, matched or
+/// not, seen through `/tasks/oom`, counted in the metric.
+fn assert_recorded(o: &Outcome, container_id: &str, qos: QosClass, matched: bool) {
+    eprintln!("recorded: {:#?}", o.kills);
+    assert!(
+        o.kills.iter().all(|k| k.container_id == container_id),
+        "only the killed container: {:#?}",
+        o.kills
+    );
+    let k = &o.kills[0];
+    assert_eq!((k.qos, k.matched_rank), (qos, matched), "{k:#?}");
+    eprintln!("criguard evictions:\n{}", o.text);
+    assert!(
+        o.text.contains("[kernel OOM kill]") && o.text.contains(&k.pod),
+        "{}",
+        o.text
+    );
+    assert!(k.notified, "seen through containerd's /tasks/oom: {k:#?}");
+    assert!(
+        k.first_ranked
+            .as_deref()
+            .is_some_and(|p| p.contains("x-besteffort")),
+        "criguard ranked X first: {k:#?}"
+    );
+    let label = if matched { "true" } else { "false" };
+    let kills: u64 = o.kills.iter().map(|k| k.kills).sum();
+    assert_eq!(
+        value(
+            &o.metrics,
+            "criguard_kernel_oom_kills_total",
+            &[("matched_rank", label)]
+        ),
+        Some(kills as f64)
+    );
+    assert!(
+        value(
+            &o.metrics,
+            "criguard_containerd_events_total",
+            &[("topic", "/tasks/oom")]
+        )
+        .is_some_and(|n| n >= 1.0)
+    );
 }
 
 fn running(s: &cri::ContainerStatus) -> bool {
@@ -173,21 +276,26 @@ fn oom_killed(s: &cri::ContainerStatus) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kernel_oom_kills_the_pod_criguard_ranks_first() {
-    let [x, y, z] = oom_scenario(true).await;
+    let o = oom_scenario(true).await;
+    let [x, y, z] = &o.statuses;
     assert!(
-        oom_killed(&x),
+        oom_killed(x),
         "X (criguard's first) must be the OOM victim: {x:?}"
     );
     assert!(
-        running(&y) && running(&z),
+        running(y) && running(z),
         "Y and Z must survive: {y:?} {z:?}"
     );
+    assert_recorded(&o, &x.id, QosClass::BestEffort, true);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_dynamic_scores_the_kernel_kills_the_bigger_higher_priority_pod() {
     // The control: the same pods at the kubelet's static scores.
-    let [x, y, _] = oom_scenario(false).await;
-    assert!(oom_killed(&y), "at static scores the kernel picks Y: {y:?}");
-    assert!(running(&x), "{x:?}");
+    let o = oom_scenario(false).await;
+    let [x, y, _] = &o.statuses;
+    assert!(oom_killed(y), "at static scores the kernel picks Y: {y:?}");
+    assert!(running(x), "{x:?}");
+    // criguard still ranked X first: the kill is recorded as a miss.
+    assert_recorded(&o, &y.id, QosClass::Burstable, false);
 }

@@ -450,6 +450,23 @@ async fn inode_signals_on_small_tmpfs_filesystems_match_statvfs_and_du() {
             .join("io.containerd.content.v1.content/blobs"))
     );
     assert!(images.inodes > 2);
+    // containerd's content service lists the same blobs (all in k8s.io
+    // here): one per file below blobs/sha256, logical sizes within the
+    // allocated bytes.
+    let listed = Upstream::new(RuntimeEndpoint::parse(sc.ctrd.socket.to_str().unwrap()).unwrap())
+        .content()
+        .usage()
+        .await
+        .unwrap();
+    assert_eq!(
+        listed.blobs + 2,
+        images.inodes,
+        "blobs/ and blobs/sha256 are the +2"
+    );
+    assert!(
+        listed.bytes <= images.bytes && listed.bytes > images.bytes / 2,
+        "{listed:?} vs {images:?}"
+    );
 
     sc.teardown().await;
     drop(sc);

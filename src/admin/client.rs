@@ -15,6 +15,7 @@ use super::pb;
 use super::pb::admin_client::AdminClient;
 use crate::model::Pod;
 use crate::reclaim::evict::Eviction;
+use crate::reclaim::oom_kills::OomKill;
 use crate::reclaim::rank::RankEntry;
 use crate::runtime::MAX_MESSAGE;
 use crate::signals::usage::NodeUsage;
@@ -87,6 +88,35 @@ pub async fn get_evictions(socket: &Path) -> Result<Vec<Eviction>, ClientError> 
         .into_iter()
         .map(Into::into)
         .collect())
+}
+
+/// `KernelOomKills`: every kernel OOM kill in a pod a running criguard
+/// recorded, oldest first.
+pub async fn get_oom_kills(socket: &Path) -> Result<Vec<OomKill>, ClientError> {
+    let r = connect(socket)
+        .await?
+        .kernel_oom_kills(pb::KernelOomKillsRequest {})
+        .await?;
+    let kills = r.into_inner().kills.into_iter().map(OomKill::try_from);
+    Ok(kills.collect::<Result<_, _>>()?)
+}
+
+/// What `criguard evictions` shows: criguard's evictions and the kernel's
+/// OOM kills in pods (`--json` prints this object).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EvictionsReport {
+    /// criguard's evictions, oldest first.
+    pub evictions: Vec<Eviction>,
+    /// The kernel's OOM kills in pods, oldest first.
+    pub kernel_oom_kills: Vec<OomKill>,
+}
+
+/// `Evictions` and `KernelOomKills` of a running criguard.
+pub async fn get_evictions_report(socket: &Path) -> Result<EvictionsReport, ClientError> {
+    Ok(EvictionsReport {
+        evictions: get_evictions(socket).await?,
+        kernel_oom_kills: get_oom_kills(socket).await?,
+    })
 }
 
 /// `Usage`: per-pod usage, read now.

@@ -11,6 +11,7 @@
 //! | --- | --- |
 //! | `Pods` | the node model, synced with the runtime first |
 //! | `Evictions` | every eviction since start, oldest first |
+//! | `KernelOomKills` | every kernel OOM kill in a pod since start, oldest first |
 //! | `Rank` | the eviction order for each ranked signal, read now (model synced first) |
 //! | `Usage` | per-pod disk and process usage, read now (model synced first) |
 //! | `Conditions` | node conditions, the last observations and when they were read |
@@ -33,8 +34,9 @@ pub mod pb {
 }
 
 pub use client::{
-    ClientError, get_conditions, get_evictions, get_pods, get_rank, get_usage, watch_evictions,
+    ClientError, EvictionsReport, get_conditions, get_evictions, get_evictions_report,
+    get_oom_kills, get_pods, get_rank, get_usage, watch_evictions,
 };
 pub use convert::{ConditionsReport, ConvertError, Observed};
 pub use server::{AdminState, serve};
-pub use table::{pods_table, rank_table, usage_table};
+pub use table::{eviction_line, evictions_text, pods_table, rank_table, usage_table};

@@ -25,6 +25,7 @@ use crate::accept::Acceptor;
 use crate::config::Signal;
 use crate::model::{NodeModel, sync};
 use crate::reclaim::evict::NodeStatus;
+use crate::reclaim::oom_kills::OomKills;
 use crate::reclaim::rank::Ranker;
 use crate::runtime::Upstream;
 use crate::signals::usage::UsageReader;
@@ -47,6 +48,8 @@ pub struct AdminState {
     pub ranker: Ranker,
     /// The signals `Rank` ranks for.
     pub rank_signals: Vec<Signal>,
+    /// Kernel OOM kills recorded from containerd's events.
+    pub oom_kills: OomKills,
 }
 
 impl AdminState {
@@ -100,6 +103,14 @@ impl Admin for Service {
             .map(Into::into)
             .collect();
         Ok(Response::new(pb::EvictionsResponse { evictions }))
+    }
+
+    async fn kernel_oom_kills(
+        &self,
+        _: Request<pb::KernelOomKillsRequest>,
+    ) -> Result<Response<pb::KernelOomKillsResponse>, Status> {
+        let kills = self.state.oom_kills.list().iter().map(Into::into).collect();
+        Ok(Response::new(pb::KernelOomKillsResponse { kills }))
     }
 
     async fn rank(

@@ -7,9 +7,17 @@
 //! from containerd after a restart and needs no state file of its own.
 //! Derived fields (QoS class, memory requests, criticality) are recomputed
 //! from the stored inputs whenever those change, never patched by hand.
+//! containerd's task events ([`events`]) tell it at once of what the calls
+//! do not show: a container that exits by itself.
+//!
+//! States only move forward (Created → Running → Exited, Ready → NotReady):
+//! CRI never restarts a container or a sandbox under the same id, so a
+//! stale report (a list read before an exit event, a StartContainer answer
+//! observed after the container already died) cannot undo a newer one.
 
 pub mod convert;
 pub mod derive;
+pub mod events;
 pub mod sync;
 
 use std::collections::{BTreeMap, HashMap};
@@ -46,6 +54,51 @@ pub enum ContainerState {
     /// Exited.
     Exited,
     /// The runtime does not know.
+    Unknown,
+}
+
+impl SandboxState {
+    /// The state after `self` when `next` is reported: NotReady is final.
+    pub fn then(self, next: SandboxState) -> SandboxState {
+        match self {
+            SandboxState::NotReady => SandboxState::NotReady,
+            SandboxState::Ready => next,
+        }
+    }
+}
+
+impl ContainerState {
+    fn order(self) -> u8 {
+        match self {
+            ContainerState::Unknown => 0,
+            ContainerState::Created => 1,
+            ContainerState::Running => 2,
+            ContainerState::Exited => 3,
+        }
+    }
+
+    /// The state after `self` when `next` is reported: never backwards
+    /// (Exited is final); Unknown replaces nothing the model knew.
+    pub fn then(self, next: ContainerState) -> ContainerState {
+        if next.order() >= self.order() {
+            next
+        } else {
+            self
+        }
+    }
+}
+
+/// Who a task id belongs to, after a task exit was applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskOwner {
+    /// A container of sandbox `sandbox_id`; it is Exited now.
+    Container {
+        /// Its sandbox.
+        sandbox_id: String,
+    },
+    /// A sandbox's own (pause) task; the sandbox is NotReady now.
+    Sandbox,
+    /// Nothing the model knows (yet): the next sync learns it.
     Unknown,
 }
 
@@ -224,7 +277,10 @@ impl NodeModel {
             if info.created_at_ns == 0 {
                 info.created_at_ns = old.created_at_ns;
             }
-            info.state = info.state.or(old.state);
+            info.state = match (old.state, info.state) {
+                (Some(o), Some(n)) => Some(o.then(n)),
+                (o, n) => n.or(o),
+            };
         }
         self.sandboxes.insert(info.id.clone(), info);
     }
@@ -235,15 +291,18 @@ impl NodeModel {
             if info.created_at_ns == 0 {
                 info.created_at_ns = old.created_at_ns;
             }
-            info.state = info.state.or(old.state);
+            info.state = match (old.state, info.state) {
+                (Some(o), Some(n)) => Some(o.then(n)),
+                (o, n) => n.or(o),
+            };
         }
         self.containers.insert(info.id.clone(), info);
     }
 
-    /// Sets a sandbox's state; stopping a sandbox stops its containers.
+    /// Sets a sandbox's state (forward only); stopping a sandbox stops its containers.
     pub fn set_sandbox_state(&mut self, id: &str, state: SandboxState) {
         if let Some(s) = self.sandboxes.get_mut(id) {
-            s.state = Some(state);
+            s.state = Some(s.state.map_or(state, |o| o.then(state)));
         }
         if state == SandboxState::NotReady {
             for c in self.containers.values_mut().filter(|c| c.sandbox_id == id) {
@@ -254,25 +313,43 @@ impl NodeModel {
         }
     }
 
-    /// Sets a container's state.
+    /// Sets a container's state (forward only).
     pub fn set_container_state(&mut self, id: &str, state: ContainerState) {
         if let Some(c) = self.containers.get_mut(id) {
-            c.state = Some(state);
+            c.state = Some(c.state.map_or(state, |o| o.then(state)));
         }
     }
 
-    /// Records the runtime's view of a sandbox's state and creation time.
+    /// A task's init process exited (containerd's `/tasks/exit`): a
+    /// container is Exited; a sandbox's pause task leaves the sandbox
+    /// NotReady, its containers as they are (they may still run; the kubelet
+    /// stops them).
+    pub fn task_exited(&mut self, task_id: &str) -> TaskOwner {
+        if let Some(c) = self.containers.get_mut(task_id) {
+            c.state = Some(ContainerState::Exited);
+            return TaskOwner::Container {
+                sandbox_id: c.sandbox_id.clone(),
+            };
+        }
+        if let Some(s) = self.sandboxes.get_mut(task_id) {
+            s.state = Some(SandboxState::NotReady);
+            return TaskOwner::Sandbox;
+        }
+        TaskOwner::Unknown
+    }
+
+    /// Records the runtime's view of a sandbox's state (forward only) and creation time.
     pub fn refresh_sandbox(&mut self, id: &str, state: SandboxState, created_at_ns: i64) {
         if let Some(s) = self.sandboxes.get_mut(id) {
-            s.state = Some(state);
+            s.state = Some(s.state.map_or(state, |o| o.then(state)));
             s.created_at_ns = created_at_ns;
         }
     }
 
-    /// Records the runtime's view of a container's state and creation time.
+    /// Records the runtime's view of a container's state (forward only) and creation time.
     pub fn refresh_container(&mut self, id: &str, state: ContainerState, created_at_ns: i64) {
         if let Some(c) = self.containers.get_mut(id) {
-            c.state = Some(state);
+            c.state = Some(c.state.map_or(state, |o| o.then(state)));
             c.created_at_ns = created_at_ns;
         }
     }
@@ -294,6 +371,11 @@ impl NodeModel {
             self.sandboxes.keys().cloned().collect(),
             self.containers.keys().cloned().collect(),
         )
+    }
+
+    /// A container's state, cheaply (`None`: not in the model, or not yet told).
+    pub fn container_state(&self, id: &str) -> Option<ContainerState> {
+        self.containers.get(id)?.state
     }
 
     /// The inputs known for a sandbox.
@@ -399,81 +481,4 @@ impl NodeModel {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sandbox(id: &str, parent: &str) -> SandboxInfo {
-        SandboxInfo {
-            id: id.into(),
-            name: format!("pod-{id}"),
-            namespace: "default".into(),
-            uid: format!("uid-{id}"),
-            cgroup_parent: parent.into(),
-            state: Some(SandboxState::Ready),
-            ..Default::default()
-        }
-    }
-
-    fn container(id: &str, sandbox: &str, adj: i64, limit: i64) -> ContainerInfo {
-        ContainerInfo {
-            id: id.into(),
-            sandbox_id: sandbox.into(),
-            name: format!("c-{id}"),
-            oom_score_adj: adj,
-            memory_limit: limit,
-            state: Some(ContainerState::Running),
-            annotations: HashMap::from([(crate::kubelet::ANNOTATION_GRACE.into(), "45".into())]),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn burstable_pod_gets_requests_from_oom_score_adj() {
-        let mut m = NodeModel::new(1000 << 20);
-        m.upsert_sandbox(sandbox("s1", "/kubepods/burstable/poduid-s1"));
-        m.upsert_container(container("c1", "s1", 750, 0));
-        let pod = m.pod("s1").unwrap();
-        assert_eq!(pod.qos, QosClass::Burstable);
-        assert_eq!(pod.memory_request(), 250 << 20);
-        assert_eq!(pod.grace_period_s, Some(45));
-        assert_eq!(
-            pod.containers["c1"].cgroup_path,
-            "/kubepods/burstable/poduid-s1/c1"
-        );
-        assert!(!pod.critical);
-    }
-
-    #[test]
-    fn stopping_a_sandbox_exits_its_running_containers() {
-        let mut m = NodeModel::new(1 << 30);
-        m.upsert_sandbox(sandbox("s1", "/kubepods/pods1"));
-        m.upsert_container(container("c1", "s1", -997, 64 << 20));
-        m.set_sandbox_state("s1", SandboxState::NotReady);
-        let pod = m.pod("s1").unwrap();
-        assert_eq!(pod.state, SandboxState::NotReady);
-        assert_eq!(pod.containers["c1"].state, ContainerState::Exited);
-        assert_eq!(pod.containers["c1"].memory_request, 64 << 20);
-    }
-
-    #[test]
-    fn upsert_keeps_runtime_owned_fields_it_was_not_given() {
-        let mut m = NodeModel::new(1 << 30);
-        let mut s = sandbox("s1", "/kubepods/pods1");
-        s.created_at_ns = 42;
-        m.upsert_sandbox(s);
-        let mut again = sandbox("s1", "/kubepods/pods1");
-        again.state = None;
-        m.upsert_sandbox(again);
-        let pod = m.pod("s1").unwrap();
-        assert_eq!((pod.created_at_ns, pod.state), (42, SandboxState::Ready));
-    }
-
-    #[test]
-    fn removing_a_sandbox_removes_its_containers() {
-        let mut m = NodeModel::new(1 << 30);
-        m.upsert_sandbox(sandbox("s1", "/kubepods/pods1"));
-        m.upsert_container(container("c1", "s1", -997, 1));
-        m.remove_sandbox("s1");
-        assert_eq!(m.ids(), (vec![], vec![]));
-    }
-}
+mod tests;

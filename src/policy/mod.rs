@@ -9,6 +9,7 @@ pub mod evicted;
 pub mod gc;
 pub mod image_gc;
 pub mod oom;
+pub mod oom_kill;
 pub mod rank;
 pub mod reclaim;
 pub mod thresholds;

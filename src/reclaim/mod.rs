@@ -5,4 +5,5 @@ pub mod evict;
 pub mod evicted;
 pub mod image_gc;
 pub mod oom_adjust;
+pub mod oom_kills;
 pub mod rank;

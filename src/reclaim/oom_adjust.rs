@@ -8,14 +8,20 @@
 //! kubelet's value back. A write that fails (a process gone, a value below
 //! what this host lets criguard set) is logged and retried next round; it
 //! never affects the CRI path.
+//!
+//! Each round's first-ranked pod is also recorded in a [`RankHistory`], so
+//! that a kernel OOM kill can be matched against the ranking of its moment
+//! (`reclaim::oom_kills`). With the dynamic rule off the adjuster still
+//! ranks (and writes nothing), so the kills are matched either way.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::metrics::OomMetrics;
 use crate::model::{ContainerState, NodeModel, SandboxState};
 use crate::policy::oom::{ContainerMemory, dynamic_scores};
+use crate::policy::oom_kill::RankHistory;
 use crate::policy::rank::{PodMemory, rank_memory};
 use crate::signals::cgroup_path::kubepods_of;
 use crate::signals::memory::CgroupFs;
@@ -39,6 +45,10 @@ pub struct OomAdjuster {
     /// (container, score) pairs already logged at info, so each change is said once.
     announced: HashSet<(String, i64)>,
     metrics: OomMetrics,
+    /// Where each round's first-ranked pod is recorded.
+    ranks: Arc<Mutex<RankHistory>>,
+    /// False: rank and record only (`--dynamic-oom-score-adj=false`).
+    write: bool,
 }
 
 impl OomAdjuster {
@@ -52,7 +62,21 @@ impl OomAdjuster {
             changed: HashSet::new(),
             announced: HashSet::new(),
             metrics: OomMetrics::default(),
+            ranks: Arc::default(),
+            write: true,
         }
+    }
+
+    /// The same adjuster, recording each round's first-ranked pod in `ranks`.
+    pub fn with_rank_history(mut self, ranks: Arc<Mutex<RankHistory>>) -> Self {
+        self.ranks = ranks;
+        self
+    }
+
+    /// The same adjuster ranking only: scores stay the kubelet's.
+    pub fn rank_only(mut self) -> Self {
+        self.write = false;
+        self
     }
 
     /// The same adjuster, counting its writes in `metrics`.
@@ -61,8 +85,11 @@ impl OomAdjuster {
         self
     }
 
-    /// One round: observe, decide, write.
+    /// One round: observe, decide, record the first-ranked pod, write.
     pub fn round(&mut self) -> Round {
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         let (pods, capacity) = {
             let m = self.model.read().unwrap_or_else(|e| e.into_inner());
             (m.pods(), m.memory_capacity())
@@ -94,11 +121,9 @@ impl OomAdjuster {
                     .map(|m| m.working_set as i64),
                 critical: p.critical,
             });
-            for c in p
-                .containers
-                .values()
-                .filter(|c| c.state == ContainerState::Running && !c.cgroup_path.is_empty())
-            {
+            for c in p.containers.values().filter(|c| {
+                self.write && c.state == ContainerState::Running && !c.cgroup_path.is_empty()
+            }) {
                 let Ok(usage) = self.cgroups.memory(&c.cgroup_path) else {
                     continue;
                 };
@@ -111,6 +136,16 @@ impl OomAdjuster {
             }
         }
         let first_victim = rank_memory(&pod_mem).first().map(|p| p.sandbox_id.clone());
+        self.ranks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(started_ms, first_victim.clone());
+        if !self.write {
+            return Round {
+                first_victim,
+                written: HashMap::new(),
+            };
+        }
         let targets = dynamic_scores(first_victim.as_deref(), &containers, total);
         let mut written = HashMap::new();
         for c in &containers {

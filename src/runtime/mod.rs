@@ -2,12 +2,16 @@
 //!
 //! One [`Upstream`] holds a lazily dialled tonic channel to the runtime's
 //! unix socket for criguard's own CRI calls ([`Upstream::runtime`]) and
-//! containerd's native snapshots service ([`Upstream::snapshots`]). It
+//! containerd's native services, through `containerd-client`: snapshots
+//! ([`Upstream::snapshots`]), events ([`Upstream::events`]) and content
+//! ([`Upstream::content`]); containerd serves them all on one socket. It
 //! reconnects by itself: while the runtime is down every call fails at
 //! once, and the first call after it is back opens a new connection. The
 //! kubelet's calls do not use it: the proxy relays each kubelet connection
 //! on a runtime connection of its own (`crate::cri`).
 
+pub mod content;
+pub mod events;
 pub mod snapshots;
 
 use std::path::{Path, PathBuf};
@@ -17,6 +21,24 @@ use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint};
+
+/// The containerd namespace the CRI plugin keeps Kubernetes' objects in.
+pub const CRI_NAMESPACE: &str = "k8s.io";
+
+/// `message` as a request to containerd's native API in `namespace` (the
+/// `containerd-namespace` header every namespaced service reads).
+pub fn namespaced<T>(message: T, namespace: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(message);
+    match tonic::metadata::MetadataValue::try_from(namespace) {
+        Ok(ns) => {
+            req.metadata_mut().insert("containerd-namespace", ns);
+        }
+        // Only criguard's own constants get here; containerd would answer
+        // "namespace is required", naming the call.
+        Err(_) => tracing::error!(namespace, "namespace is not a valid header value"),
+    }
+    req
+}
 
 /// Errors from naming or reaching the runtime.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +121,17 @@ impl Upstream {
     /// over the shared channel (containerd serves it on the CRI socket).
     pub fn snapshots(&self, snapshotter: &str) -> snapshots::Snapshots {
         snapshots::Snapshots::new(self.channel.clone(), snapshotter)
+    }
+
+    /// containerd's events service (task exits and OOMs in namespace
+    /// `k8s.io`), over the shared channel.
+    pub fn events(&self) -> events::Events {
+        events::Events::new(self.channel.clone())
+    }
+
+    /// containerd's content service in namespace `k8s.io`, over the shared channel.
+    pub fn content(&self) -> content::Content {
+        content::Content::new(self.channel.clone(), CRI_NAMESPACE)
     }
 
     /// A CRI v1 image client over the shared channel.

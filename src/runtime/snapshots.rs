@@ -4,10 +4,9 @@
 //! criguard needs two of its calls: `Mounts`, to learn where a container's
 //! writable layer lives on the host (the overlay `upperdir=`), and `Usage`,
 //! containerd's own walk of a snapshot, which benchmarks compare against.
-//! The messages are a few hand-written prost structs (field numbers from
-//! containerd's `api/services/snapshots/v1/snapshots.proto` and
-//! `api/types/mount.proto`) sent through tonic's generic unary call, so no
-//! second copy of containerd's API crate and no build step are needed.
+//! The messages and the client are `containerd-client`'s, generated from
+//! containerd's own protos; this module is their edge: what leaves it is a
+//! directory, a [`Mount`] list or a [`UsageResponse`], and one error type.
 //!
 //! The CRI plugin names a container's snapshot after the container id, in
 //! namespace `k8s.io`, with the snapshotter from its configuration
@@ -19,73 +18,23 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
+use containerd_client::services::v1::snapshots::{MountsRequest, UsageRequest};
 use tonic::transport::Channel;
 
+use super::namespaced;
+
+/// `containerd.services.snapshots.v1.UsageResponse`: bytes (allocated
+/// blocks × 512, hard links once) and inodes.
+pub use containerd_client::services::v1::snapshots::UsageResponse;
+/// `containerd.types.Mount`: type, source, target and fstab-style options.
+pub use containerd_client::types::Mount;
+
 /// The containerd namespace the CRI plugin keeps Kubernetes' objects in.
-pub const CRI_NAMESPACE: &str = "k8s.io";
+pub const CRI_NAMESPACE: &str = super::CRI_NAMESPACE;
 
 /// containerd's default snapshotter for CRI.
 pub const DEFAULT_SNAPSHOTTER: &str = "overlayfs";
-
-const SERVICE: &str = "containerd.services.snapshots.v1.Snapshots";
-
-/// `containerd.services.snapshots.v1.MountsRequest`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct MountsRequest {
-    /// Snapshotter name.
-    #[prost(string, tag = "1")]
-    pub snapshotter: String,
-    /// Snapshot key.
-    #[prost(string, tag = "2")]
-    pub key: String,
-}
-
-/// `containerd.types.Mount`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Mount {
-    /// Filesystem type (`overlay`, `bind`, ...).
-    #[prost(string, tag = "1")]
-    pub r#type: String,
-    /// Mount source.
-    #[prost(string, tag = "2")]
-    pub source: String,
-    /// Target in the container (newer containerd only).
-    #[prost(string, tag = "3")]
-    pub target: String,
-    /// fstab-style options (`upperdir=...`, `rw`, ...).
-    #[prost(string, repeated, tag = "4")]
-    pub options: Vec<String>,
-}
-
-/// `containerd.services.snapshots.v1.MountsResponse`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct MountsResponse {
-    /// The mounts that make the snapshot's filesystem.
-    #[prost(message, repeated, tag = "1")]
-    pub mounts: Vec<Mount>,
-}
-
-/// `containerd.services.snapshots.v1.UsageRequest`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct UsageRequest {
-    /// Snapshotter name.
-    #[prost(string, tag = "1")]
-    pub snapshotter: String,
-    /// Snapshot key.
-    #[prost(string, tag = "2")]
-    pub key: String,
-}
-
-/// `containerd.services.snapshots.v1.UsageResponse`.
-#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
-pub struct UsageResponse {
-    /// Bytes (allocated blocks × 512, hard links once).
-    #[prost(int64, tag = "1")]
-    pub size: i64,
-    /// Inodes.
-    #[prost(int64, tag = "2")]
-    pub inodes: i64,
-}
 
 /// Why a snapshot could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -164,39 +113,22 @@ impl Snapshots {
         &self.snapshotter
     }
 
-    async fn unary<Req, Resp>(
+    fn client(&self) -> SnapshotsClient<Channel> {
+        SnapshotsClient::new(self.channel.clone())
+    }
+
+    fn call_error(
         &self,
         method: &'static str,
         key: &str,
-        message: Req,
-    ) -> Result<Resp, SnapshotError>
-    where
-        Req: prost::Message + Send + Sync + 'static,
-        Resp: prost::Message + Default + Send + Sync + 'static,
-    {
-        let err = |status| SnapshotError::Call {
+    ) -> impl FnOnce(tonic::Status) -> SnapshotError {
+        let (key, snapshotter) = (key.to_owned(), self.snapshotter.clone());
+        move |status| SnapshotError::Call {
             method,
-            key: key.to_owned(),
-            snapshotter: self.snapshotter.clone(),
+            key,
+            snapshotter,
             status,
-        };
-        let mut grpc = tonic::client::Grpc::new(self.channel.clone());
-        grpc.ready()
-            .await
-            .map_err(|e| err(tonic::Status::unavailable(e.to_string())))?;
-        let mut req = tonic::Request::new(message);
-        let ns = self
-            .namespace
-            .parse()
-            .map_err(|_| err(tonic::Status::invalid_argument("namespace")))?;
-        req.metadata_mut().insert("containerd-namespace", ns);
-        let path = http::uri::PathAndQuery::try_from(format!("/{SERVICE}/{method}"))
-            .map_err(|e| err(tonic::Status::internal(e.to_string())))?;
-        let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-        grpc.unary(req, path, codec)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(err)
+        }
     }
 
     /// `Mounts` of snapshot `key`.
@@ -205,8 +137,12 @@ impl Snapshots {
             snapshotter: self.snapshotter.clone(),
             key: key.to_owned(),
         };
-        let resp: MountsResponse = self.unary("Mounts", key, req).await?;
-        Ok(resp.mounts)
+        let resp = self
+            .client()
+            .mounts(namespaced(req, &self.namespace))
+            .await
+            .map_err(self.call_error("Mounts", key))?;
+        Ok(resp.into_inner().mounts)
     }
 
     /// `Usage` of snapshot `key`: containerd walks it now (for an active
@@ -216,7 +152,12 @@ impl Snapshots {
             snapshotter: self.snapshotter.clone(),
             key: key.to_owned(),
         };
-        self.unary("Usage", key, req).await
+        let resp = self
+            .client()
+            .usage(namespaced(req, &self.namespace))
+            .await
+            .map_err(self.call_error("Usage", key))?;
+        Ok(resp.into_inner())
     }
 
     /// The host directory holding `container_id`'s writable layer: from the
@@ -295,7 +236,8 @@ mod tests {
 
     #[test]
     fn messages_use_containerds_field_numbers() {
-        // MountsRequest{snapshotter: "o", key: "k"}: field 1 and 2, length-delimited.
+        // The generated messages keep containerd's wire format: MountsRequest
+        // {snapshotter: "o", key: "k"} is fields 1 and 2, length-delimited.
         let bytes = MountsRequest {
             snapshotter: "o".into(),
             key: "k".into(),

@@ -118,6 +118,25 @@ impl CgroupFs {
         })
     }
 
+    /// The kernel's count of processes its OOM killer took from `cgroup`:
+    /// `oom_kill` of v1 `memory.oom_control` (counted in the victim's own
+    /// cgroup only) or of v2 `memory.events` (the cgroup and below).
+    pub fn oom_kills(&self, cgroup: &str) -> Result<u64, ReadError> {
+        let file = match self.layout {
+            Layout::V1 => "memory.oom_control",
+            Layout::V2 => "memory.events",
+        };
+        let path = self.memory_dir(cgroup).join(file);
+        let text = read(&path)?;
+        stat_value(&text, "oom_kill").ok_or_else(|| ReadError {
+            path,
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "no oom_kill line (kernel before 4.13?)",
+            ),
+        })
+    }
+
     /// `pids.current` (tasks, threads included) and `pids.max` (None:
     /// unlimited) of `cgroup`, from the pids controller.
     pub fn pids_counter(&self, cgroup: &str) -> Result<(u64, Option<u64>), ReadError> {
@@ -221,6 +240,39 @@ mod tests {
         let mut pids = fs.pids("/kubepods").unwrap();
         pids.sort();
         assert_eq!(pids, [11, 12, 13]);
+    }
+
+    #[test]
+    fn oom_kill_counters_in_both_layouts() {
+        let v1 = tempfile::tempdir().unwrap();
+        write(
+            v1.path(),
+            "memory/kubepods/pod1/c1/memory.oom_control",
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+        );
+        let fs = CgroupFs::detect(v1.path());
+        assert_eq!(fs.oom_kills("/kubepods/pod1/c1").unwrap(), 2);
+        let v2 = tempfile::tempdir().unwrap();
+        write(v2.path(), "cgroup.controllers", "memory\n");
+        write(
+            v2.path(),
+            "kubepods/pod1/c1/memory.events",
+            "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\noom_group_kill 0\n",
+        );
+        assert_eq!(
+            CgroupFs::detect(v2.path())
+                .oom_kills("/kubepods/pod1/c1")
+                .unwrap(),
+            1
+        );
+        // An old kernel without the counter: an error naming the file.
+        write(
+            v1.path(),
+            "memory/old/memory.oom_control",
+            "oom_kill_disable 0\nunder_oom 0\n",
+        );
+        let err = fs.oom_kills("/old").unwrap_err();
+        assert!(err.to_string().contains("memory.oom_control"), "{err}");
     }
 
     #[test]

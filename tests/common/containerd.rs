@@ -98,6 +98,56 @@ impl PrivateContainerd {
         me
     }
 
+    /// Kills this instance's containerd daemon alone (SIGKILL, by the pid
+    /// in its pid file), as a crash would: shims and containers keep
+    /// running. Returns once the process is gone.
+    pub fn kill_daemon(&self) {
+        let pid: i32 = std::fs::read_to_string(self.dir.join("containerd.pid"))
+            .expect("containerd pid file")
+            .trim()
+            .parse()
+            .expect("a pid");
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let config = self.dir.join("config.toml");
+        assert!(
+            String::from_utf8_lossy(&cmdline).contains(config.to_str().unwrap()),
+            "pid {pid} is not this instance's containerd"
+        );
+        // SAFETY: plain kill(2) on a pid checked above to be our containerd.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        // Gone, or a zombie until its parent (init) reaps it.
+        while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        }) {
+            assert!(
+                std::time::Instant::now() < end,
+                "containerd {pid} survived SIGKILL"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts this instance's containerd again after [`Self::kill_daemon`]
+    /// (same directory: it finds its shims and containers).
+    pub fn restart_daemon(&self) {
+        let out = Command::new(repo().join("hack/containerd.sh"))
+            .arg("start")
+            .arg(&self.dir)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run hack/containerd.sh");
+        assert!(
+            out.status.success(),
+            "containerd did not start again:\n{}",
+            self.log_tail()
+        );
+    }
+
     /// CRI clients straight to containerd (the "direct" side of comparisons).
     pub fn direct(&self) -> Clients {
         Clients::new(&self.socket)
@@ -302,6 +352,13 @@ impl CriguardProcess {
             (!e.is_empty()).then_some(e)
         })
         .await
+    }
+
+    /// The kernel OOM kills recorded, as `criguard evictions --json` prints them.
+    pub async fn oom_kills(&self) -> Vec<criguard::reclaim::oom_kills::OomKill> {
+        criguard::admin::get_oom_kills(&self.admin)
+            .await
+            .expect("criguard admin socket")
     }
 
     /// Conditions and observations, as the admin API serves them.

@@ -4,9 +4,10 @@
 //! the message, the field and the value.
 //!
 //! One file per family: `pod` (pods, containers and their enums),
-//! `status` (evictions, ranks, conditions), `usage` (disk and process
-//! usage).
+//! `status` (evictions, ranks, conditions), `oom` (kernel OOM kills),
+//! `usage` (disk and process usage).
 
+mod oom;
 mod pod;
 mod status;
 mod usage;

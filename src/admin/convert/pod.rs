@@ -6,7 +6,7 @@ use super::{ConvertError, unknown};
 use crate::admin::pb;
 use crate::model::{Container, ContainerState, Pod, QosClass, SandboxState};
 
-fn qos_to(q: QosClass) -> pb::QosClass {
+pub(super) fn qos_to(q: QosClass) -> pb::QosClass {
     match q {
         QosClass::Guaranteed => pb::QosClass::Guaranteed,
         QosClass::Burstable => pb::QosClass::Burstable,
@@ -14,7 +14,7 @@ fn qos_to(q: QosClass) -> pb::QosClass {
     }
 }
 
-fn qos_from(v: i32) -> Result<QosClass, ConvertError> {
+pub(super) fn qos_from(v: i32) -> Result<QosClass, ConvertError> {
     match pb::QosClass::try_from(v) {
         Ok(pb::QosClass::Guaranteed) => Ok(QosClass::Guaranteed),
         Ok(pb::QosClass::Burstable) => Ok(QosClass::Burstable),

@@ -1,0 +1,316 @@
+//! Following containerd's task events, so the model learns of a container
+//! that exits by itself at once instead of at the next sync.
+//!
+//! [`TaskEvents::run`] subscribes to `/tasks/exit` and `/tasks/oom` in
+//! namespace `k8s.io` (`runtime::events`) and applies each exit of a task's
+//! init process to the model ([`NodeModel::task_exited`]): task id =
+//! container id for CRI containers, sandbox id for a sandbox's pause task.
+//! OOM notifications and SIGKILL exits go to the kernel OOM kill recorder
+//! (`reclaim::oom_kills`) when one is attached.
+//!
+//! The periodic sync (`model::sync`) stays the safety net: events published
+//! before containerd registered a subscription are never delivered, so
+//! each subscription is followed, [`SETTLE`] later, by a catch-up sync (and
+//! an OOM counter sweep). When the stream ends (containerd restarted or
+//! stopped) the loop subscribes again after a back-off that doubles from
+//! [`MIN_WAIT`] to [`MAX_WAIT`] and starts over once a subscription has
+//! delivered an event or lived [`MAX_WAIT`]: a runtime that stays down
+//! costs one connection attempt every few seconds, never a busy loop.
+//!
+//! The loop is thin: it waits on the stream, the next deadline (catch-up,
+//! OOM recheck) and shutdown; every decision is in the model, the recorder
+//! or [`Backoff`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{NodeModel, sync};
+use crate::metrics::{TaskEventMetrics, TopicLabels};
+use crate::reclaim::oom_kills::OomKillWatcher;
+use crate::runtime::Upstream;
+use crate::runtime::events::{EventError, Subscription, TOPIC_EXIT, TOPIC_OOM, TaskEvent};
+
+/// The first wait before subscribing again.
+pub const MIN_WAIT: Duration = Duration::from_millis(100);
+/// The longest wait before subscribing again.
+pub const MAX_WAIT: Duration = Duration::from_secs(2);
+/// How long after subscribing the catch-up sync runs: containerd has
+/// registered the subscriber by then (it sends nothing to say so).
+pub const SETTLE: Duration = Duration::from_millis(250);
+
+/// Waits between subscription attempts: doubling, capped, reset by health.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// Waits from `min` doubling to `max`.
+    pub fn new(min: Duration, max: Duration) -> Self {
+        Self {
+            min,
+            max,
+            next: min,
+        }
+    }
+
+    /// The wait after an attempt ended; `healthy` (it delivered events or
+    /// lived long) starts the doubling over.
+    pub fn after(&mut self, healthy: bool) -> Duration {
+        if healthy {
+            self.next = self.min;
+        }
+        let wait = self.next;
+        self.next = (self.next * 2).min(self.max);
+        wait
+    }
+}
+
+/// How one subscription ended.
+enum Ended {
+    /// Shutdown.
+    Stopped,
+    /// The stream failed or closed.
+    Failed { err: EventError, delivered: bool },
+}
+
+/// The catch-up after a subscription: due at a time, running, or done.
+enum CatchUp {
+    Due(Instant),
+    Running(JoinHandle<Result<(), sync::SyncError>>),
+    Done,
+}
+
+/// The events loop's parts.
+pub struct TaskEvents {
+    model: Arc<RwLock<NodeModel>>,
+    upstream: Upstream,
+    oom: Option<OomKillWatcher>,
+    metrics: TaskEventMetrics,
+}
+
+impl TaskEvents {
+    /// A loop keeping `model` current from `upstream`'s events.
+    pub fn new(model: Arc<RwLock<NodeModel>>, upstream: Upstream) -> Self {
+        Self {
+            model,
+            upstream,
+            oom: None,
+            metrics: TaskEventMetrics::default(),
+        }
+    }
+
+    /// The same loop, recording kernel OOM kills with `watcher`.
+    pub fn with_oom_kills(mut self, watcher: OomKillWatcher) -> Self {
+        self.oom = Some(watcher);
+        self
+    }
+
+    /// The same loop, counting in `metrics`.
+    pub fn with_metrics(mut self, metrics: TaskEventMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Follows the events until `stopped` resolves.
+    pub async fn run(mut self, stopped: impl Future<Output = ()>) {
+        tokio::pin!(stopped);
+        if let Some(w) = &mut self.oom {
+            w.baseline(&self.model.read().unwrap_or_else(|e| e.into_inner()));
+        }
+        let mut backoff = Backoff::new(MIN_WAIT, MAX_WAIT);
+        let mut failures = 0u64;
+        loop {
+            let started = Instant::now();
+            let Ended::Failed { err, delivered } = self.follow(stopped.as_mut()).await else {
+                return;
+            };
+            let healthy = delivered || started.elapsed() >= MAX_WAIT;
+            let wait = backoff.after(healthy);
+            failures = if healthy { 1 } else { failures + 1 };
+            if failures == 1 {
+                tracing::warn!(%err, ?wait, "containerd events: subscription ended; subscribing again (the sync covers the gap)");
+            } else {
+                tracing::debug!(%err, ?wait, failures, "containerd events: still unavailable");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = stopped.as_mut() => return,
+            }
+        }
+    }
+
+    /// One subscription, from the Subscribe call until it fails or shutdown.
+    async fn follow(&mut self, mut stopped: Pin<&mut impl Future<Output = ()>>) -> Ended {
+        self.metrics.subscriptions.inc();
+        let events = self.upstream.events();
+        let subscribe = events.subscribe();
+        tokio::pin!(subscribe);
+        let mut sub: Option<Subscription> = None;
+        let mut delivered = false;
+        let mut catch_up = CatchUp::Due(Instant::now() + SETTLE);
+        loop {
+            let due = match &catch_up {
+                CatchUp::Due(at) => Some(*at),
+                _ => None,
+            };
+            let oom_due = self.oom.as_ref().and_then(OomKillWatcher::deadline);
+            let deadline = due.into_iter().chain(oom_due).min();
+            tokio::select! {
+                () = stopped.as_mut() => return Ended::Stopped,
+                r = &mut subscribe, if sub.is_none() => match r {
+                    Ok(s) => sub = Some(s),
+                    Err(err) => return Ended::Failed { err, delivered },
+                },
+                r = next(&mut sub), if sub.is_some() => match r {
+                    Ok(ev) => {
+                        delivered = true;
+                        self.apply(&ev);
+                    }
+                    Err(err) if err.ends_subscription() => {
+                        return Ended::Failed { err, delivered };
+                    }
+                    Err(err) => tracing::warn!(%err, "containerd event not readable; skipped"),
+                },
+                r = joined(&mut catch_up), if matches!(catch_up, CatchUp::Running(_)) => {
+                    catch_up = CatchUp::Done;
+                    match r {
+                        Ok(Ok(())) => {
+                            self.metrics.catch_ups.inc();
+                            self.sweep();
+                        }
+                        Ok(Err(err)) => tracing::warn!(%err, "catch-up sync after subscribing failed; the periodic sync retries"),
+                        Err(err) => tracing::error!(%err, "catch-up sync panicked"),
+                    }
+                }
+                () = sleep_until(deadline), if deadline.is_some() => {
+                    let now = Instant::now();
+                    if due.is_some_and(|at| at <= now) {
+                        let (model, up) = (self.model.clone(), self.upstream.clone());
+                        catch_up = CatchUp::Running(tokio::spawn(async move {
+                            sync::sync(&model, &up).await
+                        }));
+                    }
+                    if let Some(w) = &mut self.oom {
+                        w.on_deadline(&self.model.read().unwrap_or_else(|e| e.into_inner()), now);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies one event to the model and the OOM recorder.
+    fn apply(&mut self, ev: &TaskEvent) {
+        match ev {
+            TaskEvent::Exit(exit) => {
+                self.count(TOPIC_EXIT);
+                if exit.is_init() {
+                    let owner = self
+                        .model
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .task_exited(&exit.container_id);
+                    tracing::debug!(task = %exit.container_id, status = exit.exit_status, ?owner, "task exited");
+                }
+                if let Some(w) = &mut self.oom {
+                    w.on_exit(&self.model.read().unwrap_or_else(|e| e.into_inner()), exit);
+                }
+            }
+            TaskEvent::Oom {
+                container_id,
+                at_unix_ms,
+            } => {
+                self.count(TOPIC_OOM);
+                tracing::debug!(task = %container_id, "OOM notification");
+                if let Some(w) = &mut self.oom {
+                    let model = self.model.read().unwrap_or_else(|e| e.into_inner());
+                    w.on_oom(&model, container_id, *at_unix_ms, Instant::now());
+                }
+            }
+        }
+    }
+
+    fn count(&self, topic: &'static str) {
+        self.metrics
+            .events
+            .get_or_create(&TopicLabels { topic })
+            .inc();
+    }
+
+    /// After a catch-up: OOM kills the events may have missed.
+    fn sweep(&mut self) {
+        if let Some(w) = &mut self.oom {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            w.sweep(
+                &self.model.read().unwrap_or_else(|e| e.into_inner()),
+                now_ms,
+            );
+        }
+    }
+}
+
+async fn next(sub: &mut Option<Subscription>) -> Result<TaskEvent, EventError> {
+    match sub {
+        Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn joined(c: &mut CatchUp) -> Result<Result<(), sync::SyncError>, tokio::task::JoinError> {
+    match c {
+        CatchUp::Running(h) => h.await,
+        _ => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn waits_double_up_to_the_cap() {
+        let mut b = Backoff::new(100 * MS, 2000 * MS);
+        let waits: Vec<u64> = (0..8).map(|_| b.after(false).as_millis() as u64).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 2000, 2000, 2000]);
+    }
+
+    #[test]
+    fn a_healthy_subscription_starts_the_waits_over() {
+        let mut b = Backoff::new(100 * MS, 2000 * MS);
+        for _ in 0..5 {
+            b.after(false);
+        }
+        assert_eq!(b.after(true), 100 * MS);
+        assert_eq!(b.after(false), 200 * MS);
+    }
+
+    #[test]
+    fn a_runtime_down_for_a_minute_costs_a_few_dozen_attempts() {
+        // Never a busy loop: the sum of waits over 60 s of failures.
+        let mut b = Backoff::new(MIN_WAIT, MAX_WAIT);
+        let (mut t, mut attempts) = (Duration::ZERO, 0);
+        while t < Duration::from_secs(60) {
+            t += b.after(false);
+            attempts += 1;
+        }
+        assert!(attempts <= 35, "{attempts} attempts");
+    }
+}

@@ -1,0 +1,141 @@
+//! The node model's rules, on plain data.
+
+use super::*;
+
+fn sandbox(id: &str, parent: &str) -> SandboxInfo {
+    SandboxInfo {
+        id: id.into(),
+        name: format!("pod-{id}"),
+        namespace: "default".into(),
+        uid: format!("uid-{id}"),
+        cgroup_parent: parent.into(),
+        state: Some(SandboxState::Ready),
+        ..Default::default()
+    }
+}
+
+fn container(id: &str, sandbox: &str, adj: i64, limit: i64) -> ContainerInfo {
+    ContainerInfo {
+        id: id.into(),
+        sandbox_id: sandbox.into(),
+        name: format!("c-{id}"),
+        oom_score_adj: adj,
+        memory_limit: limit,
+        state: Some(ContainerState::Running),
+        annotations: HashMap::from([(crate::kubelet::ANNOTATION_GRACE.into(), "45".into())]),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn burstable_pod_gets_requests_from_oom_score_adj() {
+    let mut m = NodeModel::new(1000 << 20);
+    m.upsert_sandbox(sandbox("s1", "/kubepods/burstable/poduid-s1"));
+    m.upsert_container(container("c1", "s1", 750, 0));
+    let pod = m.pod("s1").unwrap();
+    assert_eq!(pod.qos, QosClass::Burstable);
+    assert_eq!(pod.memory_request(), 250 << 20);
+    assert_eq!(pod.grace_period_s, Some(45));
+    assert_eq!(
+        pod.containers["c1"].cgroup_path,
+        "/kubepods/burstable/poduid-s1/c1"
+    );
+    assert!(!pod.critical);
+}
+
+#[test]
+fn stopping_a_sandbox_exits_its_running_containers() {
+    let mut m = NodeModel::new(1 << 30);
+    m.upsert_sandbox(sandbox("s1", "/kubepods/pods1"));
+    m.upsert_container(container("c1", "s1", -997, 64 << 20));
+    m.set_sandbox_state("s1", SandboxState::NotReady);
+    let pod = m.pod("s1").unwrap();
+    assert_eq!(pod.state, SandboxState::NotReady);
+    assert_eq!(pod.containers["c1"].state, ContainerState::Exited);
+    assert_eq!(pod.containers["c1"].memory_request, 64 << 20);
+}
+
+#[test]
+fn upsert_keeps_runtime_owned_fields_it_was_not_given() {
+    let mut m = NodeModel::new(1 << 30);
+    let mut s = sandbox("s1", "/kubepods/pods1");
+    s.created_at_ns = 42;
+    m.upsert_sandbox(s);
+    let mut again = sandbox("s1", "/kubepods/pods1");
+    again.state = None;
+    m.upsert_sandbox(again);
+    let pod = m.pod("s1").unwrap();
+    assert_eq!((pod.created_at_ns, pod.state), (42, SandboxState::Ready));
+}
+
+#[test]
+fn a_task_exit_ends_its_container_and_a_pause_exit_only_its_sandbox() {
+    let mut m = NodeModel::new(1 << 30);
+    m.upsert_sandbox(sandbox("s1", "/kubepods/pods1"));
+    m.upsert_container(container("c1", "s1", 1000, 0));
+    m.upsert_container(container("c2", "s1", 1000, 0));
+    assert_eq!(
+        m.task_exited("c1"),
+        TaskOwner::Container {
+            sandbox_id: "s1".into()
+        }
+    );
+    let pod = m.pod("s1").unwrap();
+    assert_eq!(pod.containers["c1"].state, ContainerState::Exited);
+    assert_eq!(pod.state, SandboxState::Ready);
+    assert_eq!(m.task_exited("s1"), TaskOwner::Sandbox);
+    let pod = m.pod("s1").unwrap();
+    assert_eq!(pod.state, SandboxState::NotReady);
+    assert_eq!(
+        pod.containers["c2"].state,
+        ContainerState::Running,
+        "a dead pause process does not stop the containers"
+    );
+    assert_eq!(m.task_exited("nobody"), TaskOwner::Unknown);
+}
+
+#[test]
+fn stale_reports_never_move_a_state_backwards() {
+    let mut m = NodeModel::new(1 << 30);
+    m.upsert_sandbox(sandbox("s1", "/kubepods/pods1"));
+    let mut c = container("c1", "s1", 1000, 0);
+    c.state = Some(ContainerState::Created);
+    m.upsert_container(c.clone());
+    m.task_exited("c1");
+    // The StartContainer answer observed after the exit event.
+    m.set_container_state("c1", ContainerState::Running);
+    // A list read before the exit, applied after it.
+    m.refresh_container("c1", ContainerState::Running, 5);
+    m.upsert_container(ContainerInfo {
+        state: Some(ContainerState::Running),
+        ..c
+    });
+    m.refresh_sandbox("s1", SandboxState::NotReady, 1);
+    m.refresh_sandbox("s1", SandboxState::Ready, 1);
+    let pod = m.pod("s1").unwrap();
+    assert_eq!(pod.containers["c1"].state, ContainerState::Exited);
+    assert_eq!(pod.state, SandboxState::NotReady);
+    // Forward moves still apply; Unknown replaces nothing known.
+    let mut m = NodeModel::new(1 << 30);
+    m.upsert_sandbox(sandbox("s1", "/kubepods/pods1"));
+    m.upsert_container(container("c1", "s1", 1000, 0));
+    m.refresh_container("c1", ContainerState::Unknown, 0);
+    assert_eq!(
+        m.pod("s1").unwrap().containers["c1"].state,
+        ContainerState::Running
+    );
+    m.refresh_container("c1", ContainerState::Exited, 0);
+    assert_eq!(
+        m.pod("s1").unwrap().containers["c1"].state,
+        ContainerState::Exited
+    );
+}
+
+#[test]
+fn removing_a_sandbox_removes_its_containers() {
+    let mut m = NodeModel::new(1 << 30);
+    m.upsert_sandbox(sandbox("s1", "/kubepods/pods1"));
+    m.upsert_container(container("c1", "s1", -997, 1));
+    m.remove_sandbox("s1");
+    assert_eq!(m.ids(), (vec![], vec![]));
+}

@@ -1,0 +1,351 @@
+//! Recording every kernel OOM kill in a pod: which container, its pod's
+//! QoS class, and whether that pod was the one criguard ranked first.
+//!
+//! This is the measure of the dynamic `oom_score_adj` rule in production
+//! (`reclaim::oom_adjust`): when the kernel has to kill, it should kill in
+//! criguard's first-ranked pod. The watcher is driven by containerd's task
+//! events (`model::events`): a `/tasks/oom` makes the task a suspect and its
+//! memory cgroup's `oom_kill` counter is read at once, again when the task
+//! exits by SIGKILL and once more a second later; a counter that went up is
+//! a kill (see [`crate::policy::oom_kill`]). The ranking at the time comes
+//! from the adjuster's rounds ([`RankHistory`]), not from a second ranking.
+//! Each kill is counted in `criguard_kernel_oom_kills_total{matched_rank}`,
+//! logged once, and kept for `criguard evictions`.
+//!
+//! A SIGKILL exit alone is no evidence: on cgroup v1 an OOM notifies every
+//! pod below the cgroup that ran out, and the kubelet stopping one of them
+//! a moment later must not read as a kill. The kernel counts the kill right
+//! after it notifies, well before the notification has crossed the shim and
+//! containerd. On cgroup v2 with the systemd driver the victim's scope can
+//! be gone before anyone reads it (systemd removes an emptied scope at
+//! once; containerd then misses the OOM too and reports the exit as
+//! `Error`). v2 counters are hierarchical, so the pod's cgroup still counts
+//! the kill: what no readable container of the pod accounts for is the
+//! gone task's, when its own `/tasks/oom` or its SIGKILL exit says it died.
+//!
+//! Kills the events cannot reveal are missed: one while criguard was down,
+//! or one on cgroup v1 of a process other than the container's init in a
+//! global (not memcg) OOM, which raises no notification; the counters read
+//! after each re-subscription catch the rest.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use tokio::time::Instant;
+
+use crate::metrics::OomKillLabels;
+use crate::model::{NodeModel, QosClass};
+use crate::policy::oom_kill::{RankHistory, kills_from_notification, new_kills};
+use crate::runtime::events::TaskExit;
+use crate::signals::cgroup_path;
+use crate::signals::memory::{CgroupFs, Layout};
+
+mod record;
+
+pub use record::{KEEP, OomKill, OomKills};
+
+/// The name recorded for a sandbox's own (pause) task.
+pub const SANDBOX_TASK: &str = "(sandbox)";
+
+/// How long after an OOM notification a suspect's counter is read once more.
+pub const RECHECK_AFTER: Duration = Duration::from_secs(1);
+
+/// What the watcher needs of a task, read from the model.
+struct Target {
+    sandbox_id: String,
+    pod: String,
+    uid: String,
+    container: String,
+    qos: QosClass,
+    cgroup: String,
+    /// The pod's own cgroup.
+    pod_cgroup: Option<String>,
+    /// Every task of the pod: its sandbox and its containers.
+    tasks: Vec<String>,
+}
+
+/// Why a task's counter is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Look {
+    /// Its own `/tasks/oom`.
+    Notification,
+    /// Its process ended by SIGKILL.
+    Killed,
+    /// A recheck, a sweep, or a sibling's look.
+    Recheck,
+}
+
+fn target(model: &NodeModel, task_id: &str) -> Option<Target> {
+    let (pod, container) = match model.pod_of_container(task_id) {
+        Some(p) => {
+            let name = p.containers.get(task_id)?.name.clone();
+            (p, name)
+        }
+        None => (model.pod(task_id)?, SANDBOX_TASK.to_owned()),
+    };
+    Some(Target {
+        // The pause task's cgroup sits where a container's would.
+        cgroup: cgroup_path::container(&pod.cgroup_parent, task_id)?,
+        pod_cgroup: cgroup_path::pod(&pod.cgroup_parent),
+        tasks: std::iter::once(pod.sandbox_id.clone())
+            .chain(pod.containers.keys().cloned())
+            .collect(),
+        sandbox_id: pod.sandbox_id,
+        pod: format!("{}/{}", pod.namespace, pod.name),
+        uid: pod.uid,
+        container,
+        qos: pod.qos,
+    })
+}
+
+/// A task notified of an OOM, awaiting its recheck.
+#[derive(Debug)]
+struct Suspect {
+    notified_at_ms: u64,
+    recheck_at: Instant,
+}
+
+/// Turns task events into recorded OOM kills; owned by the events loop.
+#[derive(Debug)]
+pub struct OomKillWatcher {
+    cgroups: CgroupFs,
+    seen: HashMap<String, u64>,
+    /// Per pod (sandbox id), the kills its counter held at the baseline
+    /// plus those recorded since: what its tasks account for (cgroup v2).
+    accounted: HashMap<String, u64>,
+    suspects: HashMap<String, Suspect>,
+    ranks: Arc<Mutex<RankHistory>>,
+    store: OomKills,
+    counter: Family<OomKillLabels, Counter>,
+}
+
+impl OomKillWatcher {
+    /// A watcher reading cgroups under `cgroup_root`, matching kills against
+    /// `ranks` and keeping them in `store`.
+    pub fn new(cgroup_root: &Path, ranks: Arc<Mutex<RankHistory>>, store: OomKills) -> Self {
+        Self {
+            cgroups: CgroupFs::detect(cgroup_root),
+            seen: HashMap::new(),
+            accounted: HashMap::new(),
+            suspects: HashMap::new(),
+            ranks,
+            store,
+            counter: Family::default(),
+        }
+    }
+
+    /// The same watcher, counting kills in `counter` (by `matched_rank`).
+    pub fn with_metrics(mut self, counter: Family<OomKillLabels, Counter>) -> Self {
+        self.counter = counter;
+        self
+    }
+
+    /// Reads every known task's counter as the starting point, so kills
+    /// from before criguard started are not recorded as new.
+    pub fn baseline(&mut self, model: &NodeModel) {
+        let (sandboxes, containers) = model.ids();
+        self.seen.clear();
+        self.accounted.clear();
+        for id in sandboxes.into_iter().chain(containers) {
+            self.start_from_now(model, &id);
+        }
+    }
+
+    /// Takes `id`'s counter (and, for a sandbox, its pod's) as read now as
+    /// the starting point.
+    fn start_from_now(&mut self, model: &NodeModel, id: &str) {
+        let Some(t) = target(model, id) else { return };
+        if let Ok(n) = self.cgroups.oom_kills(&t.cgroup) {
+            self.seen.insert(id.to_owned(), n);
+        }
+        if t.sandbox_id == id
+            && self.unified()
+            && let Some(Ok(n)) = t.pod_cgroup.as_deref().map(|p| self.cgroups.oom_kills(p))
+        {
+            self.accounted.insert(t.sandbox_id, n);
+        }
+    }
+
+    fn unified(&self) -> bool {
+        self.cgroups.layout() == Layout::V2
+    }
+
+    /// `/tasks/oom` for `task_id` at `at_ms`: reads its counter now and
+    /// schedules a recheck.
+    pub fn on_oom(
+        &mut self,
+        model: &NodeModel,
+        task_id: &str,
+        at_ms: u64,
+        now: Instant,
+    ) -> Vec<OomKill> {
+        let s = self.suspects.entry(task_id.to_owned()).or_insert(Suspect {
+            notified_at_ms: at_ms,
+            recheck_at: now + RECHECK_AFTER,
+        });
+        s.recheck_at = now + RECHECK_AFTER;
+        self.check(model, task_id, at_ms, Look::Notification)
+    }
+
+    /// `/tasks/exit`: a process killed by SIGKILL may be the OOM killer's
+    /// victim; a task whose init exited is forgotten afterwards.
+    pub fn on_exit(&mut self, model: &NodeModel, exit: &TaskExit) -> Vec<OomKill> {
+        let id = exit.container_id.as_str();
+        let found = if exit.sigkilled() {
+            self.check(model, id, exit.exited_at_unix_ms, Look::Killed)
+        } else {
+            Vec::new()
+        };
+        if exit.is_init() {
+            self.suspects.remove(id);
+            self.seen.remove(id);
+        }
+        found
+    }
+
+    /// When the next recheck is due.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.suspects.values().map(|s| s.recheck_at).min()
+    }
+
+    /// Rechecks the suspects due at `now`, then forgets them.
+    pub fn on_deadline(&mut self, model: &NodeModel, now: Instant) -> Vec<OomKill> {
+        let due: Vec<String> = self
+            .suspects
+            .iter()
+            .filter(|(_, s)| s.recheck_at <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut out = Vec::new();
+        for id in due {
+            let at = self.suspects[&id].notified_at_ms;
+            out.extend(self.check(model, &id, at, Look::Recheck));
+            self.suspects.remove(&id);
+        }
+        out
+    }
+
+    /// Reads every known task's counter (after events may have been
+    /// missed: a re-subscription) and records what went up since the last
+    /// reading; a task read for the first time only sets its starting point.
+    pub fn sweep(&mut self, model: &NodeModel, at_ms: u64) -> Vec<OomKill> {
+        let (sandboxes, containers) = model.ids();
+        self.accounted.retain(|id, _| sandboxes.contains(id));
+        let live: Vec<String> = sandboxes.into_iter().chain(containers).collect();
+        self.seen.retain(|id, _| live.contains(id));
+        let mut out = Vec::new();
+        for id in &live {
+            if self.seen.contains_key(id) {
+                out.extend(self.check(model, id, at_ms, Look::Recheck));
+            } else {
+                // First read of a task learned meanwhile: its past kills
+                // cannot be dated, so they are its starting point.
+                self.start_from_now(model, id);
+            }
+        }
+        out
+    }
+
+    /// Reads `task_id`'s counter and records what is new, with what its
+    /// pod's counter says when its own cgroup is gone (see the module docs).
+    fn check(&mut self, model: &NodeModel, task_id: &str, at_ms: u64, why: Look) -> Vec<OomKill> {
+        let Some(t) = target(model, task_id) else {
+            tracing::debug!(task = task_id, "OOM check: task not in the model");
+            return Vec::new();
+        };
+        let suspect = self.suspects.get(task_id);
+        let notified = suspect.is_some();
+        let at_ms = suspect.map_or(at_ms, |s| s.notified_at_ms);
+        let mut out = Vec::new();
+        let kills = match self.cgroups.oom_kills(&t.cgroup) {
+            Ok(now) => {
+                let n = new_kills(self.seen.get(task_id).copied(), now);
+                self.seen.insert(task_id.to_owned(), now);
+                n
+            }
+            Err(e)
+                if e.source.kind() == std::io::ErrorKind::NotFound
+                    && why != Look::Recheck
+                    && self.unified() =>
+            {
+                // The pod's readable tasks first: their kills are theirs.
+                for sibling in t.tasks.iter().filter(|id| *id != task_id) {
+                    out.extend(self.check(model, sibling, at_ms, Look::Recheck));
+                }
+                match t.pod_cgroup.as_deref().map(|p| self.cgroups.oom_kills(p)) {
+                    Some(Ok(now)) => new_kills(self.accounted.get(&t.sandbox_id).copied(), now),
+                    _ => kills_from_notification(why == Look::Notification),
+                }
+            }
+            Err(e) => {
+                tracing::debug!(err = %e, "OOM check: counter not read");
+                0
+            }
+        };
+        if kills > 0 {
+            out.push(self.record(model, t, task_id, kills, at_ms, notified));
+        }
+        out
+    }
+
+    /// Counts, logs and keeps one record.
+    fn record(
+        &mut self,
+        model: &NodeModel,
+        t: Target,
+        task_id: &str,
+        kills: u64,
+        at_ms: u64,
+        notified: bool,
+    ) -> OomKill {
+        *self.accounted.entry(t.sandbox_id.clone()).or_insert(0) += kills;
+        let first = self
+            .ranks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .first_at(at_ms)
+            .map(str::to_owned);
+        let kill = OomKill {
+            at_unix_ms: at_ms,
+            matched_rank: first.as_deref() == Some(t.sandbox_id.as_str()),
+            first_ranked: first.map(|sb| {
+                model
+                    .sandbox_info(&sb)
+                    .map_or(sb, |s| format!("{}/{}", s.namespace, s.name))
+            }),
+            pod: t.pod,
+            uid: t.uid,
+            sandbox_id: t.sandbox_id,
+            container: t.container,
+            container_id: task_id.to_owned(),
+            qos: t.qos,
+            kills,
+            notified,
+        };
+        self.counter
+            .get_or_create(&OomKillLabels {
+                matched_rank: kill.matched_rank,
+            })
+            .inc_by(kills);
+        tracing::warn!(
+            pod = %kill.pod,
+            container = %kill.container,
+            container_id = %kill.container_id,
+            qos = ?kill.qos,
+            kills,
+            matched_rank = kill.matched_rank,
+            first_ranked = kill.first_ranked.as_deref().unwrap_or("none"),
+            notified,
+            "kernel OOM kill in a pod"
+        );
+        self.store.push(kill.clone());
+        kill
+    }
+}
+
+#[cfg(test)]
+mod tests;
