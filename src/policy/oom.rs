@@ -17,8 +17,17 @@
 //! Containers already below their bound keep the kubelet's value; scores are
 //! never raised except for the first victim. Using the smallest scope for
 //! `T` (the pods' memcg limit) makes the bound hold in larger scopes too.
+//!
+//! What to redo, and when, is decided here too, so that a node with many
+//! pods costs little while nothing changes: [`decide`] says whether a round
+//! must rank again (the model changed, the scope `T` changed, a pod's usage
+//! moved by more than one [`step`], or the last decision is older than a
+//! refresh period); [`plan_writes`] says which containers' processes must be
+//! written, from what criguard already set ([`Known`]); and
+//! [`may_need_bound`] says which containers' own usage need not be read.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 /// What the OOM ordering needs to know of a container.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,17 +55,209 @@ pub fn dynamic_scores(
     let Some(first_victim) = first_victim else {
         return HashMap::new();
     };
-    let total = total.max(1);
     containers
         .iter()
         .filter_map(|c| {
             let target = if c.sandbox_id == first_victim {
                 1000
             } else {
-                let share = (1000 * c.usage.max(0) as u128).div_ceil(total as u128) as i64;
-                c.kubelet_adj.min(999 - share)
+                bound(c.kubelet_adj, c.usage, total)
             };
-            (target != c.kubelet_adj).then(|| (c.id.clone(), target.max(-1000)))
+            (target != c.kubelet_adj).then(|| (c.id.clone(), target))
+        })
+        .collect()
+}
+
+/// The bound of a container that is not the first victim, given its
+/// working set `usage` and the scope `total`: `999 − ⌈1000 · usage / T⌉`,
+/// never above the kubelet's score.
+pub fn bound(kubelet_adj: i64, usage: i64, total: i64) -> i64 {
+    let total = total.max(1);
+    let share = (1000 * usage.max(0) as u128).div_ceil(total as u128) as i64;
+    kubelet_adj.min(999 - share).max(-1000)
+}
+
+/// One step of the formula in bytes: how far a usage must move to move a
+/// bound by one point (`T / 1000`).
+pub fn step(total: i64) -> i64 {
+    (total / 1000).max(1)
+}
+
+/// Whether a container of a pod whose working set is `pod_usage` can need
+/// a bound below the kubelet's score. A container's working set is part of
+/// its pod's and the bound only falls as usage grows, so when the pod's
+/// whole usage leaves the kubelet's score standing, the container's own
+/// usage need not be read. `None` (the pod's usage unknown): it may.
+pub fn may_need_bound(kubelet_adj: i64, pod_usage: Option<i64>, total: i64) -> bool {
+    pod_usage.is_none_or(|u| bound(kubelet_adj, u, total) < kubelet_adj)
+}
+
+/// What one round's cheap check reads: the model's generation, the OOM
+/// scope `T` and each running pod's usage counter (bytes; `None` when its
+/// cgroup could not be read), by sandbox id.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Check {
+    /// [`crate::model::NodeModel::generation`].
+    pub generation: u64,
+    /// The OOM scope, bytes.
+    pub total: i64,
+    /// Usage counter of each running pod (not the working set: reading
+    /// that costs `memory.stat`).
+    pub usage: HashMap<String, Option<i64>>,
+}
+
+/// Why a round ranks again and plans writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// No decision yet.
+    First,
+    /// A pod or container started, stopped or changed in the model.
+    Model,
+    /// The OOM scope `T` changed.
+    Scope,
+    /// This pod's usage moved by more than one step, or its cgroup became
+    /// readable or unreadable.
+    Usage(String),
+    /// The last decision is older than the refresh period: working sets
+    /// can drift while usage stands (pages going inactive), so the
+    /// decision is taken again from fresh working sets now and then.
+    Refresh,
+}
+
+/// Whether a round must decide again, from the check `now` against the
+/// check of the last decision `last` made at `decided_at`, `refresh` being
+/// the longest a decision stands; `None`: the last decision stands and the
+/// round reads and writes nothing more.
+pub fn decide(
+    last: Option<(&Check, Instant)>,
+    now: &Check,
+    at: Instant,
+    refresh: Duration,
+) -> Option<Why> {
+    let Some((last, decided_at)) = last else {
+        return Some(Why::First);
+    };
+    if last.generation != now.generation {
+        return Some(Why::Model);
+    }
+    if last.total != now.total {
+        return Some(Why::Scope);
+    }
+    let step = step(now.total);
+    for (id, u) in &now.usage {
+        let moved = match (last.usage.get(id).copied().flatten(), *u) {
+            (Some(a), Some(b)) => (a - b).abs() > step,
+            (None, None) => false,
+            _ => true,
+        };
+        if moved {
+            return Some(Why::Usage(id.clone()));
+        }
+    }
+    if last.usage.len() != now.usage.len() {
+        return Some(Why::Model);
+    }
+    (at.saturating_duration_since(decided_at) >= refresh).then_some(Why::Refresh)
+}
+
+/// What criguard knows of the scores of a container's processes, from its
+/// own last write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Known {
+    /// Every process has this score (the first victim's 1000, a restore).
+    Exactly(i64),
+    /// No process scores above this (a bound: processes already below it
+    /// were left as they were).
+    AtMost(i64),
+}
+
+impl Known {
+    fn ceiling(self) -> i64 {
+        match self {
+            Known::Exactly(s) | Known::AtMost(s) => s,
+        }
+    }
+}
+
+/// Whether a container whose processes are `known` to score so must be
+/// written to reach `want`; a container criguard never wrote (`None`) is
+/// read and written where needed.
+pub fn needs_write(known: Option<Known>, want: Known) -> bool {
+    match (known, want) {
+        (None, _) => true,
+        (Some(k), Known::Exactly(_)) => k != want,
+        (Some(k), Known::AtMost(w)) => k.ceiling() > w,
+    }
+}
+
+/// Why a container's score is written, for the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Its pod is first in criguard's ranking.
+    FirstVictim,
+    /// Bounded below the first-ranked pod's score.
+    KeptBelow,
+    /// Back to the kubelet's score: no bound is needed any more.
+    Restored,
+}
+
+impl Reason {
+    /// The log's words for it.
+    pub fn says(self) -> &'static str {
+        match self {
+            Reason::FirstVictim => {
+                "first in criguard's memory ranking: the kernel's OOM killer should pick it first"
+            }
+            Reason::KeptBelow => "kept below the first-ranked pod's score",
+            Reason::Restored => "restored to the kubelet's score: no bound needed any more",
+        }
+    }
+}
+
+/// One container whose processes a round writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Write {
+    /// Container id.
+    pub id: String,
+    /// The score wanted: exactly (every process set to it) or at most
+    /// (only processes above it set to it).
+    pub want: Known,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// The containers whose processes must be written this round: those whose
+/// target ([`dynamic_scores`]) is not what criguard `known`ly set, and
+/// those criguard changed before that need the kubelet's score back. A
+/// container criguard never changed and that needs no bound is left alone,
+/// whatever its processes score. With `verify`, every container with a
+/// target or a restore is planned whatever is known, so that processes
+/// that joined a container since (an exec) are found.
+pub fn plan_writes(
+    first_victim: Option<&str>,
+    containers: &[ContainerMemory],
+    total: i64,
+    known: &HashMap<String, Known>,
+    verify: bool,
+) -> Vec<Write> {
+    let targets = dynamic_scores(first_victim, containers, total);
+    containers
+        .iter()
+        .filter_map(|c| {
+            let first = first_victim == Some(c.sandbox_id.as_str());
+            let (want, reason) = match targets.get(&c.id) {
+                Some(&t) if first => (Known::Exactly(t), Reason::FirstVictim),
+                Some(&t) => (Known::AtMost(t), Reason::KeptBelow),
+                None if known.contains_key(&c.id) => {
+                    (Known::Exactly(c.kubelet_adj), Reason::Restored)
+                }
+                None => return None,
+            };
+            (verify || needs_write(known.get(&c.id).copied(), want)).then(|| Write {
+                id: c.id.clone(),
+                want,
+                reason,
+            })
         })
         .collect()
 }
@@ -124,5 +325,94 @@ mod tests {
         // The same container with a victim elsewhere is bounded.
         let t = dynamic_scores(Some("sb-guaranteed"), &cs, 256 * MI);
         assert_eq!(t.get("static-be"), Some(&(999 - 12)));
+    }
+
+    fn check(generation: u64, total: i64, usage: &[(&str, Option<i64>)]) -> Check {
+        Check {
+            generation,
+            total,
+            usage: usage.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        }
+    }
+
+    #[test]
+    fn a_decision_stands_until_something_that_decides_a_score_moves() {
+        let t0 = Instant::now();
+        let refresh = Duration::from_secs(10);
+        let at = t0 + Duration::from_secs(1);
+        let total = 1000 * MI; // one step: about 1 MiB
+        let last = check(7, total, &[("a", Some(100 * MI)), ("b", None)]);
+        let d = |now: &Check, at| decide(Some((&last, t0)), now, at, refresh);
+        assert_eq!(decide(None, &last, t0, refresh), Some(Why::First));
+        assert_eq!(d(&last, at), None, "nothing moved");
+        let within = check(7, total, &[("a", Some(100 * MI + MI / 2)), ("b", None)]);
+        assert_eq!(d(&within, at), None, "less than a step");
+        let moved = check(7, total, &[("a", Some(102 * MI)), ("b", None)]);
+        assert_eq!(d(&moved, at), Some(Why::Usage("a".into())));
+        let readable = check(7, total, &[("a", Some(100 * MI)), ("b", Some(0))]);
+        assert_eq!(d(&readable, at), Some(Why::Usage("b".into())));
+        let model = check(8, total, &[("a", Some(100 * MI)), ("b", None)]);
+        assert_eq!(d(&model, at), Some(Why::Model));
+        let scope = check(7, total / 2, &[("a", Some(100 * MI)), ("b", None)]);
+        assert_eq!(d(&scope, at), Some(Why::Scope));
+        assert_eq!(d(&last, t0 + refresh), Some(Why::Refresh));
+    }
+
+    #[test]
+    fn what_criguard_set_decides_whether_processes_are_written() {
+        use Known::{AtMost, Exactly};
+        // Never written by criguard: read the processes and write.
+        assert!(needs_write(None, AtMost(998)));
+        // A bound as high as or higher than the one set: nothing to do.
+        assert!(!needs_write(Some(AtMost(990)), AtMost(998)));
+        assert!(!needs_write(Some(Exactly(990)), AtMost(990)));
+        // A lower bound, or an exact score that differs: written.
+        assert!(needs_write(Some(AtMost(998)), AtMost(990)));
+        assert!(needs_write(Some(AtMost(998)), Exactly(998)));
+        assert!(!needs_write(Some(Exactly(1000)), Exactly(1000)));
+    }
+
+    #[test]
+    fn only_changed_targets_and_restores_are_planned() {
+        use Known::{AtMost, Exactly};
+        let total = 1000 * MI;
+        let mut bu = c("bu", 900, 200 * MI);
+        bu.sandbox_id = "sb-bu".into();
+        let cs = [c("be", 1000, 10 * MI), bu, c("g", -997, 10 * MI)];
+        let plan = |known: &HashMap<String, Known>, verify| {
+            plan_writes(Some("sb-be"), &cs, total, known, verify)
+        };
+        let first = plan(&HashMap::new(), false);
+        let want: Vec<(&str, Known, Reason)> = first
+            .iter()
+            .map(|w| (w.id.as_str(), w.want, w.reason))
+            .collect();
+        // be is already 1000 as the kubelet set it: no target, nothing.
+        assert_eq!(want, [("bu", AtMost(799), Reason::KeptBelow)]);
+        let known = HashMap::from([("bu".to_owned(), AtMost(799))]);
+        assert!(plan(&known, false).is_empty(), "all set already");
+        assert_eq!(plan(&known, true).len(), 1, "verify lists it anyway");
+        // A container criguard changed that needs no target any more.
+        let known = HashMap::from([("g".to_owned(), AtMost(-998)), ("bu".into(), AtMost(799))]);
+        let w = plan(&known, false);
+        assert_eq!(w.len(), 1);
+        assert_eq!(
+            (w[0].id.as_str(), w[0].want, w[0].reason),
+            ("g", Exactly(-997), Reason::Restored)
+        );
+    }
+
+    #[test]
+    fn a_container_needs_its_own_usage_read_only_when_its_pods_could_bound_it() {
+        let total = 1000 * MI;
+        // BestEffort (1000) is always bounded below 1000 unless first.
+        assert!(may_need_bound(1000, Some(0), total));
+        // Burstable at 900: bounded once the pod holds ≥ 10 % of the scope.
+        assert!(!may_need_bound(900, Some(90 * MI), total));
+        assert!(may_need_bound(900, Some(150 * MI), total));
+        assert!(may_need_bound(900, None, total), "unknown pod usage");
+        assert!(!may_need_bound(-997, Some(total), total));
+        assert_eq!(bound(1000, 0, total), 999);
+        assert_eq!(bound(0, 2 * total, total), -1000, "never below -1000");
     }
 }

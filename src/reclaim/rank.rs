@@ -71,6 +71,19 @@ pub struct Ranker {
     usage: Option<UsageReader>,
 }
 
+/// What memory ranking needs of `pod`, whose working set is `usage`
+/// (`None`: unread). The one place the ranking's input is built, for the
+/// eviction manager and the `oom_score_adj` adjuster alike.
+pub fn memory_input(pod: &Pod, usage: Option<i64>) -> PodMemory {
+    PodMemory {
+        sandbox_id: pod.sandbox_id.clone(),
+        priority: pod.priority,
+        request: pod.memory_request(),
+        usage,
+        critical: pod.critical,
+    }
+}
+
 /// The part of a pod's usage that evicting it gives back for `signal`:
 /// writable layers and logs (emptyDirs stay), limited to the filesystem
 /// the signal watches.
