@@ -698,6 +698,14 @@ async fn serve(
             node.clone(),
             sources.clone(),
             Some(usage.clone()),
+        )
+        .with_thresholds(
+            eviction
+                .hard
+                .iter()
+                .chain(&eviction.soft)
+                .cloned()
+                .collect(),
         ),
         rank_signals: rank_signals(&eviction),
         oom_kills: oom_kills.clone(),
@@ -889,7 +897,10 @@ async fn evictions(admin_socket: PathBuf, json: bool, watch: bool) -> anyhow::Re
 }
 
 async fn rank(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
-    let r = admin::get_rank(&admin_socket).await?;
+    let (r, not_ranked) = admin::get_rank_report(&admin_socket).await?;
+    for n in not_ranked {
+        eprintln!("criguard: {n}");
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {

@@ -334,9 +334,10 @@ impl EvictionManager {
             let Some(t) = act_on.into_iter().next() else {
                 break;
             };
+            let ranking = Instant::now();
             let victim = match class(t.signal) {
-                Class::Memory => self.ranker.memory(&tried).into_iter().next(),
-                Class::Pid => self.ranker.pids(&tried).into_iter().next(),
+                Class::Memory => self.ranker.memory(&tried).await.into_iter().next(),
+                Class::Pid => self.ranker.pids(&tried).await.into_iter().next(),
                 Class::Disk => {
                     if reclaimed.insert(t.signal) && self.reclaim_node(&t, &obs).await {
                         continue; // observe again: it may have been enough
@@ -355,6 +356,12 @@ impl EvictionManager {
                 tracing::warn!(threshold = %t, "threshold met but no pod can be evicted");
                 break;
             };
+            tracing::debug!(
+                threshold = %t,
+                observe_ms = ms(ranking.saturating_duration_since(obs.at)),
+                rank_ms = ms(ranking.elapsed()),
+                "victim chosen"
+            );
             tried.insert(victim.pod.sandbox_id.clone());
             let e = self.evict(&victim, &t, &obs).await;
             made.push(e);
@@ -511,6 +518,7 @@ impl EvictionManager {
     }
 
     async fn stop(&self, pod: &Pod, grace_s: i64) {
+        let started = Instant::now();
         let mut rt = self.upstream.runtime();
         for c in pod
             .containers
@@ -525,13 +533,25 @@ impl EvictionManager {
                 tracing::warn!(container = %c.id, %err, "StopContainer failed; StopPodSandbox follows");
             }
         }
+        let containers_stopped = Instant::now();
         let req = cri::StopPodSandboxRequest {
             pod_sandbox_id: pod.sandbox_id.clone(),
         };
         if let Err(err) = rt.stop_pod_sandbox(req).await {
             tracing::error!(sandbox = %pod.sandbox_id, %err, "StopPodSandbox failed");
         }
+        tracing::debug!(
+            sandbox = %pod.sandbox_id,
+            stop_containers_ms = ms(containers_stopped - started),
+            stop_sandbox_ms = ms(containers_stopped.elapsed()),
+            "pod stopped"
+        );
     }
+}
+
+/// A duration in milliseconds, for logs.
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 /// Resolves at `deadline`, or never without one.

@@ -8,10 +8,11 @@ use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Signal;
+use crate::config::{Signal, Threshold};
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
-use crate::policy::rank::{PodMemory, rank_memory};
+use crate::policy::rank::{PodMemory, near, rank_memory};
 use crate::policy::reclaim::{PodUse, rank_usage};
+use crate::policy::thresholds::Observation;
 use crate::signals::disk::DiskUsage;
 use crate::signals::node::NodeSources;
 use crate::signals::usage::{PodUsage, UsageReader, counted};
@@ -25,7 +26,8 @@ pub struct Victim {
     pub usage: Option<i64>,
     /// Request (memory only; CRI carries no other).
     pub request: i64,
-    /// Its heaviest container: name, usage, request.
+    /// Its heaviest container: name, usage, request; read for the first
+    /// victim of an order only (the one an eviction message names).
     pub heaviest: Option<(String, i64, i64)>,
     /// What evicting it is expected to give back, in the signal's units.
     pub reclaimable: u64,
@@ -69,6 +71,8 @@ pub struct Ranker {
     model: Arc<RwLock<NodeModel>>,
     sources: NodeSources,
     usage: Option<UsageReader>,
+    /// The thresholds configured, so that `report` walks disk only near them.
+    thresholds: Vec<Threshold>,
 }
 
 /// What memory ranking needs of `pod`, whose working set is `usage`
@@ -107,7 +111,16 @@ impl Ranker {
             model,
             sources,
             usage,
+            thresholds: Vec::new(),
         }
+    }
+
+    /// The same ranker, told the configured thresholds: [`Ranker::report`]
+    /// then orders pods for a disk signal only when it is near one of its
+    /// thresholds ([`disk_ranking_wanted`]).
+    pub fn with_thresholds(mut self, thresholds: Vec<Threshold>) -> Self {
+        self.thresholds = thresholds;
+        self
     }
 
     /// Running pods not in `tried`.
@@ -118,95 +131,66 @@ impl Ranker {
             .collect()
     }
 
-    /// The kubelet's memory ranking, by working set.
-    pub fn memory(&self, tried: &BTreeSet<String>) -> Vec<Victim> {
-        let pods = self.candidates(tried);
-        // Cgroups resolved for either driver; an unknown one (empty) is unread.
-        let working_set = |cgroup: &str| {
-            (!cgroup.is_empty())
-                .then(|| Some(self.sources.cgroups.memory(cgroup).ok()?.working_set as i64))
-                .flatten()
-        };
-        let usage: HashMap<&str, i64> = pods
-            .iter()
-            .filter_map(|p| Some((p.sandbox_id.as_str(), working_set(&p.cgroup()?)?)))
-            .collect();
-        let input: Vec<PodMemory> = pods
-            .iter()
-            .map(|p| PodMemory {
-                sandbox_id: p.sandbox_id.clone(),
-                priority: p.priority,
-                request: p.memory_request(),
-                usage: usage.get(p.sandbox_id.as_str()).copied(),
-                critical: p.critical,
-            })
-            .collect();
-        rank_memory(&input)
-            .into_iter()
-            .filter_map(|r| {
-                let pod = pods.iter().find(|p| p.sandbox_id == r.sandbox_id)?.clone();
-                let heaviest = pod
-                    .containers
-                    .values()
-                    .filter(|c| c.state == ContainerState::Running)
-                    .filter_map(|c| {
-                        Some((
-                            c.name.clone(),
-                            working_set(&c.cgroup_path)?,
-                            c.memory_request,
-                        ))
-                    })
-                    .max_by_key(|(_, u, _)| *u);
-                Some(Victim {
-                    usage: r.usage,
-                    request: r.request,
-                    heaviest,
-                    reclaimable: r.usage.unwrap_or(0).max(0) as u64,
-                    pod,
-                })
-            })
-            .collect()
+    /// The kubelet's memory ranking, by working set, read on the blocking
+    /// pool (see [`Ranker::memory_blocking`]).
+    pub async fn memory(&self, tried: &BTreeSet<String>) -> Vec<Victim> {
+        let (me, tried) = (self.clone(), tried.clone());
+        blocking(move || me.memory_blocking(&tried)).await
     }
 
-    /// The kubelet's pid ranking: priority, then tasks (threads included).
-    pub fn pids(&self, tried: &BTreeSet<String>) -> Vec<Victim> {
+    /// The kubelet's memory ranking, by working set: each pod's cgroup read
+    /// once (usage and `memory.stat`), pods read in parallel; the first
+    /// victim's containers read for the eviction message. Blocking I/O.
+    pub fn memory_blocking(&self, tried: &BTreeSet<String>) -> Vec<Victim> {
         let pods = self.candidates(tried);
-        let tasks = |cgroup: &str| {
-            (!cgroup.is_empty())
-                .then(|| self.sources.cgroups.pids_counter(cgroup).ok().map(|c| c.0))
-                .flatten()
-        };
+        let cgroups = &self.sources.cgroups;
+        let working_set = |cgroup: &str| Some(cgroups.working_set(cgroup).ok()? as i64);
+        let usage = per_pod(&pods, |p| working_set(&p.cgroup()?));
+        let input: Vec<PodMemory> = pods
+            .iter()
+            .zip(usage)
+            .map(|(p, u)| memory_input(p, u))
+            .collect();
+        let ranked = rank_memory(&input).into_iter().map(|r| Ranked {
+            sandbox_id: r.sandbox_id.clone(),
+            usage: r.usage,
+            request: r.request,
+            reclaimable: r.usage.unwrap_or(0).max(0) as u64,
+        });
+        victims(pods, ranked, |pod| {
+            running(pod)
+                .filter_map(|c| {
+                    let used = working_set(&c.cgroup_path)?;
+                    Some((c.name.clone(), used, c.memory_request))
+                })
+                .max_by_key(|(_, u, _)| *u)
+        })
+    }
+
+    /// The kubelet's pid ranking, read on the blocking pool (see
+    /// [`Ranker::pids_blocking`]).
+    pub async fn pids(&self, tried: &BTreeSet<String>) -> Vec<Victim> {
+        let (me, tried) = (self.clone(), tried.clone());
+        blocking(move || me.pids_blocking(&tried)).await
+    }
+
+    /// The kubelet's pid ranking: priority, then tasks (threads included),
+    /// each pod's `pids.current` read once, in parallel. Blocking I/O.
+    pub fn pids_blocking(&self, tried: &BTreeSet<String>) -> Vec<Victim> {
+        let pods = self.candidates(tried);
+        let cgroups = &self.sources.cgroups;
+        let tasks = |cgroup: &str| cgroups.pids_current(cgroup).ok();
+        let tasks_of = per_pod(&pods, |p| tasks(&p.cgroup()?));
         let uses: Vec<PodUse> = pods
             .iter()
-            .map(|p| {
-                let n = p.cgroup().and_then(|cg| tasks(&cg));
-                PodUse {
-                    sandbox_id: p.sandbox_id.clone(),
-                    priority: p.priority,
-                    critical: p.critical,
-                    usage: n,
-                    reclaimable: n.unwrap_or(0),
-                }
-            })
+            .zip(tasks_of)
+            .map(|(p, n)| pod_use(p, n, n.unwrap_or(0)))
             .collect();
-        rank_usage(&uses)
-            .into_iter()
-            .filter_map(|u| {
-                let pod = pods.iter().find(|p| p.sandbox_id == u.sandbox_id)?.clone();
-                let heaviest = pod
-                    .containers
-                    .values()
-                    .filter_map(|c| Some((c.name.clone(), tasks(&c.cgroup_path)? as i64, 0)))
-                    .max_by_key(|(_, n, _)| *n);
-                Some(Victim {
-                    usage: u.usage.map(|n| n as i64),
-                    request: 0,
-                    heaviest,
-                    reclaimable: u.reclaimable,
-                    pod,
-                })
-            })
-            .collect()
+        victims(pods, ranked_uses(&uses), |pod| {
+            running(pod)
+                .filter_map(|c| Some((c.name.clone(), tasks(&c.cgroup_path)? as i64, 0)))
+                .max_by_key(|(_, n, _)| *n)
+        })
     }
 
     /// The kubelet's disk ranking for `signal`: priority, then the usage
@@ -221,54 +205,64 @@ impl Ranker {
         let pick = |d: DiskUsage| {
             if signal.is_bytes() { d.bytes } else { d.inodes }
         };
-        let usage_of = |id: &str| node.pods.iter().find(|u| u.sandbox_id == id);
+        let by_id: HashMap<&str, &PodUsage> = node
+            .pods
+            .iter()
+            .map(|u| (u.sandbox_id.as_str(), u))
+            .collect();
         let uses: Vec<PodUse> = pods
             .iter()
             .map(|p| {
-                let u = usage_of(&p.sandbox_id);
-                PodUse {
-                    sandbox_id: p.sandbox_id.clone(),
-                    priority: p.priority,
-                    critical: p.critical,
-                    usage: u.and_then(|u| counted(signal, u, dedicated)),
-                    reclaimable: u.map_or(0, |u| pick(reclaimable(signal, u, dedicated))),
-                }
+                let u = by_id.get(p.sandbox_id.as_str());
+                pod_use(
+                    p,
+                    u.and_then(|u| counted(signal, u, dedicated)),
+                    u.map_or(0, |u| pick(reclaimable(signal, u, dedicated))),
+                )
             })
             .collect();
-        rank_usage(&uses)
-            .into_iter()
-            .filter_map(|r| {
-                let pod = pods.iter().find(|p| p.sandbox_id == r.sandbox_id)?.clone();
-                let heaviest = usage_of(&pod.sandbox_id).and_then(|u| {
-                    u.containers
-                        .iter()
-                        .map(|c| {
-                            let part = c.rootfs.unwrap_or_default() + c.logs.unwrap_or_default();
-                            (c.name.clone(), pick(part) as i64, 0)
-                        })
-                        .max_by_key(|(_, n, _)| *n)
-                });
-                Some(Victim {
-                    usage: r.usage.map(|n| n as i64),
-                    request: 0,
-                    heaviest,
-                    reclaimable: r.reclaimable,
-                    pod,
-                })
+        victims(pods, ranked_uses(&uses), |pod| {
+            by_id.get(pod.sandbox_id.as_str()).and_then(|u| {
+                u.containers
+                    .iter()
+                    .map(|c| {
+                        let part = c.rootfs.unwrap_or_default() + c.logs.unwrap_or_default();
+                        (c.name.clone(), pick(part) as i64, 0)
+                    })
+                    .max_by_key(|(_, n, _)| *n)
             })
-            .collect()
+        })
     }
 
     /// The order for each of `signals` (one memory, pid and disk signal
-    /// each at most), as `criguard rank` prints it.
-    pub async fn report(&self, signals: &[Signal]) -> Vec<RankEntry> {
+    /// each at most), as `criguard rank` prints it, and the disk signals
+    /// left unranked because they are far from their thresholds (walking
+    /// every pod's layers, logs and volumes costs the most of any reading).
+    pub async fn report(&self, signals: &[Signal]) -> (Vec<RankEntry>, Vec<NotRanked>) {
         let none = BTreeSet::new();
         let mut out = Vec::new();
+        let mut not_ranked = Vec::new();
+        let observed = match signals.iter().any(|s| kind(*s) == Kind::Disk) {
+            true => {
+                let sources = self.sources.clone();
+                Some(blocking(move || sources.observe()).await)
+            }
+            false => None,
+        };
         for &s in signals {
-            let ranked = match s {
-                Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => self.memory(&none),
-                Signal::PidAvailable => self.pids(&none),
-                _ => self.disk(s, &none).await,
+            let ranked = match kind(s) {
+                Kind::Memory => self.memory(&none).await,
+                Kind::Pid => self.pids(&none).await,
+                Kind::Disk => {
+                    let obs = observed.as_ref().and_then(|o| o.get(&s));
+                    let thresholds: Vec<&Threshold> =
+                        self.thresholds.iter().filter(|t| t.signal == s).collect();
+                    if let Err(skip) = disk_ranking_wanted(s, &thresholds, obs) {
+                        not_ranked.push(skip);
+                        continue;
+                    }
+                    self.disk(s, &none).await
+                }
             };
             out.extend(ranked.into_iter().enumerate().map(|(i, v)| RankEntry {
                 signal: s.to_string(),
@@ -280,6 +274,255 @@ impl Ranker {
                 request: v.request,
             }));
         }
-        out
+        (out, not_ranked)
+    }
+}
+
+/// A disk signal `criguard rank` did not order pods for: it is far from
+/// its thresholds ([`disk_ranking_wanted`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NotRanked {
+    /// The signal.
+    pub signal: String,
+    /// Its available amount now.
+    pub available: i64,
+    /// Its nearest threshold, as configured.
+    pub threshold: String,
+}
+
+impl std::fmt::Display for NotRanked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bytes = Signal::parse(&self.signal).is_some_and(|s| s.is_bytes());
+        let available = if bytes {
+            crate::quantity::format_bytes(self.available.max(0) as u64)
+        } else {
+            self.available.to_string()
+        };
+        write!(
+            f,
+            "{}: not ranked, {available} available against a threshold of {} \
+             (disk usage is walked only within twice a threshold)",
+            self.signal, self.threshold
+        )
+    }
+}
+
+/// Whether `criguard rank` orders pods for disk signal `signal` whose
+/// `thresholds` are configured and whose observation is `obs`: yes when it
+/// is near one of them ([`near`]: less than twice the threshold left), or
+/// when it cannot tell (no threshold known, nothing observed); else why
+/// not. Under pressure the eviction manager ranks whatever this says.
+pub fn disk_ranking_wanted(
+    signal: Signal,
+    thresholds: &[&Threshold],
+    obs: Option<&Observation>,
+) -> Result<(), NotRanked> {
+    let Some(o) = obs else {
+        return Ok(());
+    };
+    let lines = thresholds.iter().map(|t| (t.amount.resolve(o.capacity), t));
+    match lines.max_by_key(|(line, _)| *line) {
+        None => Ok(()),
+        Some((line, _)) if near(o.available, line) => Ok(()),
+        Some((_, t)) => Err(NotRanked {
+            signal: signal.to_string(),
+            available: o.available,
+            threshold: t.amount_display(),
+        }),
+    }
+}
+
+/// How a signal's pods are ranked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Memory,
+    Pid,
+    Disk,
+}
+
+fn kind(s: Signal) -> Kind {
+    match s {
+        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Kind::Memory,
+        Signal::PidAvailable => Kind::Pid,
+        Signal::NodefsAvailable
+        | Signal::NodefsInodesFree
+        | Signal::ImagefsAvailable
+        | Signal::ImagefsInodesFree => Kind::Disk,
+    }
+}
+
+/// One place in an order, before it becomes a [`Victim`].
+struct Ranked {
+    sandbox_id: String,
+    usage: Option<i64>,
+    request: i64,
+    reclaimable: u64,
+}
+
+/// The pod's entry for the usage orders (pid, disk).
+fn pod_use(p: &Pod, usage: Option<u64>, reclaimable: u64) -> PodUse {
+    PodUse {
+        sandbox_id: p.sandbox_id.clone(),
+        priority: p.priority,
+        critical: p.critical,
+        usage,
+        reclaimable,
+    }
+}
+
+/// The kubelet's usage order (priority, then usage) as places.
+fn ranked_uses(uses: &[PodUse]) -> impl Iterator<Item = Ranked> + '_ {
+    rank_usage(uses).into_iter().map(|u| Ranked {
+        sandbox_id: u.sandbox_id.clone(),
+        usage: u.usage.map(|n| n as i64),
+        request: 0,
+        reclaimable: u.reclaimable,
+    })
+}
+
+/// The one shape of every order: each place becomes a [`Victim`] with its
+/// pod; only the first victim, the one an eviction names, gets its
+/// heaviest container read (`heaviest`).
+fn victims(
+    pods: Vec<Pod>,
+    ranked: impl Iterator<Item = Ranked>,
+    heaviest: impl Fn(&Pod) -> Option<(String, i64, i64)>,
+) -> Vec<Victim> {
+    let mut by_id: HashMap<String, Pod> = pods
+        .into_iter()
+        .map(|p| (p.sandbox_id.clone(), p))
+        .collect();
+    ranked
+        .filter_map(|r| {
+            let pod = by_id.remove(&r.sandbox_id)?;
+            Some(Victim {
+                usage: r.usage,
+                request: r.request,
+                heaviest: None,
+                reclaimable: r.reclaimable,
+                pod,
+            })
+        })
+        .enumerate()
+        .map(|(i, mut v)| {
+            if i == 0 {
+                v.heaviest = heaviest(&v.pod);
+            }
+            v
+        })
+        .collect()
+}
+
+/// A pod's running containers with a known cgroup.
+fn running(pod: &Pod) -> impl Iterator<Item = &crate::model::Container> {
+    pod.containers
+        .values()
+        .filter(|c| c.state == ContainerState::Running && !c.cgroup_path.is_empty())
+}
+
+/// `read` over every pod, a few threads at a time (cgroup files are read by
+/// the kernel on the reader's CPU, so more threads than CPUs gain nothing);
+/// results in the pods' order.
+fn per_pod<T: Send>(pods: &[Pod], read: impl Fn(&Pod) -> Option<T> + Sync) -> Vec<Option<T>> {
+    const PER_THREAD: usize = 32;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4)
+        .min(pods.len().div_ceil(PER_THREAD))
+        .max(1);
+    if threads == 1 {
+        return pods.iter().map(&read).collect();
+    }
+    let chunk = pods.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = pods
+            .chunks(chunk)
+            .map(|part| s.spawn(|| part.iter().map(&read).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    })
+}
+
+/// Runs blocking reads on tokio's blocking pool, off the thread that runs
+/// criguard's loops (and never on the proxy's own thread).
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(v) => v,
+        Err(err) => std::panic::resume_unwind(err.into_panic()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Amount;
+
+    fn threshold(signal: Signal, amount: Amount) -> Threshold {
+        Threshold {
+            signal,
+            amount,
+            grace_period: None,
+            min_reclaim: None,
+        }
+    }
+
+    #[test]
+    fn disk_is_ranked_only_near_a_threshold_or_when_it_cannot_tell() {
+        let s = Signal::NodefsAvailable;
+        let (hard, soft) = (
+            threshold(s, Amount::Percentage(10.0)),
+            threshold(s, Amount::Quantity(300)),
+        );
+        let obs = |available| Observation {
+            available,
+            capacity: 1000,
+        };
+        // The nearest (largest) line decides: 300 left twice is 600.
+        assert!(disk_ranking_wanted(s, &[&hard, &soft], Some(&obs(599))).is_ok());
+        let far = disk_ranking_wanted(s, &[&hard, &soft], Some(&obs(600))).unwrap_err();
+        assert_eq!(
+            far,
+            NotRanked {
+                signal: "nodefs.available".into(),
+                available: 600,
+                threshold: "300".into(),
+            }
+        );
+        assert!(
+            far.to_string().starts_with("nodefs.available: not ranked"),
+            "{far}"
+        );
+        assert!(disk_ranking_wanted(s, &[&hard], Some(&obs(150))).is_ok());
+        assert!(disk_ranking_wanted(s, &[&hard], Some(&obs(250))).is_err());
+        assert!(disk_ranking_wanted(s, &[&hard], None).is_ok(), "unobserved");
+        assert!(
+            disk_ranking_wanted(s, &[], Some(&obs(999))).is_ok(),
+            "no threshold told"
+        );
+    }
+
+    #[test]
+    fn parallel_reads_keep_the_pods_order() {
+        let model = NodeModel::new(0);
+        let pods: Vec<Pod> = (0..200)
+            .map(|i| {
+                let mut m = model.clone();
+                m.upsert_sandbox(crate::model::SandboxInfo {
+                    id: format!("{i:03}"),
+                    ..Default::default()
+                });
+                m.pods().remove(0)
+            })
+            .collect();
+        let got = per_pod(&pods, |p| {
+            (p.sandbox_id != "007").then(|| p.sandbox_id.clone())
+        });
+        let want: Vec<Option<String>> = (0..200)
+            .map(|i| (i != 7).then(|| format!("{i:03}")))
+            .collect();
+        assert_eq!(got, want);
     }
 }

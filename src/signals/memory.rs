@@ -245,6 +245,13 @@ impl CgroupFs {
         Ok((current, max))
     }
 
+    /// `pids.current` (tasks, threads included) of `cgroup`: one file, for
+    /// ranking, where [`CgroupFs::pids_counter`] reads the limit too.
+    pub fn pids_current(&self, cgroup: &str) -> Result<u64, ReadError> {
+        let path = self.dir(Controller::Pids, cgroup).join("pids.current");
+        parse_u64(&path, read(&path)?.trim())
+    }
+
     /// The pids in `cgroup` and its descendants (memory hierarchy). A
     /// descendant removed while it is read (a container exiting) is skipped;
     /// only an unreadable `cgroup` itself is an error.
