@@ -481,6 +481,13 @@ impl EvictionManager {
                 .await;
             }
             self.stop(pod, grace_s).await;
+            // The action is StopPodSandbox returning: timed before the
+            // evicted pods' save (an fsync) is waited for.
+            if let Some(since) = self.state.met_since(t) {
+                self.metrics
+                    .pressure_to_action
+                    .observe(since.elapsed().as_secs_f64());
+            }
             if let Some(saving) = saving {
                 let _ = saving.await;
             }
@@ -504,11 +511,6 @@ impl EvictionManager {
                 qos: format!("{:?}", pod.qos),
             };
             self.metrics.evictions.get_or_create(&labels).inc();
-            if let Some(since) = self.state.met_since(t) {
-                self.metrics
-                    .pressure_to_action
-                    .observe(since.elapsed().as_secs_f64());
-            }
             let mut m = self.model.write().unwrap_or_else(|e| e.into_inner());
             m.set_sandbox_state(&pod.sandbox_id, SandboxState::NotReady);
         }
@@ -517,22 +519,28 @@ impl EvictionManager {
         e
     }
 
+    /// Stops `pod` as the kubelet does: StopContainer for every running
+    /// container at once, then StopPodSandbox.
     async fn stop(&self, pod: &Pod, grace_s: i64) {
         let started = Instant::now();
-        let mut rt = self.upstream.runtime();
-        for c in pod
+        let stops = pod
             .containers
             .values()
             .filter(|c| c.state == ContainerState::Running)
-        {
-            let req = cri::StopContainerRequest {
-                container_id: c.id.clone(),
-                timeout: grace_s,
-            };
-            if let Err(err) = rt.stop_container(req).await {
-                tracing::warn!(container = %c.id, %err, "StopContainer failed; StopPodSandbox follows");
-            }
-        }
+            .map(|c| {
+                let mut rt = self.upstream.runtime();
+                let req = cri::StopContainerRequest {
+                    container_id: c.id.clone(),
+                    timeout: grace_s,
+                };
+                async move {
+                    if let Err(err) = rt.stop_container(req).await {
+                        tracing::warn!(container = %c.id, %err, "StopContainer failed; StopPodSandbox follows");
+                    }
+                }
+            });
+        futures::future::join_all(stops).await;
+        let mut rt = self.upstream.runtime();
         let containers_stopped = Instant::now();
         let req = cri::StopPodSandboxRequest {
             pod_sandbox_id: pod.sandbox_id.clone(),
