@@ -521,12 +521,10 @@ fn rank_signals(c: &config::EvictionConfig) -> Vec<criguard::config::Signal> {
     with.sort();
     with.dedup();
     let mut out = vec![Signal::MemoryAvailable, Signal::PidAvailable];
-    out.extend(with.into_iter().filter(|s| {
-        !matches!(
-            s,
-            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable | Signal::PidAvailable
-        )
-    }));
+    out.extend(
+        with.into_iter()
+            .filter(|s| s.ranking() == criguard::signal::Ranking::Disk),
+    );
     out
 }
 
