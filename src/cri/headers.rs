@@ -112,7 +112,7 @@ fn string(out: &mut BytesMut, s: &[u8]) {
 }
 
 /// An HPACK integer with an `n`-bit prefix under the high bits `high`.
-fn integer(out: &mut BytesMut, n: u8, high: u8, mut v: usize) {
+pub(crate) fn integer(out: &mut BytesMut, n: u8, high: u8, mut v: usize) {
     let max = (1usize << n) - 1;
     if v < max {
         out.put_u8(high | v as u8);

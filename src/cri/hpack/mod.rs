@@ -436,19 +436,10 @@ mod tests {
         SizeUpdate(usize),
     }
 
-    fn int(out: &mut Vec<u8>, n: u32, high: u8, mut v: usize) {
-        let max = (1usize << n) - 1;
-        if v < max {
-            out.push(high | v as u8);
-            return;
-        }
-        out.push(high | max as u8);
-        v -= max;
-        while v >= 128 {
-            out.push((v % 128 + 128) as u8);
-            v /= 128;
-        }
-        out.push(v as u8);
+    fn int(out: &mut Vec<u8>, n: u8, high: u8, v: usize) {
+        let mut b = bytes::BytesMut::new();
+        crate::cri::headers::integer(&mut b, n, high, v);
+        out.extend_from_slice(&b);
     }
 
     fn str(out: &mut Vec<u8>, s: &[u8], huff: bool) {
