@@ -12,6 +12,7 @@ use crate::config::Signal;
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
 use crate::policy::rank::{PodMemory, rank_memory};
 use crate::policy::reclaim::{PodUse, rank_usage};
+use crate::signal::Ranking;
 use crate::signals::disk::DiskUsage;
 use crate::signals::node::NodeSources;
 use crate::signals::usage::{PodUsage, UsageReader, counted};
@@ -75,10 +76,10 @@ pub struct Ranker {
 /// writable layers and logs (emptyDirs stay), limited to the filesystem
 /// the signal watches.
 pub fn reclaimable(signal: Signal, u: &PodUsage, dedicated_imagefs: bool) -> DiskUsage {
-    match signal {
-        Signal::NodefsAvailable | Signal::NodefsInodesFree if dedicated_imagefs => u.logs,
-        Signal::ImagefsAvailable | Signal::ImagefsInodesFree if dedicated_imagefs => u.rootfs,
-        _ => u.rootfs + u.logs,
+    match signal.pod_parts(dedicated_imagefs) {
+        Some(p) => u.rootfs.only(p.rootfs) + u.logs.only(p.logs),
+        // Not a disk signal: as without a dedicated imagefs.
+        None => u.rootfs + u.logs,
     }
 }
 
@@ -252,10 +253,10 @@ impl Ranker {
         let none = BTreeSet::new();
         let mut out = Vec::new();
         for &s in signals {
-            let ranked = match s {
-                Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => self.memory(&none),
-                Signal::PidAvailable => self.pids(&none),
-                _ => self.disk(s, &none).await,
+            let ranked = match s.ranking() {
+                Ranking::Memory => self.memory(&none),
+                Ranking::Pids => self.pids(&none),
+                Ranking::Disk => self.disk(s, &none).await,
             };
             out.extend(ranked.into_iter().enumerate().map(|(i, v)| RankEntry {
                 signal: s.to_string(),
