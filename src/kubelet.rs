@@ -8,25 +8,20 @@
 //! (generatePodSandboxConfig), `kuberuntime_container.go`
 //! (generateContainerConfig), `labels.go`, `pkg/kubelet/cm/helpers_linux.go`
 //! (cgroup parents) and `pkg/kubelet/qos/policy.go` (`oom_score_adj`).
+//!
+//! Not part of criguard itself: it is built only for tests and with the
+//! `test-pods` feature, which every test, bench and example gets through the
+//! crate's dev-dependency on itself. The label and annotation names that
+//! criguard reads live in [`crate::model::keys`] and are re-exported here.
 
 use std::collections::HashMap;
 
 use k8s_cri::v1 as cri;
 
-/// Pod label: pod name.
-pub const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
-/// Pod label: pod namespace.
-pub const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
-/// Pod label: pod UID.
-pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
-/// Container label: container name.
-pub const LABEL_CONTAINER_NAME: &str = "io.kubernetes.container.name";
-/// Container annotation: the pod's termination grace period in seconds.
-pub const ANNOTATION_GRACE: &str = "io.kubernetes.pod.terminationGracePeriod";
-/// Container annotation: restart count.
-pub const ANNOTATION_RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
-/// Pod annotation: where the kubelet learned of the pod (`file` for static pods).
-pub const ANNOTATION_CONFIG_SOURCE: &str = "kubernetes.io/config.source";
+pub use crate::model::keys::{
+    ANNOTATION_CONFIG_SOURCE, ANNOTATION_GRACE, ANNOTATION_RESTART_COUNT, LABEL_CONTAINER_NAME,
+    LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID,
+};
 
 /// The kubelet's CPU CFS period in microseconds.
 pub const CPU_PERIOD_US: i64 = 100_000;

@@ -9,14 +9,17 @@ pub mod admin;
 pub mod config;
 pub mod cri;
 pub mod kube;
+#[cfg(any(test, feature = "test-pods"))]
 pub mod kubelet;
 pub mod limits;
 pub mod listen;
 pub mod metrics;
 pub mod model;
+pub mod node_state;
 pub mod policy;
 pub mod quantity;
 pub mod reclaim;
 pub mod runtime;
+pub mod signal;
 pub mod signals;
 pub mod statefile;

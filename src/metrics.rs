@@ -14,13 +14,73 @@ use std::sync::Arc;
 
 use std::time::Instant;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::fmt::Write as _;
 use std::sync::atomic::AtomicI64;
+
+use crate::model::QosClass;
+use crate::policy::admission::Refusal;
+use crate::signal::{Condition, Signal};
+
+/// An enum whose variants are metric label values, each written as its text.
+macro_rules! label_values {
+    ($(#[$m:meta])* pub enum $name:ident {
+        $($(#[$vm:meta])* $v:ident => $text:literal,)+
+    }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$vm])* $v,)+
+        }
+
+        impl $name {
+            /// The label value.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$v => $text,)+
+                }
+            }
+        }
+
+        impl EncodeLabelValue for $name {
+            fn encode(&self, e: &mut LabelValueEncoder) -> std::fmt::Result {
+                e.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+/// Label values that are criguard's own types, written as their names.
+macro_rules! label_value_by {
+    ($($t:ty => $f:expr;)+) => {
+        $(impl EncodeLabelValue for $t {
+            fn encode(&self, e: &mut LabelValueEncoder) -> std::fmt::Result {
+                let name: fn(&$t) -> &'static str = $f;
+                e.write_str(name(self))
+            }
+        })+
+    };
+}
+
+label_value_by! {
+    Signal => |s| s.name();
+    Refusal => |r| r.label();
+    Condition => |c| match c {
+        Condition::MemoryPressure => "MemoryPressure",
+        Condition::DiskPressure => "DiskPressure",
+        Condition::PIDPressure => "PIDPressure",
+    };
+    QosClass => |q| match q {
+        QosClass::Guaranteed => "Guaranteed",
+        QosClass::Burstable => "Burstable",
+        QosClass::BestEffort => "BestEffort",
+    };
+}
 
 /// Labels of one CRI call.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -131,24 +191,31 @@ impl TaskEventMetrics {
 /// Labels naming an eviction signal.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SignalLabels {
-    /// The kubelet's signal name.
-    pub signal: String,
+    /// The signal, by the kubelet's name.
+    pub signal: Signal,
 }
 
 /// Labels naming a node condition.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConditionLabels {
     /// `MemoryPressure`, `DiskPressure` or `PIDPressure`.
-    pub condition: String,
+    pub condition: Condition,
+}
+
+/// Labels of an admission refusal.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// Why: `Evicted`, `DiskPressure` or `MemoryPressure`.
+    pub condition: Refusal,
 }
 
 /// Labels of an eviction.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EvictionLabels {
     /// The signal whose threshold was met.
-    pub signal: String,
+    pub signal: Signal,
     /// The evicted pod's QoS class.
-    pub qos: String,
+    pub qos: QosClass,
 }
 
 /// Labels saying what started an eviction round.
@@ -157,7 +224,7 @@ pub struct TriggerLabels {
     /// `tick` (housekeeping), `deadline` (a grace or transition period
     /// ran out), or the memory event: `memcg_threshold`, `psi` or
     /// `memory_events`.
-    pub trigger: String,
+    pub trigger: &'static str,
 }
 
 /// Metrics of the eviction manager and admission.
@@ -172,7 +239,7 @@ pub struct EvictionMetrics {
     /// Pods evicted, by signal and QoS class.
     pub evictions: Family<EvictionLabels, Counter>,
     /// RunPodSandbox calls refused by admission, by the condition or reason.
-    pub admission_refusals: Family<ConditionLabels, Counter>,
+    pub admission_refusals: Family<RefusalLabels, Counter>,
     /// From the first observation of a met threshold to the pod's StopPodSandbox returning.
     pub pressure_to_action: Histogram,
     /// Eviction rounds, by what started them.
@@ -233,7 +300,17 @@ impl EvictionMetrics {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActionLabels {
     /// `image_gc` or `container_gc`.
-    pub action: String,
+    pub action: Action,
+}
+
+label_values! {
+    /// A node-level reclaim action.
+    pub enum Action {
+        /// Unused images removed.
+        ImageGc => "image_gc",
+        /// Dead containers and sandboxes removed.
+        ContainerGc => "container_gc",
+    }
 }
 
 /// Metrics of image and container garbage collection.
@@ -262,10 +339,8 @@ impl ReclaimMetrics {
     }
 
     /// Records one action's removals and the bytes they freed.
-    pub fn record(&self, action: &str, removed: u64, bytes: u64) {
-        let l = ActionLabels {
-            action: action.to_owned(),
-        };
+    pub fn record(&self, action: Action, removed: u64, bytes: u64) {
+        let l = ActionLabels { action };
         self.removed.get_or_create(&l).inc_by(removed);
         self.bytes.get_or_create(&l).inc_by(bytes);
     }
@@ -275,16 +350,58 @@ impl ReclaimMetrics {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KubeWriteLabels {
     /// `pod_status`, `event`, `pod_delete`, `node_conditions` or `node_taints`.
-    pub write: String,
+    pub write: KubeWrite,
     /// `ok` or `failed`.
-    pub outcome: String,
+    pub outcome: WriteOutcome,
+}
+
+label_values! {
+    /// A kind of Kubernetes API write.
+    pub enum KubeWrite {
+        /// An evicted pod's status (Failed, Evicted).
+        PodStatus => "pod_status",
+        /// The eviction's event.
+        Event => "event",
+        /// The delete of a pod the kubelet reverted to Running.
+        PodDelete => "pod_delete",
+        /// criguard's node conditions.
+        NodeConditions => "node_conditions",
+        /// criguard's node taints.
+        NodeTaints => "node_taints",
+    }
+}
+
+label_values! {
+    /// How an API write went.
+    pub enum WriteOutcome {
+        /// Written.
+        Ok => "ok",
+        /// Refused or not answered.
+        Failed => "failed",
+    }
 }
 
 /// Labels of what became of an evicted pod's report.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KubeOutcomeLabels {
     /// `written`, `settled`, `reverted`, `deleted` or `failed`.
-    pub outcome: String,
+    pub outcome: PodOutcome,
+}
+
+label_values! {
+    /// What became of an evicted pod's report.
+    pub enum PodOutcome {
+        /// Status Failed/Evicted written.
+        Written => "written",
+        /// Stayed Failed until deleted or for the whole watch.
+        Settled => "settled",
+        /// The kubelet wrote Running back.
+        Reverted => "reverted",
+        /// Deleted after a revert.
+        Deleted => "deleted",
+        /// Status never written.
+        Failed => "failed",
+    }
 }
 
 /// Metrics of the Kubernetes API report.
@@ -314,22 +431,21 @@ impl KubeMetrics {
     }
 
     /// Counts one write attempt.
-    pub fn write(&self, write: &str, ok: bool) {
-        let outcome = if ok { "ok" } else { "failed" };
+    pub fn write(&self, write: KubeWrite, ok: bool) {
+        let outcome = if ok {
+            WriteOutcome::Ok
+        } else {
+            WriteOutcome::Failed
+        };
         self.writes
-            .get_or_create(&KubeWriteLabels {
-                write: write.to_owned(),
-                outcome: outcome.to_owned(),
-            })
+            .get_or_create(&KubeWriteLabels { write, outcome })
             .inc();
     }
 
     /// Counts one evicted pod's outcome.
-    pub fn pod(&self, outcome: &str) {
+    pub fn pod(&self, outcome: PodOutcome) {
         self.pods
-            .get_or_create(&KubeOutcomeLabels {
-                outcome: outcome.to_owned(),
-            })
+            .get_or_create(&KubeOutcomeLabels { outcome })
             .inc();
     }
 }
@@ -414,5 +530,47 @@ pub fn code_name(code: i32) -> &'static str {
         15 => "DataLoss",
         16 => "Unauthenticated",
         _ => "Unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Typed label values are written as the names operators query by.
+    #[test]
+    fn typed_labels_are_written_by_their_names() {
+        let m = Metrics::new();
+        let e = &m.eviction;
+        e.evictions
+            .get_or_create(&EvictionLabels {
+                signal: Signal::AllocatableMemoryAvailable,
+                qos: QosClass::BestEffort,
+            })
+            .inc();
+        e.condition
+            .get_or_create(&ConditionLabels {
+                condition: Condition::PIDPressure,
+            })
+            .set(1);
+        e.admission_refusals
+            .get_or_create(&RefusalLabels {
+                condition: Refusal::Evicted,
+            })
+            .inc();
+        m.reclaim.record(Action::ContainerGc, 2, 4096);
+        m.kube.write(KubeWrite::NodeTaints, false);
+        m.kube.pod(PodOutcome::Reverted);
+        let text = m.encode();
+        for want in [
+            r#"criguard_evictions_total{signal="allocatableMemory.available",qos="BestEffort"} 1"#,
+            r#"{condition="PIDPressure"} 1"#,
+            r#"criguard_admission_refusals_total{condition="Evicted"} 1"#,
+            r#"criguard_reclaimed_bytes_total{action="container_gc"} 4096"#,
+            r#"criguard_kube_writes_total{write="node_taints",outcome="failed"} 1"#,
+            r#"criguard_kube_evicted_pods_total{outcome="reverted"} 1"#,
+        ] {
+            assert!(text.contains(want), "{want} not in:\n{text}");
+        }
     }
 }

@@ -39,9 +39,7 @@ impl Scenario {
         let cg = CgroupRoot(root.clone());
         let ctrd = PrivateContainerd::start();
         let kubepods = format!("{root}/kubepods");
-        std::fs::create_dir_all(format!("/sys/fs/cgroup/memory{kubepods}")).unwrap();
-        let limit = format!("/sys/fs/cgroup/memory{kubepods}/memory.limit_in_bytes");
-        std::fs::write(limit, (320 * MI).to_string()).unwrap();
+        common::memcg::limited(&kubepods, Some(320 * MI), None);
         let dir = ctrd.dir.to_str().unwrap().to_owned();
         let port = common::metrics::free_port();
         let metrics_address = format!("127.0.0.1:{port}");

@@ -46,13 +46,7 @@ async fn oom_scenario(dynamic: bool) -> Outcome {
     let _cg = CgroupRoot(root.clone());
     let ctrd = PrivateContainerd::start();
     // The pods' memory cgroup with a small limit, made before any pod.
-    let kubepods = format!("/sys/fs/cgroup/memory{root}/kubepods");
-    std::fs::create_dir_all(&kubepods).unwrap();
-    std::fs::write(
-        format!("{kubepods}/memory.limit_in_bytes"),
-        LIMIT.to_string(),
-    )
-    .unwrap();
+    common::memcg::limited(&format!("{root}/kubepods"), Some(LIMIT), None);
 
     let listen = ctrd.dir.join("criguard.sock");
     let switch = if dynamic {

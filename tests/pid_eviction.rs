@@ -27,9 +27,7 @@ async fn the_pod_with_most_tasks_goes_under_pid_pressure() {
     let root = format!("/{}", unique("criguard-pid"));
     let _cg = CgroupRoot(root.clone());
     let kubepods = format!("{root}/kubepods");
-    let dir = format!("/sys/fs/cgroup/pids{kubepods}");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(format!("{dir}/pids.max"), PIDS_MAX.to_string()).unwrap();
+    common::memcg::limited(&kubepods, None, Some(PIDS_MAX as i64));
     let ctrd = PrivateContainerd::start();
 
     let args = [

@@ -14,7 +14,7 @@ use super::convert::{ConditionsReport, ConvertError};
 use super::pb;
 use super::pb::admin_client::AdminClient;
 use crate::model::Pod;
-use crate::reclaim::evict::Eviction;
+use crate::node_state::Eviction;
 use crate::reclaim::oom_kills::OomKill;
 use crate::reclaim::rank::{NotRanked, RankEntry};
 use crate::runtime::MAX_MESSAGE;

@@ -24,7 +24,7 @@ use super::pb::admin_server::{Admin, AdminServer};
 use crate::accept::Acceptor;
 use crate::config::Signal;
 use crate::model::{NodeModel, sync};
-use crate::reclaim::evict::NodeStatus;
+use crate::node_state::NodeStatus;
 use crate::reclaim::oom_kills::OomKills;
 use crate::reclaim::rank::Ranker;
 use crate::runtime::Upstream;

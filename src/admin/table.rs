@@ -5,7 +5,7 @@
 use super::client::EvictionsReport;
 use crate::config::Signal;
 use crate::model::Pod;
-use crate::reclaim::evict::Eviction;
+use crate::node_state::Eviction;
 use crate::reclaim::rank::RankEntry;
 use crate::signals::usage::NodeUsage;
 

@@ -25,70 +25,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::quantity::{self, QuantityError};
-
-/// An eviction signal, by the kubelet's name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Signal {
-    /// `memory.available`: node capacity − node working set.
-    MemoryAvailable,
-    /// `allocatableMemory.available`: pods' allocatable − pods' working set.
-    AllocatableMemoryAvailable,
-    /// `nodefs.available`: free bytes of the kubelet's filesystem.
-    NodefsAvailable,
-    /// `nodefs.inodesFree`: free inodes of the kubelet's filesystem.
-    NodefsInodesFree,
-    /// `imagefs.available`: free bytes of the runtime's filesystem.
-    ImagefsAvailable,
-    /// `imagefs.inodesFree`: free inodes of the runtime's filesystem.
-    ImagefsInodesFree,
-    /// `pid.available`: pid limit − processes.
-    PidAvailable,
-}
-
-impl Signal {
-    /// Every signal, in display order.
-    pub const ALL: [Signal; 7] = [
-        Signal::MemoryAvailable,
-        Signal::AllocatableMemoryAvailable,
-        Signal::NodefsAvailable,
-        Signal::NodefsInodesFree,
-        Signal::ImagefsAvailable,
-        Signal::ImagefsInodesFree,
-        Signal::PidAvailable,
-    ];
-
-    /// The kubelet's name of the signal.
-    pub fn name(self) -> &'static str {
-        match self {
-            Signal::MemoryAvailable => "memory.available",
-            Signal::AllocatableMemoryAvailable => "allocatableMemory.available",
-            Signal::NodefsAvailable => "nodefs.available",
-            Signal::NodefsInodesFree => "nodefs.inodesFree",
-            Signal::ImagefsAvailable => "imagefs.available",
-            Signal::ImagefsInodesFree => "imagefs.inodesFree",
-            Signal::PidAvailable => "pid.available",
-        }
-    }
-
-    /// The signal with this name.
-    pub fn parse(name: &str) -> Option<Signal> {
-        Signal::ALL.into_iter().find(|s| s.name() == name)
-    }
-
-    /// Whether the signal counts bytes (else inodes or pids).
-    pub fn is_bytes(self) -> bool {
-        !matches!(
-            self,
-            Signal::NodefsInodesFree | Signal::ImagefsInodesFree | Signal::PidAvailable
-        )
-    }
-}
-
-impl std::fmt::Display for Signal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use crate::signal::Signal;
 
 /// A threshold amount: absolute, or a percentage of the signal's capacity.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -19,8 +19,8 @@ use super::frame;
 use super::observe::Observer;
 use super::proxy::Proxy;
 use crate::model::NodeModel;
+use crate::node_state::NodeStatus;
 use crate::policy::thresholds::Condition;
-use crate::reclaim::evict::NodeStatus;
 use crate::runtime::RuntimeEndpoint;
 
 /// Bytes criguard may queue beyond what the peers sent it: its own

@@ -26,7 +26,7 @@ pub struct Fields {
 
 /// A shadow HPACK decoder for one direction of a connection.
 pub struct Reader {
-    decoder: loona_hpack::Decoder<'static>,
+    decoder: super::hpack::Decoder,
     broken: bool,
 }
 
@@ -51,7 +51,7 @@ impl Reader {
         // enforces its SETTINGS_HEADER_TABLE_SIZE, and a block it refuses
         // ends the connection there.
         Self {
-            decoder: loona_hpack::Decoder::new(),
+            decoder: super::hpack::Decoder::new(),
             broken: false,
         }
     }
@@ -70,17 +70,16 @@ impl Reader {
             return None;
         }
         let mut fields = Fields::default();
-        let decoded = self.decoder.decode_with_cb(block, |name, value| {
-            match name.as_ref() {
-                b":path" => fields.path = Some(String::from_utf8_lossy(&value).into_owned()),
+        let decoded = self.decoder.decode(block, |name, value| {
+            match name {
+                b":path" => fields.path = Some(String::from_utf8_lossy(value).into_owned()),
                 b"grpc-status" => {
-                    fields.grpc_status = std::str::from_utf8(&value)
-                        .ok()
-                        .and_then(|v| v.parse().ok())
+                    fields.grpc_status =
+                        std::str::from_utf8(value).ok().and_then(|v| v.parse().ok())
                 }
                 b"content-length" => fields.content_length = true,
                 b"grpc-message" => {
-                    fields.grpc_message = Some(String::from_utf8_lossy(&value).into_owned())
+                    fields.grpc_message = Some(String::from_utf8_lossy(value).into_owned())
                 }
                 _ => {}
             };
@@ -113,7 +112,7 @@ fn string(out: &mut BytesMut, s: &[u8]) {
 }
 
 /// An HPACK integer with an `n`-bit prefix under the high bits `high`.
-fn integer(out: &mut BytesMut, n: u8, high: u8, mut v: usize) {
+pub(crate) fn integer(out: &mut BytesMut, n: u8, high: u8, mut v: usize) {
     let max = (1usize << n) - 1;
     if v < max {
         out.put_u8(high | v as u8);

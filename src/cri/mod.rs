@@ -15,6 +15,7 @@ pub mod frame;
 pub mod fuzz;
 pub mod headers;
 mod held;
+pub mod hpack;
 pub mod methods;
 pub mod observe;
 pub mod out;

@@ -12,11 +12,11 @@ use bytes::{Bytes, BytesMut};
 use k8s_cri::v1 as cri;
 use prost::Message;
 
-use crate::metrics::ConditionLabels;
+use crate::metrics::RefusalLabels;
 use crate::model::{ContainerState, NodeModel, SandboxState, convert, derive};
+use crate::node_state::ImageUses;
+use crate::node_state::NodeStatus;
 use crate::policy::admission;
-use crate::reclaim::evict::NodeStatus;
-use crate::reclaim::image_gc::ImageUses;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
@@ -103,7 +103,7 @@ pub struct RequestPlan {
 pub struct Observer {
     model: Arc<RwLock<NodeModel>>,
     status: Option<Arc<RwLock<NodeStatus>>>,
-    refusals: Option<Family<ConditionLabels, Counter>>,
+    refusals: Option<Family<RefusalLabels, Counter>>,
     image_uses: Option<ImageUses>,
 }
 
@@ -128,7 +128,7 @@ impl Observer {
     pub fn with_admission(
         mut self,
         status: Arc<RwLock<NodeStatus>>,
-        refusals: Family<ConditionLabels, Counter>,
+        refusals: Family<RefusalLabels, Counter>,
     ) -> Self {
         self.status = Some(status);
         self.refusals = Some(refusals);
@@ -169,10 +169,7 @@ impl Observer {
         }
         drop(st);
         if let Some(r) = &self.refusals {
-            r.get_or_create(&ConditionLabels {
-                condition: refusal.label().to_owned(),
-            })
-            .inc();
+            r.get_or_create(&RefusalLabels { condition: refusal }).inc();
         }
         let pod = config
             .metadata

@@ -11,8 +11,8 @@ use super::frame::{self, Head, error, flag, kind, setting};
 use super::observe::{self, Observer};
 use super::proxy::Proxy;
 use crate::model::NodeModel;
+use crate::node_state::NodeStatus;
 use crate::policy::thresholds::Condition;
-use crate::reclaim::evict::NodeStatus;
 use crate::runtime::RuntimeEndpoint;
 
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";

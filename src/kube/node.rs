@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::{Backoff, Inner, body, bounded};
+use crate::metrics::KubeWrite;
 use crate::policy::thresholds::Condition;
 
 /// Runs until the sender is dropped.
@@ -72,7 +73,9 @@ async fn apply(inner: &Inner, api: &Api<Node>, wanted: &BTreeSet<Condition>) -> 
             &Patch::Strategic(&patch),
         ))
         .await;
-        inner.metrics.write("node_conditions", answer.is_ok());
+        inner
+            .metrics
+            .write(KubeWrite::NodeConditions, answer.is_ok());
         let updated = answer?;
         tracing::info!(node = %inner.node, conditions = ?wanted.iter().map(|c| body::condition_type(*c)).collect::<Vec<_>>(), "criguard's node conditions updated");
         rv = updated.metadata.resource_version.unwrap_or_default();
@@ -94,7 +97,7 @@ async fn apply(inner: &Inner, api: &Api<Node>, wanted: &BTreeSet<Condition>) -> 
         let patch = json!({ "metadata": { "resourceVersion": rv }, "spec": { "taints": taints } });
         let answer =
             bounded(api.patch(&inner.node, &PatchParams::default(), &Patch::Merge(&patch))).await;
-        inner.metrics.write("node_taints", answer.is_ok());
+        inner.metrics.write(KubeWrite::NodeTaints, answer.is_ok());
         answer?;
         tracing::info!(node = %inner.node, taints = ?wanted.iter().map(|c| body::taint_key(*c)).collect::<Vec<_>>(), "criguard's NoSchedule taints updated");
     }

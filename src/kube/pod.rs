@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::{Backoff, Inner, PodEviction, body, bounded, code_of};
+use crate::metrics::{KubeWrite, PodOutcome};
 
 /// How long a pod is watched for a revert to Running after its status was
 /// written (the kubelet reverts within seconds when it does).
@@ -48,20 +49,20 @@ pub(super) async fn report(inner: Arc<Inner>, e: PodEviction, first: oneshot::Se
         }
         match answer {
             Ok(p) => {
-                inner.metrics.write("pod_status", true);
-                inner.metrics.pod("written");
+                inner.metrics.write(KubeWrite::PodStatus, true);
+                inner.metrics.pod(PodOutcome::Written);
                 tracing::info!(%pod, uid = %e.uid, "pod status written: Failed, Evicted");
                 break p.metadata.resource_version.unwrap_or_default();
             }
             Err(err) => {
-                inner.metrics.write("pod_status", false);
+                inner.metrics.write(KubeWrite::PodStatus, false);
                 if matches!(code_of(&err), Some(404 | 409)) {
-                    inner.metrics.pod("failed");
+                    inner.metrics.pod(PodOutcome::Failed);
                     tracing::warn!(%pod, uid = %e.uid, %err, "pod status not written: the pod is gone from the API (or a new pod has its name)");
                     return;
                 }
                 if backoff.attempts + 1 >= STATUS_ATTEMPTS {
-                    inner.metrics.pod("failed");
+                    inner.metrics.pod(PodOutcome::Failed);
                     tracing::error!(%pod, uid = %e.uid, %err, attempts = STATUS_ATTEMPTS, "pod status not written; giving up");
                     return;
                 }
@@ -75,7 +76,7 @@ pub(super) async fn report(inner: Arc<Inner>, e: PodEviction, first: oneshot::Se
     if watch_for_revert(&api, &e, rv).await {
         revert(&inner, &api, &e).await;
     } else {
-        inner.metrics.pod("settled");
+        inner.metrics.pod(PodOutcome::Settled);
         tracing::debug!(%pod, "evicted pod stayed Failed");
     }
 }
@@ -95,11 +96,11 @@ async fn event(inner: &Inner, e: &PodEviction, rv: &str) {
         };
         match bounded(api.create(&PostParams::default(), &ev)).await {
             Ok(_) => {
-                inner.metrics.write("event", true);
+                inner.metrics.write(KubeWrite::Event, true);
                 return;
             }
             Err(err) => {
-                inner.metrics.write("event", false);
+                inner.metrics.write(KubeWrite::Event, false);
                 if backoff.attempts + 1 >= EVENT_ATTEMPTS || code_of(&err) == Some(403) {
                     tracing::warn!(pod = %e.name, %err, "eviction event not recorded");
                     return;
@@ -204,7 +205,7 @@ async fn watch_for_revert(api: &Api<Pod>, e: &PodEviction, mut rv: String) -> bo
 
 /// The kubelet wrote Running back: delete the pod (this UID only, at once).
 async fn revert(inner: &Inner, api: &Api<Pod>, e: &PodEviction) {
-    inner.metrics.pod("reverted");
+    inner.metrics.pod(PodOutcome::Reverted);
     tracing::warn!(pod = %e.name, uid = %e.uid, "evicted pod reported Running again by the kubelet; deleting it so its controller replaces it");
     let dp = DeleteParams {
         grace_period_seconds: Some(0),
@@ -218,13 +219,13 @@ async fn revert(inner: &Inner, api: &Api<Pod>, e: &PodEviction) {
     loop {
         match bounded(api.delete(&e.name, &dp)).await {
             Ok(_) => {
-                inner.metrics.write("pod_delete", true);
-                inner.metrics.pod("deleted");
+                inner.metrics.write(KubeWrite::PodDelete, true);
+                inner.metrics.pod(PodOutcome::Deleted);
                 tracing::info!(pod = %e.name, uid = %e.uid, "evicted pod deleted");
                 return;
             }
             Err(err) => {
-                inner.metrics.write("pod_delete", false);
+                inner.metrics.write(KubeWrite::PodDelete, false);
                 if matches!(code_of(&err), Some(404 | 409))
                     || backoff.attempts + 1 >= STATUS_ATTEMPTS
                 {

@@ -26,7 +26,7 @@ pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 pub const PRIORITY_ANNOTATION: &str = "criguard.io/priority";
 /// Pod annotation the kubelet sets to the pod's source
 /// (`pkg/kubelet/types/pod_update.go`, ConfigSourceAnnotationKey).
-pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
+pub const CONFIG_SOURCE_ANNOTATION: &str = super::keys::ANNOTATION_CONFIG_SOURCE;
 
 /// QoS class from `LinuxPodSandboxConfig.cgroup_parent`.
 ///

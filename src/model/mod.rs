@@ -18,6 +18,7 @@
 pub mod convert;
 pub mod derive;
 pub mod events;
+pub mod keys;
 pub mod sync;
 
 use std::collections::{BTreeMap, HashMap};
@@ -466,7 +467,7 @@ impl NodeModel {
         let critical = derive::is_critical(static_pod, priority, qos, &adjs);
         let grace_period_s = infos.iter().find_map(|c| {
             c.annotations
-                .get(crate::kubelet::ANNOTATION_GRACE)
+                .get(keys::ANNOTATION_GRACE)
                 .and_then(|g| g.parse().ok())
         });
         let containers = infos

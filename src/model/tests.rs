@@ -22,7 +22,7 @@ fn container(id: &str, sandbox: &str, adj: i64, limit: i64) -> ContainerInfo {
         oom_score_adj: adj,
         memory_limit: limit,
         state: Some(ContainerState::Running),
-        annotations: HashMap::from([(crate::kubelet::ANNOTATION_GRACE.into(), "45".into())]),
+        annotations: HashMap::from([(crate::model::keys::ANNOTATION_GRACE.into(), "45".into())]),
         ..Default::default()
     }
 }

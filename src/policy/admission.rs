@@ -10,7 +10,7 @@ use super::thresholds::Condition;
 use crate::model::QosClass;
 
 /// Why a sandbox was refused; its name labels the refusal metric.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Refusal {
     /// criguard evicted this pod UID.
     Evicted,

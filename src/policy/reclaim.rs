@@ -6,6 +6,7 @@
 use std::cmp::Ordering;
 
 use crate::config::Signal;
+use crate::signal::{Filesystem, Source};
 
 /// Node-level reclaim, tried before any pod is evicted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,13 +24,10 @@ pub enum NodeAction {
 /// still removes dead containers for them: their logs live on nodefs.
 pub fn node_actions(signal: Signal, dedicated_imagefs: bool) -> &'static [NodeAction] {
     use NodeAction::*;
-    match signal {
-        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable | Signal::PidAvailable => &[],
-        Signal::NodefsAvailable | Signal::NodefsInodesFree if dedicated_imagefs => &[ContainerGc],
-        Signal::NodefsAvailable
-        | Signal::NodefsInodesFree
-        | Signal::ImagefsAvailable
-        | Signal::ImagefsInodesFree => &[ContainerGc, ImageGc],
+    match signal.source() {
+        Source::Memcg(_) | Source::Pids => &[],
+        Source::Statfs(Filesystem::Nodefs) if dedicated_imagefs => &[ContainerGc],
+        Source::Statfs(Filesystem::Nodefs | Filesystem::Imagefs) => &[ContainerGc, ImageGc],
     }
 }
 

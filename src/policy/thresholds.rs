@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::config::{EvictionConfig, Signal, Threshold};
+pub use crate::signal::Condition;
 
 /// One signal's reading: what is available and the capacity percentages refer to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,26 +50,6 @@ impl Observations {
     /// The reading of `signal`, if it was observed.
     pub fn get(&self, signal: &Signal) -> Option<&Observation> {
         self.signals.get(signal)
-    }
-}
-
-/// A node condition the kubelet reports under pressure.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Condition {
-    /// From `memory.available` and `allocatableMemory.available`.
-    MemoryPressure,
-    /// From the nodefs and imagefs signals.
-    DiskPressure,
-    /// From `pid.available`.
-    PIDPressure,
-}
-
-/// The condition a signal's thresholds raise.
-pub fn condition_of(signal: Signal) -> Condition {
-    match signal {
-        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Condition::MemoryPressure,
-        Signal::PidAvailable => Condition::PIDPressure,
-        _ => Condition::DiskPressure,
     }
 }
 
@@ -151,7 +132,7 @@ impl EvictionState {
             self.first_observed.entry(*k).or_insert(now);
         }
         for t in &met {
-            self.condition_seen.insert(condition_of(t.signal), now);
+            self.condition_seen.insert(t.signal.condition(), now);
         }
         let period = config.pressure_transition_period;
         let conditions = self

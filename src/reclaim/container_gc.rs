@@ -12,8 +12,8 @@ use std::path::PathBuf;
 
 use k8s_cri::v1 as cri;
 
-use crate::kubelet::LABEL_POD_UID;
-use crate::metrics::ReclaimMetrics;
+use crate::metrics::{Action, ReclaimMetrics};
+use crate::model::keys::LABEL_POD_UID;
 use crate::policy::gc::{
     DeadContainer, GcPolicy, SandboxRecord, containers_of_terminated_pods, containers_to_remove,
     sandboxes_to_remove,
@@ -145,7 +145,7 @@ impl ContainerGc {
         let mut report = self.remove(pressure).await;
         report.freed = freed_between(&before, &free_space(&self.filesystems));
         let n = (report.containers.len() + report.sandboxes.len()) as u64;
-        self.metrics.record("container_gc", n, report.freed);
+        self.metrics.record(Action::ContainerGc, n, report.freed);
         if n > 0 {
             tracing::info!(
                 containers = report.containers.len(),

@@ -31,7 +31,6 @@ use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_cri::v1 as cri;
-use serde::{Deserialize, Serialize};
 
 use crate::config::{EvictionConfig, Signal, Threshold};
 use crate::kube::{KubeReport, PodEviction};
@@ -39,7 +38,7 @@ use crate::metrics::{
     ConditionLabels, EvictionLabels, EvictionMetrics, Metrics, SignalLabels, TriggerLabels,
 };
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
-use crate::policy::evicted::EvictedPods;
+pub use crate::node_state::{Eviction, NodeStatus};
 use crate::policy::reclaim::{InFlight, NodeAction, PodUse, node_actions, pending, plan_victims};
 use crate::policy::thresholds::{Condition, EvictionState, Observations, deficit};
 use crate::quantity::format_bytes;
@@ -48,63 +47,11 @@ use crate::reclaim::evicted::{self, EvictedStore};
 use crate::reclaim::image_gc::ImageGc;
 use crate::reclaim::rank::{Ranker, Victim};
 use crate::runtime::Upstream;
+use crate::signal::Ranking;
 use crate::signals::disk::dedicated_imagefs;
 use crate::signals::events::{MemoryEvent, MemoryEvents};
 use crate::signals::node::NodeSources;
 use crate::signals::usage::UsageReader;
-
-/// One eviction, as logged and as `criguard evictions` shows it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Eviction {
-    /// When, ms since the epoch.
-    pub at_unix_ms: u64,
-    /// `namespace/name`.
-    pub pod: String,
-    /// Pod UID.
-    pub uid: String,
-    /// Sandbox id.
-    pub sandbox_id: String,
-    /// The signal whose threshold was met.
-    pub signal: String,
-    /// The threshold, as configured.
-    pub threshold: String,
-    /// The signal's available amount when the pod was chosen.
-    pub available: i64,
-    /// The pod's working set, bytes.
-    pub usage: i64,
-    /// The pod's memory request, bytes.
-    pub request: i64,
-    /// Grace given to its containers, seconds.
-    pub grace_s: i64,
-    /// The kubelet-style message.
-    pub message: String,
-    /// Decided but not carried out (`--dry-run`).
-    pub dry_run: bool,
-}
-
-/// What the rest of criguard needs to know: conditions, evicted pods, history.
-#[derive(Clone, Debug, Default)]
-pub struct NodeStatus {
-    /// Node conditions now.
-    pub conditions: BTreeSet<Condition>,
-    /// The pods criguard evicted: never admitted again (kept across restarts).
-    pub evicted: EvictedPods,
-    /// Every eviction since start.
-    pub evictions: Vec<Eviction>,
-    /// The last observations (none before the first round).
-    pub observations: Option<Observations>,
-    /// How many evictions were recorded; the admin API's WatchEvictions
-    /// waits on it.
-    pub recorded: tokio::sync::watch::Sender<usize>,
-}
-
-impl NodeStatus {
-    /// Appends `e` to the evictions and wakes every watcher.
-    pub fn record_eviction(&mut self, e: Eviction) {
-        self.evictions.push(e);
-        self.recorded.send_replace(self.evictions.len());
-    }
-}
 
 /// The eviction manager's state and handles.
 pub struct EvictionManager {
@@ -126,32 +73,6 @@ pub struct EvictionManager {
 /// How long a disk eviction's reclaim counts as on its way: containerd
 /// removes snapshots in its background garbage collection, within seconds.
 const IN_FLIGHT_FOR: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// How a signal is reclaimed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Class {
-    Memory,
-    Pid,
-    Disk,
-}
-
-fn class(s: Signal) -> Class {
-    match s {
-        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Class::Memory,
-        Signal::PidAvailable => Class::Pid,
-        _ => Class::Disk,
-    }
-}
-
-/// The kubelet's resource name for a signal, as its eviction messages say it.
-fn resource(s: Signal) -> &'static str {
-    match s {
-        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => "memory",
-        Signal::NodefsAvailable | Signal::ImagefsAvailable => "ephemeral-storage",
-        Signal::NodefsInodesFree | Signal::ImagefsInodesFree => "inodes",
-        Signal::PidAvailable => "pids",
-    }
-}
 
 impl EvictionManager {
     /// A manager acting on `config` with the given sources and handles.
@@ -217,9 +138,7 @@ impl EvictionManager {
     }
 
     fn publish(&self, obs: &Observations, conditions: &BTreeSet<Condition>) {
-        let label = |s: Signal| SignalLabels {
-            signal: s.to_string(),
-        };
+        let label = |signal: Signal| SignalLabels { signal };
         for (sig, o) in &obs.signals {
             self.metrics
                 .available
@@ -241,9 +160,7 @@ impl EvictionManager {
             Condition::PIDPressure,
         ] {
             let on = i64::from(conditions.contains(&c));
-            let labels = ConditionLabels {
-                condition: format!("{c:?}"),
-            };
+            let labels = ConditionLabels { condition: c };
             self.metrics.condition.get_or_create(&labels).set(on);
         }
     }
@@ -289,9 +206,7 @@ impl EvictionManager {
             if let Some(ev) = events.as_mut() {
                 ev.drain();
             }
-            let labels = TriggerLabels {
-                trigger: trigger.to_owned(),
-            };
+            let labels = TriggerLabels { trigger };
             self.metrics.rounds.get_or_create(&labels).inc();
             self.round().await;
             evicted::persist(&self.status, self.store.as_ref()).await;
@@ -330,15 +245,15 @@ impl EvictionManager {
         let mut reclaimed = BTreeSet::new();
         loop {
             let (obs, mut act_on) = self.observe();
-            act_on.sort_by_key(|t| class(t.signal));
+            act_on.sort_by_key(|t| t.signal.ranking());
             let Some(t) = act_on.into_iter().next() else {
                 break;
             };
             let ranking = Instant::now();
-            let victim = match class(t.signal) {
-                Class::Memory => self.ranker.memory(&tried).await.into_iter().next(),
-                Class::Pid => self.ranker.pids(&tried).await.into_iter().next(),
-                Class::Disk => {
+            let victim = match t.signal.ranking() {
+                Ranking::Memory => self.ranker.memory(&tried).await.into_iter().next(),
+                Ranking::Pids => self.ranker.pids(&tried).await.into_iter().next(),
+                Ranking::Disk => {
                     if reclaimed.insert(t.signal) && self.reclaim_node(&t, &obs).await {
                         continue; // observe again: it may have been enough
                     }
@@ -475,7 +390,7 @@ impl EvictionManager {
                     name: pod.name.clone(),
                     uid: pod.uid.clone(),
                     message: e.message.clone(),
-                    resource: resource(t.signal).to_owned(),
+                    resource: t.signal.resource().name().to_owned(),
                     offending: offending.filter(|_| t.signal.is_bytes()),
                 })
                 .await;
@@ -491,7 +406,7 @@ impl EvictionManager {
             if let Some(saving) = saving {
                 let _ = saving.await;
             }
-            if class(t.signal) == Class::Disk {
+            if t.signal.ranking() == Ranking::Disk {
                 self.in_flight.push(InFlight {
                     signal: t.signal,
                     amount: v.reclaimable,
@@ -507,8 +422,8 @@ impl EvictionManager {
                 }
             }
             let labels = EvictionLabels {
-                signal: e.signal.clone(),
-                qos: format!("{:?}", pod.qos),
+                signal: t.signal,
+                qos: pod.qos,
             };
             self.metrics.evictions.get_or_create(&labels).inc();
             let mut m = self.model.write().unwrap_or_else(|e| e.into_inner());
@@ -587,7 +502,7 @@ pub fn eviction_message(
     available: i64,
     heaviest: Option<&(String, i64, i64)>,
 ) -> String {
-    let res = resource(t.signal);
+    let res = t.signal.resource().name();
     let show = |v: i64| {
         if t.signal.is_bytes() {
             format_bytes(v.max(0) as u64)

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use std::sync::RwLock;
 
+use crate::node_state::{Eviction, NodeStatus};
 use crate::policy::evicted::EvictedPods;
-use crate::reclaim::evict::{Eviction, NodeStatus};
 
 /// The file's name in the state directory.
 pub const FILE_NAME: &str = "evicted-pods.json";

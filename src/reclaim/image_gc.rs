@@ -16,37 +16,20 @@
 //! image (containerd's `sandboxImage`) and images the runtime marks pinned
 //! are never removed.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
 
 use k8s_cri::v1 as cri;
 
-use crate::metrics::ReclaimMetrics;
+use crate::metrics::{Action, ReclaimMetrics};
+pub use crate::node_state::ImageUses;
+use crate::node_state::now_ms;
 use crate::policy::image_gc::{
     ImageGcPolicy, ImageRecord, ImageTimes, Listed, bytes_to_free, candidates, too_old,
 };
 use crate::quantity::format_bytes;
 use crate::runtime::Upstream;
 use crate::signals::node::fs_stats;
-
-/// Image uses seen between collections (a container created through the
-/// proxy): image reference as the kubelet wrote it → when, ms since the epoch.
-#[derive(Clone, Debug, Default)]
-pub struct ImageUses(Arc<Mutex<HashMap<String, i64>>>);
-
-impl ImageUses {
-    /// Records that a container was just created from `image`.
-    pub fn touch(&self, image: &str) {
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        m.insert(image.to_owned(), now_ms());
-    }
-
-    fn take(&self) -> HashMap<String, i64> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-}
 
 /// Why an image was removed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -96,12 +79,6 @@ struct Inner {
     uses: ImageUses,
     times: tokio::sync::Mutex<ImageTimes>,
     metrics: ReclaimMetrics,
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Docker-style normalisation of an image reference (`busybox` →
@@ -246,7 +223,7 @@ impl ImageGc {
         };
         inner
             .metrics
-            .record("image_gc", report.removed.len() as u64, report.freed);
+            .record(Action::ImageGc, report.removed.len() as u64, report.freed);
         if !report.removed.is_empty() {
             tracing::info!(
                 removed = report.removed.len(),

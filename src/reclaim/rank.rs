@@ -13,6 +13,7 @@ use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
 use crate::policy::rank::{PodMemory, near, rank_memory};
 use crate::policy::reclaim::{PodUse, rank_usage};
 use crate::policy::thresholds::Observation;
+use crate::signal::Ranking;
 use crate::signals::disk::DiskUsage;
 use crate::signals::node::NodeSources;
 use crate::signals::usage::{PodUsage, UsageReader, counted};
@@ -92,10 +93,10 @@ pub fn memory_input(pod: &Pod, usage: Option<i64>) -> PodMemory {
 /// writable layers and logs (emptyDirs stay), limited to the filesystem
 /// the signal watches.
 pub fn reclaimable(signal: Signal, u: &PodUsage, dedicated_imagefs: bool) -> DiskUsage {
-    match signal {
-        Signal::NodefsAvailable | Signal::NodefsInodesFree if dedicated_imagefs => u.logs,
-        Signal::ImagefsAvailable | Signal::ImagefsInodesFree if dedicated_imagefs => u.rootfs,
-        _ => u.rootfs + u.logs,
+    match signal.pod_parts(dedicated_imagefs) {
+        Some(p) => u.rootfs.only(p.rootfs) + u.logs.only(p.logs),
+        // Not a disk signal: as without a dedicated imagefs.
+        None => u.rootfs + u.logs,
     }
 }
 
@@ -242,7 +243,7 @@ impl Ranker {
         let none = BTreeSet::new();
         let mut out = Vec::new();
         let mut not_ranked = Vec::new();
-        let observed = match signals.iter().any(|s| kind(*s) == Kind::Disk) {
+        let observed = match signals.iter().any(|s| s.ranking() == Ranking::Disk) {
             true => {
                 let sources = self.sources.clone();
                 Some(blocking(move || sources.observe()).await)
@@ -250,10 +251,10 @@ impl Ranker {
             false => None,
         };
         for &s in signals {
-            let ranked = match kind(s) {
-                Kind::Memory => self.memory(&none).await,
-                Kind::Pid => self.pids(&none).await,
-                Kind::Disk => {
+            let ranked = match s.ranking() {
+                Ranking::Memory => self.memory(&none).await,
+                Ranking::Pids => self.pids(&none).await,
+                Ranking::Disk => {
                     let obs = observed.as_ref().and_then(|o| o.get(&s));
                     let thresholds: Vec<&Threshold> =
                         self.thresholds.iter().filter(|t| t.signal == s).collect();
@@ -329,25 +330,6 @@ pub fn disk_ranking_wanted(
             available: o.available,
             threshold: t.amount_display(),
         }),
-    }
-}
-
-/// How a signal's pods are ranked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Memory,
-    Pid,
-    Disk,
-}
-
-fn kind(s: Signal) -> Kind {
-    match s {
-        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Kind::Memory,
-        Signal::PidAvailable => Kind::Pid,
-        Signal::NodefsAvailable
-        | Signal::NodefsInodesFree
-        | Signal::ImagefsAvailable
-        | Signal::ImagefsInodesFree => Kind::Disk,
     }
 }
 

@@ -29,6 +29,13 @@ pub struct DiskUsage {
     pub inodes: u64,
 }
 
+impl DiskUsage {
+    /// This usage when `counted`, else nothing.
+    pub fn only(self, counted: bool) -> DiskUsage {
+        if counted { self } else { DiskUsage::default() }
+    }
+}
+
 impl std::ops::Add for DiskUsage {
     type Output = DiskUsage;
     fn add(self, o: DiskUsage) -> DiskUsage {

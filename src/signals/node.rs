@@ -9,6 +9,7 @@
 //! - `pid.available` = the kernel's pid limit − processes now, or, when the
 //!   pods' cgroup has a pids limit that leaves less, that limit − its tasks.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::cgroup_path;
@@ -16,6 +17,7 @@ use super::memory::CgroupFs;
 use super::{ReadError, read};
 use crate::config::Signal;
 use crate::policy::thresholds::{Observation, Observations};
+use crate::signal::{Filesystem, MemoryScope, Source, Unit};
 
 /// Where the node's signals come from.
 #[derive(Clone, Debug)]
@@ -101,25 +103,56 @@ impl NodeSources {
 
     /// Reads every signal it can, stamped with the time the reading started;
     /// a signal whose source cannot be read is left out (and logged), never
-    /// guessed.
+    /// guessed. Each signal is read as [`Signal::source`] says; a filesystem
+    /// is read once for its bytes and inodes signals.
     pub fn observe(&self) -> Observations {
         let mut obs = Observations::new(std::time::Instant::now());
-        let mut put = |sig: Signal, r: Result<Observation, ReadError>| match r {
-            Ok(o) => {
-                obs.signals.insert(sig, o);
+        let mut statfs: BTreeMap<Filesystem, Result<FsStats, ReadError>> = BTreeMap::new();
+        for sig in Signal::ALL {
+            let read = match sig.source() {
+                Source::Memcg(scope) => self.memory(scope),
+                Source::Statfs(fs) => {
+                    let root = match fs {
+                        Filesystem::Nodefs => &self.nodefs,
+                        Filesystem::Imagefs => &self.imagefs,
+                    };
+                    match statfs.entry(fs).or_insert_with(|| fs_stats(root)) {
+                        Ok(s) if sig.unit() == Unit::Inodes => Ok(Observation {
+                            available: s.inodes_free as i64,
+                            capacity: s.inodes,
+                        }),
+                        Ok(s) => Ok(Observation {
+                            available: s.available as i64,
+                            capacity: s.capacity,
+                        }),
+                        Err(err) => {
+                            tracing::debug!(signal = %sig, %err, "signal not observed");
+                            continue;
+                        }
+                    }
+                }
+                Source::Pids => self.pids(),
+            };
+            match read {
+                Ok(o) => {
+                    obs.signals.insert(sig, o);
+                }
+                Err(err) => tracing::debug!(signal = %sig, %err, "signal not observed"),
             }
-            Err(err) => tracing::debug!(signal = %sig, %err, "signal not observed"),
-        };
-        put(
-            Signal::MemoryAvailable,
-            self.cgroups.memory("/").map(|m| Observation {
+        }
+        obs
+    }
+
+    /// A memory signal: the capacity it counts against minus the cgroup's
+    /// working set (the node's capacity for the root; for the pods' cgroup
+    /// its limit, node allocatable, capped at capacity).
+    fn memory(&self, scope: MemoryScope) -> Result<Observation, ReadError> {
+        match scope {
+            MemoryScope::Node => self.cgroups.memory("/").map(|m| Observation {
                 available: self.memory_capacity as i64 - m.working_set as i64,
                 capacity: self.memory_capacity,
             }),
-        );
-        put(
-            Signal::AllocatableMemoryAvailable,
-            self.cgroups.memory(&self.kubepods()).map(|m| {
+            MemoryScope::Pods => self.cgroups.memory(&self.kubepods()).map(|m| {
                 let allocatable = m
                     .limit
                     .unwrap_or(self.memory_capacity)
@@ -129,61 +162,29 @@ impl NodeSources {
                     capacity: allocatable,
                 }
             }),
-        );
-        for (path, bytes, inodes) in [
-            (
-                &self.nodefs,
-                Signal::NodefsAvailable,
-                Signal::NodefsInodesFree,
-            ),
-            (
-                &self.imagefs,
-                Signal::ImagefsAvailable,
-                Signal::ImagefsInodesFree,
-            ),
-        ] {
-            match fs_stats(path) {
-                Ok(s) => {
-                    put(
-                        bytes,
-                        Ok(Observation {
-                            available: s.available as i64,
-                            capacity: s.capacity,
-                        }),
-                    );
-                    put(
-                        inodes,
-                        Ok(Observation {
-                            available: s.inodes_free as i64,
-                            capacity: s.inodes,
-                        }),
-                    );
-                }
-                Err(e) => tracing::debug!(%e, "filesystem not observed"),
-            }
         }
-        put(
-            Signal::PidAvailable,
-            pid_limit(&self.proc_root).and_then(|limit| {
-                let used = pids_in_use(&self.proc_root)?;
-                let node = Observation {
-                    available: limit as i64 - used as i64,
-                    capacity: limit,
-                };
-                // Beyond the kubelet: a pids limit on the pods' cgroup
-                // (system-reserved pids) is the tighter bound for pods.
-                Ok(match self.cgroups.pids_counter(&self.kubepods()) {
-                    Ok((current, Some(max))) if (max as i64 - current as i64) < node.available => {
-                        Observation {
-                            available: max as i64 - current as i64,
-                            capacity: max,
-                        }
-                    }
-                    _ => node,
-                })
-            }),
-        );
-        obs
+    }
+
+    /// `pid.available`: the kernel's limit minus tasks, or the pods' own
+    /// pids limit when it leaves less.
+    fn pids(&self) -> Result<Observation, ReadError> {
+        let limit = pid_limit(&self.proc_root)?;
+        let used = pids_in_use(&self.proc_root)?;
+        let node = Observation {
+            available: limit as i64 - used as i64,
+            capacity: limit,
+        };
+        // Beyond the kubelet: a pids limit on the pods' cgroup
+        // (system-reserved pids) is the tighter bound for pods.
+        Ok(match self.cgroups.pids_counter(&self.kubepods()) {
+            Ok((current, Some(max))) if (max as i64 - current as i64) < node.available => {
+                Observation {
+                    available: max as i64 - current as i64,
+                    capacity: max,
+                }
+            }
+            _ => node,
+        })
     }
 }
 

@@ -44,6 +44,7 @@ use crate::config::Signal;
 use crate::model::Pod;
 use crate::runtime::content::Content;
 use crate::runtime::snapshots::Snapshots;
+use crate::signal::Source;
 
 /// Where per-pod usage is read.
 #[derive(Clone, Debug)]
@@ -153,20 +154,17 @@ impl NodeUsage {
 /// `*.available`, inodes for `*.inodesFree`, processes for
 /// `pid.available`; `None` for memory signals (and unknown process counts).
 pub fn counted(signal: Signal, pod: &PodUsage, dedicated_imagefs: bool) -> Option<u64> {
-    let node_part = pod.logs + pod.volumes;
-    let part = match signal {
-        Signal::NodefsAvailable | Signal::NodefsInodesFree if dedicated_imagefs => node_part,
-        Signal::ImagefsAvailable | Signal::ImagefsInodesFree if dedicated_imagefs => pod.rootfs,
-        Signal::NodefsAvailable
-        | Signal::NodefsInodesFree
-        | Signal::ImagefsAvailable
-        | Signal::ImagefsInodesFree => pod.total(),
-        Signal::PidAvailable => return pod.processes,
-        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => return None,
-    };
-    Some(match signal {
-        Signal::NodefsInodesFree | Signal::ImagefsInodesFree => part.inodes,
-        _ => part.bytes,
+    match signal.source() {
+        Source::Memcg(_) => return None,
+        Source::Pids => return pod.processes,
+        Source::Statfs(_) => {}
+    }
+    let p = signal.pod_parts(dedicated_imagefs)?;
+    let part = pod.rootfs.only(p.rootfs) + pod.logs.only(p.logs) + pod.volumes.only(p.volumes);
+    Some(if signal.is_bytes() {
+        part.bytes
+    } else {
+        part.inodes
     })
 }
 

@@ -164,3 +164,46 @@ impl Filler {
         );
     }
 }
+
+/// Makes `path` (below each hierarchy's root, e.g. `/criguard-kube-…/kubepods`)
+/// with cgroups-rs, in the memory controller limited to `memory_bytes` and
+/// in the pids controller limited to `pids_max`, whichever is given. Each
+/// limit is read back from its file: cgroups-rs ignores a failed memory
+/// write. The caller removes the tree (e.g. with `pods::CgroupRoot`).
+pub fn limited(path: &str, memory_bytes: Option<i64>, pids_max: Option<i64>) {
+    use cgroups_rs::fs::{MaxValue, cgroup_builder::CgroupBuilder, hierarchies};
+    let hier = hierarchies::auto();
+    let v2 = hier.v2();
+    let root = hier.root();
+    // cgroups-rs joins the name onto each controller's mount: relative.
+    let mut b = CgroupBuilder::new(path.trim_start_matches('/'));
+    let mut controllers = Vec::new();
+    let mut expect = Vec::new();
+    if let Some(m) = memory_bytes {
+        b = b.memory().memory_hard_limit(m).done();
+        controllers.push("memory".to_owned());
+        let file = if v2 {
+            "memory.max"
+        } else {
+            "memory/memory.limit_in_bytes"
+        };
+        expect.push((file, m));
+    }
+    if let Some(n) = pids_max {
+        b = b
+            .pid()
+            .maximum_number_of_processes(MaxValue::Value(n))
+            .done();
+        controllers.push("pids".to_owned());
+        expect.push((if v2 { "pids.max" } else { "pids/pids.max" }, n));
+    }
+    b.set_specified_controllers(controllers)
+        .build(hier)
+        .unwrap_or_else(|e| panic!("cgroups-rs: make {path}: {e}"));
+    for (file, want) in expect {
+        let (dir, name) = file.rsplit_once('/').unwrap_or(("", file));
+        let p = root.join(dir).join(path.trim_start_matches('/')).join(name);
+        let got = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert_eq!(got.trim(), want.to_string(), "{}", p.display());
+    }
+}

@@ -28,13 +28,7 @@ impl Pressure {
         let cg = CgroupRoot(root.clone());
         let ctrd = PrivateContainerd::start();
         let kubepods = format!("{root}/kubepods");
-        let dir = format!("/sys/fs/cgroup/memory{kubepods}");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            format!("{dir}/memory.limit_in_bytes"),
-            (limit_mib << 20).to_string(),
-        )
-        .unwrap();
+        super::memcg::limited(&kubepods, Some(limit_mib << 20), None);
         Self {
             ctrd,
             kubepods,

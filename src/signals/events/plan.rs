@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use super::v1::usage_threshold;
 use crate::config::{Signal, Threshold};
 use crate::policy::thresholds::Observations;
+use crate::signal::{MemoryScope, Source};
 use crate::signals::node::NodeSources;
 
 /// One thing to watch, as planned from the configuration and the readings.
@@ -72,10 +73,10 @@ impl std::fmt::Display for Watch {
 
 /// The cgroup a memory signal is read from, or `None` for other signals.
 pub fn signal_cgroup(signal: Signal, pods_cgroup: &str) -> Option<&str> {
-    match signal {
-        Signal::MemoryAvailable => Some("/"),
-        Signal::AllocatableMemoryAvailable => Some(pods_cgroup),
-        _ => None,
+    match signal.source() {
+        Source::Memcg(MemoryScope::Node) => Some("/"),
+        Source::Memcg(MemoryScope::Pods) => Some(pods_cgroup),
+        Source::Statfs(_) | Source::Pids => None,
     }
 }
 

@@ -1,0 +1,138 @@
+//! The sockets `serve` listens on and what serves them: the CRI socket
+//! (bound here, or passed by systemd) relayed by the proxy thread, the
+//! admin socket, and the metrics port. The metrics port is bound first, so
+//! that a refused address leaves no socket behind.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::Context;
+use criguard::config::{self, Signal};
+use criguard::cri;
+use criguard::listen;
+use criguard::metrics::Metrics;
+use criguard::model::NodeModel;
+use criguard::node_state::{ImageUses, NodeStatus};
+use criguard::runtime::Upstream;
+use criguard::signal::Ranking;
+
+/// The bound sockets.
+pub struct Listeners {
+    /// The metrics port (`None`: `--metrics-address none`).
+    pub metrics: Option<tokio::net::TcpListener>,
+    /// The CRI socket.
+    pub cri: tokio::net::UnixListener,
+    /// The CRI socket's path when criguard created it (removed at the end;
+    /// `None` under socket activation).
+    pub owned_path: Option<PathBuf>,
+    /// The admin socket.
+    pub admin: tokio::net::UnixListener,
+}
+
+impl Listeners {
+    /// Binds the metrics address, then the CRI socket (`activated`: the
+    /// one systemd passed; else `listen_path`), then the admin socket. A
+    /// metrics address that is not this machine's is a configuration error.
+    pub async fn bind(
+        metrics_address: Option<std::net::SocketAddr>,
+        activated: Option<std::os::unix::net::UnixListener>,
+        listen_path: &Path,
+        admin_socket: &Path,
+    ) -> anyhow::Result<Self> {
+        let metrics = match metrics_address {
+            None => None,
+            Some(sock) => {
+                // First of the sockets, so that a refusal leaves none behind.
+                let l = tokio::net::TcpListener::bind(sock).await.map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::AddrNotAvailable {
+                        // Not an address of this machine: configuration.
+                        anyhow::Error::from(config::ConfigError {
+                            key: "--metrics-address".into(),
+                            value: sock.to_string(),
+                            rule: format!("cannot bind: {e}"),
+                        })
+                    } else {
+                        anyhow::anyhow!("--metrics-address {sock}: bind: {e}")
+                    }
+                })?;
+                tracing::info!(address = %l.local_addr()?, "serving metrics");
+                Some(l)
+            }
+        };
+        let (cri, owned_path) = match activated {
+            Some(l) => {
+                tracing::info!("listening on the socket passed by systemd");
+                let l = tokio::net::UnixListener::from_std(l)
+                    .context("socket activation: register fd 3")?;
+                (l, None)
+            }
+            None => {
+                let l = listen::bind(listen_path)?;
+                tracing::info!(path = %listen_path.display(), "listening");
+                (l, Some(listen_path.to_owned()))
+            }
+        };
+        let admin = listen::bind(admin_socket)?;
+        Ok(Self {
+            metrics,
+            cri,
+            owned_path,
+            admin,
+        })
+    }
+}
+
+/// Serves `metrics` on `listener` (if any) until `stopped` resolves.
+pub async fn metrics(
+    listener: Option<tokio::net::TcpListener>,
+    metrics: Metrics,
+    stopped: impl Future<Output = ()>,
+) {
+    if let Some(l) = listener {
+        criguard::metrics::serve(l, metrics, stopped).await;
+    }
+}
+
+/// The signals `criguard rank` orders pods for: one memory signal, pid,
+/// and each disk signal that has a threshold.
+pub fn rank_signals(c: &config::EvictionConfig) -> Vec<Signal> {
+    let mut with: Vec<Signal> = c.hard.iter().chain(&c.soft).map(|t| t.signal).collect();
+    with.sort();
+    with.dedup();
+    let mut out = vec![Signal::MemoryAvailable, Signal::PidAvailable];
+    out.extend(with.into_iter().filter(|s| s.ranking() == Ranking::Disk));
+    out
+}
+
+/// Starts relaying CRI calls from `listener` to the runtime on the proxy's
+/// own thread, observing them into `node` (admission against `status`,
+/// image uses into `image_uses`).
+pub fn start_proxy(
+    listener: tokio::net::UnixListener,
+    upstream: &Upstream,
+    node: Arc<RwLock<NodeModel>>,
+    status: Arc<RwLock<NodeStatus>>,
+    image_uses: ImageUses,
+    metrics: &Metrics,
+    drain: Duration,
+) -> anyhow::Result<cri::server::ProxyThread> {
+    let proxy = cri::Proxy::new(upstream)
+        .with_observer(
+            cri::observe::Observer::new(node)
+                .with_admission(status, metrics.eviction.admission_refusals.clone())
+                .with_image_uses(image_uses),
+        )
+        .with_metrics(metrics.cri.clone());
+    cri::server::ProxyThread::spawn(listener.into_std()?, proxy, drain)
+        .context("start the proxy thread")
+}
+
+/// Removes the sockets criguard created.
+pub fn remove_sockets(owned_path: Option<&Path>, admin_socket: &Path) -> anyhow::Result<()> {
+    for path in owned_path.into_iter().chain([admin_socket]) {
+        std::fs::remove_file(path).with_context(|| format!("remove socket {}", path.display()))?;
+    }
+    Ok(())
+}

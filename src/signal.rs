@@ -1,0 +1,389 @@
+//! The eviction signals and what each one means, in one table.
+//!
+//! The kubelet keeps one map per fact (signal → node condition, signal →
+//! resource, signal → rank function, signal → observation). criguard keeps
+//! the same facts as methods of [`Signal`], each a `match` with one arm per
+//! signal and no catch-all. Every other module asks these methods instead
+//! of matching on signals itself, so a new signal is a compile error here,
+//! method by method, and nowhere else: nothing can silently treat it as,
+//! say, a disk signal.
+
+/// An eviction signal, by the kubelet's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Signal {
+    /// `memory.available`: node capacity − node working set.
+    MemoryAvailable,
+    /// `allocatableMemory.available`: pods' allocatable − pods' working set.
+    AllocatableMemoryAvailable,
+    /// `nodefs.available`: free bytes of the kubelet's filesystem.
+    NodefsAvailable,
+    /// `nodefs.inodesFree`: free inodes of the kubelet's filesystem.
+    NodefsInodesFree,
+    /// `imagefs.available`: free bytes of the runtime's filesystem.
+    ImagefsAvailable,
+    /// `imagefs.inodesFree`: free inodes of the runtime's filesystem.
+    ImagefsInodesFree,
+    /// `pid.available`: pid limit − processes.
+    PidAvailable,
+}
+
+/// A node condition the kubelet reports under pressure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Condition {
+    /// From `memory.available` and `allocatableMemory.available`.
+    MemoryPressure,
+    /// From the nodefs and imagefs signals.
+    DiskPressure,
+    /// From `pid.available`.
+    PIDPressure,
+}
+
+/// The resource a signal is short of, as the kubelet names it in eviction
+/// messages (`The node was low on resource: memory.`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Resource {
+    /// `memory`.
+    Memory,
+    /// `ephemeral-storage`.
+    EphemeralStorage,
+    /// `inodes`.
+    Inodes,
+    /// `pids`.
+    Pids,
+}
+
+impl Resource {
+    /// The kubelet's name of the resource.
+    pub fn name(self) -> &'static str {
+        match self {
+            Resource::Memory => "memory",
+            Resource::EphemeralStorage => "ephemeral-storage",
+            Resource::Inodes => "inodes",
+            Resource::Pids => "pids",
+        }
+    }
+}
+
+/// What a signal's amounts count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// Bytes (memory, filesystem space).
+    Bytes,
+    /// Filesystem inodes.
+    Inodes,
+    /// Processes (pids).
+    Processes,
+}
+
+/// A filesystem the disk signals watch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Filesystem {
+    /// The kubelet's root directory's filesystem (logs, emptyDirs).
+    Nodefs,
+    /// The runtime's root directory's filesystem (images, writable layers).
+    Imagefs,
+}
+
+/// A memory cgroup a memory signal reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryScope {
+    /// The root cgroup: the whole node.
+    Node,
+    /// The pods' cgroup (`kubepods`): node allocatable.
+    Pods,
+}
+
+/// How a signal is observed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// The working set of a memory cgroup (with usage-threshold events on
+    /// cgroup v1 and PSI on v2 between readings).
+    Memcg(MemoryScope),
+    /// `statvfs` of a filesystem.
+    Statfs(Filesystem),
+    /// The kernel's pid limit and task count (and a pids limit on the pods'
+    /// cgroup).
+    Pids,
+}
+
+/// How pods are ranked for a signal. The order of the variants is the order
+/// an eviction round acts in: memory first, then pids, then disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Ranking {
+    /// Over request first, then lower priority, then usage above request.
+    Memory,
+    /// Lower priority, then more tasks.
+    Pids,
+    /// Lower priority, then the disk usage the signal counts
+    /// ([`Signal::pod_parts`]).
+    Disk,
+}
+
+/// The parts of a pod's disk usage a disk signal counts (the kubelet's
+/// `fsStatsType`s in `buildSignalToRankFunc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PodParts {
+    /// Its containers' writable layers (`fsStatsRoot`).
+    pub rootfs: bool,
+    /// Its log directory (`fsStatsLogs`).
+    pub logs: bool,
+    /// Its emptyDir volumes (`fsStatsLocalVolumeSource`).
+    pub volumes: bool,
+}
+
+impl Signal {
+    /// Every signal, in display order.
+    pub const ALL: [Signal; 7] = [
+        Signal::MemoryAvailable,
+        Signal::AllocatableMemoryAvailable,
+        Signal::NodefsAvailable,
+        Signal::NodefsInodesFree,
+        Signal::ImagefsAvailable,
+        Signal::ImagefsInodesFree,
+        Signal::PidAvailable,
+    ];
+
+    /// The kubelet's name of the signal.
+    pub fn name(self) -> &'static str {
+        match self {
+            Signal::MemoryAvailable => "memory.available",
+            Signal::AllocatableMemoryAvailable => "allocatableMemory.available",
+            Signal::NodefsAvailable => "nodefs.available",
+            Signal::NodefsInodesFree => "nodefs.inodesFree",
+            Signal::ImagefsAvailable => "imagefs.available",
+            Signal::ImagefsInodesFree => "imagefs.inodesFree",
+            Signal::PidAvailable => "pid.available",
+        }
+    }
+
+    /// The signal with this name.
+    pub fn parse(name: &str) -> Option<Signal> {
+        Signal::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// The node condition its thresholds raise (the kubelet's
+    /// `signalToNodeCondition`).
+    pub fn condition(self) -> Condition {
+        match self {
+            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => {
+                Condition::MemoryPressure
+            }
+            Signal::NodefsAvailable
+            | Signal::NodefsInodesFree
+            | Signal::ImagefsAvailable
+            | Signal::ImagefsInodesFree => Condition::DiskPressure,
+            Signal::PidAvailable => Condition::PIDPressure,
+        }
+    }
+
+    /// The resource named in its eviction messages (the kubelet's
+    /// `signalToResource`).
+    pub fn resource(self) -> Resource {
+        match self {
+            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Resource::Memory,
+            Signal::NodefsAvailable | Signal::ImagefsAvailable => Resource::EphemeralStorage,
+            Signal::NodefsInodesFree | Signal::ImagefsInodesFree => Resource::Inodes,
+            Signal::PidAvailable => Resource::Pids,
+        }
+    }
+
+    /// What its amounts count.
+    pub fn unit(self) -> Unit {
+        match self {
+            Signal::MemoryAvailable
+            | Signal::AllocatableMemoryAvailable
+            | Signal::NodefsAvailable
+            | Signal::ImagefsAvailable => Unit::Bytes,
+            Signal::NodefsInodesFree | Signal::ImagefsInodesFree => Unit::Inodes,
+            Signal::PidAvailable => Unit::Processes,
+        }
+    }
+
+    /// Whether the signal counts bytes (else inodes or pids).
+    pub fn is_bytes(self) -> bool {
+        self.unit() == Unit::Bytes
+    }
+
+    /// Where it is read from.
+    pub fn source(self) -> Source {
+        match self {
+            Signal::MemoryAvailable => Source::Memcg(MemoryScope::Node),
+            Signal::AllocatableMemoryAvailable => Source::Memcg(MemoryScope::Pods),
+            Signal::NodefsAvailable | Signal::NodefsInodesFree => {
+                Source::Statfs(Filesystem::Nodefs)
+            }
+            Signal::ImagefsAvailable | Signal::ImagefsInodesFree => {
+                Source::Statfs(Filesystem::Imagefs)
+            }
+            Signal::PidAvailable => Source::Pids,
+        }
+    }
+
+    /// How pods are ranked for it (the kubelet's `signalToRankFunc`).
+    pub fn ranking(self) -> Ranking {
+        match self {
+            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Ranking::Memory,
+            Signal::NodefsAvailable
+            | Signal::NodefsInodesFree
+            | Signal::ImagefsAvailable
+            | Signal::ImagefsInodesFree => Ranking::Disk,
+            Signal::PidAvailable => Ranking::Pids,
+        }
+    }
+
+    /// The parts of a pod's disk usage it counts, `None` for signals that
+    /// are not about disk. With a dedicated imagefs, nodefs counts logs and
+    /// emptyDirs and imagefs the writable layers; without one, both count
+    /// all three (the kubelet's `buildSignalToRankFunc`).
+    pub fn pod_parts(self, dedicated_imagefs: bool) -> Option<PodParts> {
+        let all = PodParts {
+            rootfs: true,
+            logs: true,
+            volumes: true,
+        };
+        match self.source() {
+            Source::Memcg(_) | Source::Pids => None,
+            Source::Statfs(_) if !dedicated_imagefs => Some(all),
+            Source::Statfs(Filesystem::Nodefs) => Some(PodParts {
+                rootfs: false,
+                ..all
+            }),
+            Source::Statfs(Filesystem::Imagefs) => Some(PodParts {
+                rootfs: true,
+                logs: false,
+                volumes: false,
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for Signal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Position in [`Signal::ALL`]; a match with no catch-all, so a new
+    /// signal fails to compile here until `ALL` is looked at too.
+    fn position(s: Signal) -> usize {
+        match s {
+            Signal::MemoryAvailable => 0,
+            Signal::AllocatableMemoryAvailable => 1,
+            Signal::NodefsAvailable => 2,
+            Signal::NodefsInodesFree => 3,
+            Signal::ImagefsAvailable => 4,
+            Signal::ImagefsInodesFree => 5,
+            Signal::PidAvailable => 6,
+        }
+    }
+
+    #[test]
+    fn all_lists_every_signal_once_and_names_round_trip() {
+        for (i, s) in Signal::ALL.into_iter().enumerate() {
+            assert_eq!(position(s), i, "{s}");
+            assert_eq!(Signal::parse(s.name()), Some(s));
+        }
+        assert_eq!(Signal::parse("containerfs.available"), None);
+    }
+
+    /// The kubelet's `signalToNodeCondition` and `signalToResource`
+    /// (pkg/kubelet/eviction/helpers.go), signal by signal.
+    #[test]
+    fn condition_and_resource_are_the_kubelets() {
+        use Condition::*;
+        let kubelet = [
+            ("memory.available", MemoryPressure, "memory"),
+            ("allocatableMemory.available", MemoryPressure, "memory"),
+            ("nodefs.available", DiskPressure, "ephemeral-storage"),
+            ("nodefs.inodesFree", DiskPressure, "inodes"),
+            ("imagefs.available", DiskPressure, "ephemeral-storage"),
+            ("imagefs.inodesFree", DiskPressure, "inodes"),
+            ("pid.available", PIDPressure, "pids"),
+        ];
+        assert_eq!(kubelet.len(), Signal::ALL.len());
+        for (name, condition, resource) in kubelet {
+            let s = Signal::parse(name).unwrap();
+            assert_eq!(s.condition(), condition, "{name}");
+            assert_eq!(s.resource().name(), resource, "{name}");
+        }
+    }
+
+    /// Each signal's facts agree with one another: its condition, resource,
+    /// unit, source and ranking all say the same kind of signal.
+    #[test]
+    fn every_signals_facts_are_coherent() {
+        for s in Signal::ALL {
+            let facts = (
+                s.condition(),
+                s.ranking(),
+                s.source(),
+                s.resource(),
+                s.unit(),
+            );
+            let coherent = match facts {
+                (Condition::MemoryPressure, Ranking::Memory, Source::Memcg(_), r, u) => {
+                    r == Resource::Memory && u == Unit::Bytes
+                }
+                (Condition::DiskPressure, Ranking::Disk, Source::Statfs(_), r, u) => {
+                    (r == Resource::EphemeralStorage && u == Unit::Bytes)
+                        || (r == Resource::Inodes && u == Unit::Inodes)
+                }
+                (Condition::PIDPressure, Ranking::Pids, Source::Pids, r, u) => {
+                    r == Resource::Pids && u == Unit::Processes
+                }
+                _ => false,
+            };
+            assert!(coherent, "{s}: {facts:?}");
+            // Only disk signals count parts of a pod's disk usage, and each
+            // counts something.
+            for dedicated in [false, true] {
+                let parts = s.pod_parts(dedicated);
+                assert_eq!(parts.is_some(), s.ranking() == Ranking::Disk, "{s}");
+                if let Some(p) = parts {
+                    assert!(p.rootfs || p.logs || p.volumes, "{s}");
+                }
+            }
+            // The name says the filesystem and the unit.
+            if let Source::Statfs(fs) = s.source() {
+                let prefix = match fs {
+                    Filesystem::Nodefs => "nodefs.",
+                    Filesystem::Imagefs => "imagefs.",
+                };
+                assert!(s.name().starts_with(prefix), "{s}");
+                assert_eq!(s.name().ends_with("inodesFree"), s.unit() == Unit::Inodes);
+            }
+        }
+    }
+
+    /// The kubelet's `buildSignalToRankFunc`: with a dedicated imagefs,
+    /// nodefs ranks by logs and local volumes, imagefs by the root
+    /// filesystem; without, both rank by all three.
+    #[test]
+    fn disk_signals_count_the_kubelets_parts() {
+        let (t, f) = (true, false);
+        let p = |rootfs, logs, volumes| {
+            Some(PodParts {
+                rootfs,
+                logs,
+                volumes,
+            })
+        };
+        for s in [Signal::NodefsAvailable, Signal::NodefsInodesFree] {
+            assert_eq!(s.pod_parts(true), p(f, t, t), "{s}");
+            assert_eq!(s.pod_parts(false), p(t, t, t), "{s}");
+        }
+        for s in [Signal::ImagefsAvailable, Signal::ImagefsInodesFree] {
+            assert_eq!(s.pod_parts(true), p(t, f, f), "{s}");
+            assert_eq!(s.pod_parts(false), p(t, t, t), "{s}");
+        }
+    }
+
+    #[test]
+    fn rounds_act_on_memory_then_pids_then_disk() {
+        assert!(Ranking::Memory < Ranking::Pids && Ranking::Pids < Ranking::Disk);
+    }
+}
