@@ -6,17 +6,17 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
-use serde::{Deserialize, Serialize};
-
 use crate::config::{Signal, Threshold};
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
-use crate::policy::rank::{PodMemory, near, rank_memory};
+use crate::policy::rank::{PodMemory, rank_memory};
 use crate::policy::reclaim::{PodUse, rank_usage};
-use crate::policy::thresholds::Observation;
-use crate::signal::Ranking;
 use crate::signals::disk::DiskUsage;
 use crate::signals::node::NodeSources;
 use crate::signals::usage::{PodUsage, UsageReader, counted};
+
+mod report;
+
+pub use report::{NotRanked, RankEntry, disk_ranking_wanted};
 
 /// A ranked pod, with what the signal counts of it.
 #[derive(Clone, Debug)]
@@ -45,25 +45,6 @@ impl Victim {
             reclaimable: self.reclaimable,
         }
     }
-}
-
-/// One line of `criguard rank`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RankEntry {
-    /// The signal ranked for.
-    pub signal: String,
-    /// 1 for the first victim.
-    pub rank: usize,
-    /// `namespace/name`.
-    pub pod: String,
-    /// QoS class.
-    pub qos: String,
-    /// Priority.
-    pub priority: i32,
-    /// What the signal counts of it (`None`: could not be read).
-    pub usage: Option<i64>,
-    /// Its request for that resource (memory only).
-    pub request: i64,
 }
 
 /// Reads what ranking needs and ranks; cheap to clone.
@@ -234,103 +215,6 @@ impl Ranker {
             })
         })
     }
-
-    /// The order for each of `signals` (one memory, pid and disk signal
-    /// each at most), as `criguard rank` prints it, and the disk signals
-    /// left unranked because they are far from their thresholds (walking
-    /// every pod's layers, logs and volumes costs the most of any reading).
-    pub async fn report(&self, signals: &[Signal]) -> (Vec<RankEntry>, Vec<NotRanked>) {
-        let none = BTreeSet::new();
-        let mut out = Vec::new();
-        let mut not_ranked = Vec::new();
-        let observed = match signals.iter().any(|s| s.ranking() == Ranking::Disk) {
-            true => {
-                let sources = self.sources.clone();
-                Some(blocking(move || sources.observe()).await)
-            }
-            false => None,
-        };
-        for &s in signals {
-            let ranked = match s.ranking() {
-                Ranking::Memory => self.memory(&none).await,
-                Ranking::Pids => self.pids(&none).await,
-                Ranking::Disk => {
-                    let obs = observed.as_ref().and_then(|o| o.get(&s));
-                    let thresholds: Vec<&Threshold> =
-                        self.thresholds.iter().filter(|t| t.signal == s).collect();
-                    if let Err(skip) = disk_ranking_wanted(s, &thresholds, obs) {
-                        not_ranked.push(skip);
-                        continue;
-                    }
-                    self.disk(s, &none).await
-                }
-            };
-            out.extend(ranked.into_iter().enumerate().map(|(i, v)| RankEntry {
-                signal: s.to_string(),
-                rank: i + 1,
-                pod: format!("{}/{}", v.pod.namespace, v.pod.name),
-                qos: format!("{:?}", v.pod.qos),
-                priority: v.pod.priority,
-                usage: v.usage,
-                request: v.request,
-            }));
-        }
-        (out, not_ranked)
-    }
-}
-
-/// A disk signal `criguard rank` did not order pods for: it is far from
-/// its thresholds ([`disk_ranking_wanted`]).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct NotRanked {
-    /// The signal.
-    pub signal: String,
-    /// Its available amount now.
-    pub available: i64,
-    /// Its nearest threshold, as configured.
-    pub threshold: String,
-}
-
-impl std::fmt::Display for NotRanked {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let bytes = Signal::parse(&self.signal).is_some_and(|s| s.is_bytes());
-        let available = if bytes {
-            crate::quantity::format_bytes(self.available.max(0) as u64)
-        } else {
-            self.available.to_string()
-        };
-        write!(
-            f,
-            "{}: not ranked, {available} available against a threshold of {} \
-             (disk usage is walked only within twice a threshold)",
-            self.signal, self.threshold
-        )
-    }
-}
-
-/// Whether `criguard rank` orders pods for disk signal `signal` whose
-/// `thresholds` are configured and whose observation is `obs`: yes when it
-/// is near one of them ([`near`]: less than twice the threshold left), or
-/// when it cannot tell (no threshold known, nothing observed); else why
-/// not. Under pressure the eviction manager ranks whatever this says.
-pub fn disk_ranking_wanted(
-    signal: Signal,
-    thresholds: &[&Threshold],
-    obs: Option<&Observation>,
-) -> Result<(), NotRanked> {
-    let Some(o) = obs else {
-        return Ok(());
-    };
-    let lines = thresholds.iter().map(|t| (t.amount.resolve(o.capacity), t));
-    match lines.max_by_key(|(line, _)| *line) {
-        None => Ok(()),
-        Some((line, _)) if near(o.available, line) => Ok(()),
-        Some((_, t)) => Err(NotRanked {
-            signal: signal.to_string(),
-            available: o.available,
-            threshold: t.amount_display(),
-        }),
-    }
 }
 
 /// One place in an order, before it becomes a [`Victim`].
@@ -438,73 +322,4 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Amount;
-
-    fn threshold(signal: Signal, amount: Amount) -> Threshold {
-        Threshold {
-            signal,
-            amount,
-            grace_period: None,
-            min_reclaim: None,
-        }
-    }
-
-    #[test]
-    fn disk_is_ranked_only_near_a_threshold_or_when_it_cannot_tell() {
-        let s = Signal::NodefsAvailable;
-        let (hard, soft) = (
-            threshold(s, Amount::Percentage(10.0)),
-            threshold(s, Amount::Quantity(300)),
-        );
-        let obs = |available| Observation {
-            available,
-            capacity: 1000,
-        };
-        // The nearest (largest) line decides: 300 left twice is 600.
-        assert!(disk_ranking_wanted(s, &[&hard, &soft], Some(&obs(599))).is_ok());
-        let far = disk_ranking_wanted(s, &[&hard, &soft], Some(&obs(600))).unwrap_err();
-        assert_eq!(
-            far,
-            NotRanked {
-                signal: "nodefs.available".into(),
-                available: 600,
-                threshold: "300".into(),
-            }
-        );
-        assert!(
-            far.to_string().starts_with("nodefs.available: not ranked"),
-            "{far}"
-        );
-        assert!(disk_ranking_wanted(s, &[&hard], Some(&obs(150))).is_ok());
-        assert!(disk_ranking_wanted(s, &[&hard], Some(&obs(250))).is_err());
-        assert!(disk_ranking_wanted(s, &[&hard], None).is_ok(), "unobserved");
-        assert!(
-            disk_ranking_wanted(s, &[], Some(&obs(999))).is_ok(),
-            "no threshold told"
-        );
-    }
-
-    #[test]
-    fn parallel_reads_keep_the_pods_order() {
-        let model = NodeModel::new(0);
-        let pods: Vec<Pod> = (0..200)
-            .map(|i| {
-                let mut m = model.clone();
-                m.upsert_sandbox(crate::model::SandboxInfo {
-                    id: format!("{i:03}"),
-                    ..Default::default()
-                });
-                m.pods().remove(0)
-            })
-            .collect();
-        let got = per_pod(&pods, |p| {
-            (p.sandbox_id != "007").then(|| p.sandbox_id.clone())
-        });
-        let want: Vec<Option<String>> = (0..200)
-            .map(|i| (i != 7).then(|| format!("{i:03}")))
-            .collect();
-        assert_eq!(got, want);
-    }
-}
+mod tests;
