@@ -16,7 +16,7 @@ use super::pb::admin_client::AdminClient;
 use crate::model::Pod;
 use crate::node_state::Eviction;
 use crate::reclaim::oom_kills::OomKill;
-use crate::reclaim::rank::RankEntry;
+use crate::reclaim::rank::{NotRanked, RankEntry};
 use crate::runtime::MAX_MESSAGE;
 use crate::signals::usage::NodeUsage;
 
@@ -127,8 +127,20 @@ pub async fn get_usage(socket: &Path) -> Result<NodeUsage, ClientError> {
 
 /// `Rank`: the eviction order for each ranked signal, now.
 pub async fn get_rank(socket: &Path) -> Result<Vec<RankEntry>, ClientError> {
+    Ok(get_rank_report(socket).await?.0)
+}
+
+/// `Rank`: the eviction order for each ranked signal, now, and the disk
+/// signals left unranked because they are far from their thresholds.
+pub async fn get_rank_report(
+    socket: &Path,
+) -> Result<(Vec<RankEntry>, Vec<NotRanked>), ClientError> {
     let r = connect(socket).await?.rank(pb::RankRequest {}).await?;
-    Ok(r.into_inner().entries.into_iter().map(Into::into).collect())
+    let r = r.into_inner();
+    Ok((
+        r.entries.into_iter().map(Into::into).collect(),
+        r.not_ranked.into_iter().map(Into::into).collect(),
+    ))
 }
 
 /// `Conditions`: node conditions and the last observations.

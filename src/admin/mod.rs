@@ -35,7 +35,7 @@ pub mod pb {
 
 pub use client::{
     ClientError, EvictionsReport, get_conditions, get_evictions, get_evictions_report,
-    get_oom_kills, get_pods, get_rank, get_usage, watch_evictions,
+    get_oom_kills, get_pods, get_rank, get_rank_report, get_usage, watch_evictions,
 };
 pub use convert::{ConditionsReport, ConvertError, Observed};
 pub use server::{AdminState, serve};

@@ -118,9 +118,10 @@ impl Admin for Service {
         _: Request<pb::RankRequest>,
     ) -> Result<Response<pb::RankResponse>, Status> {
         self.state.sync("Rank").await;
-        let entries = self.state.ranker.report(&self.state.rank_signals).await;
+        let (entries, not_ranked) = self.state.ranker.report(&self.state.rank_signals).await;
         Ok(Response::new(pb::RankResponse {
             entries: entries.iter().map(Into::into).collect(),
+            not_ranked: not_ranked.iter().map(Into::into).collect(),
         }))
     }
 

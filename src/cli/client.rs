@@ -57,7 +57,10 @@ pub async fn evictions(admin_socket: PathBuf, json: bool, watch: bool) -> anyhow
 
 /// `criguard rank`.
 pub async fn rank(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
-    let r = admin::get_rank(&admin_socket).await?;
+    let (r, not_ranked) = admin::get_rank_report(&admin_socket).await?;
+    for n in not_ranked {
+        eprintln!("criguard: {n}");
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {

@@ -248,12 +248,28 @@ pub fn container_cgroup(parent: &str, id: &str) -> String {
     crate::signals::cgroup_path::container(parent, id).unwrap_or_default()
 }
 
+/// Sets `*field` to `value`; true when that changed it.
+fn set<T: PartialEq>(field: &mut T, value: T) -> bool {
+    let changed = *field != value;
+    *field = value;
+    changed
+}
+
+/// A state moved forward to `next` by `then` ([`SandboxState::then`],
+/// [`ContainerState::then`]); true when that changed it.
+fn forward<S: Copy + PartialEq>(state: &mut Option<S>, next: S, then: fn(S, S) -> S) -> bool {
+    let value = Some(state.map_or(next, |o| then(o, next)));
+    set(state, value)
+}
+
 /// All pods on the node, by sandbox id.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeModel {
     memory_capacity: i64,
     sandboxes: BTreeMap<String, SandboxInfo>,
     containers: BTreeMap<String, ContainerInfo>,
+    /// Bumped by every change (see [`NodeModel::generation`]).
+    generation: u64,
 }
 
 impl NodeModel {
@@ -271,6 +287,15 @@ impl NodeModel {
         self.memory_capacity
     }
 
+    /// A number that changes whenever anything in the model does (a pod or
+    /// container added, removed, or moved to another state): readers that
+    /// derive data from the model compare it to know whether to derive
+    /// again. It never changes when an update changes nothing (a sync that
+    /// finds the runtime as the model already knew it).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// Adds or replaces a sandbox. Runtime-owned fields that `info` leaves
     /// unset (creation time, state) keep what the model knew.
     pub fn upsert_sandbox(&mut self, mut info: SandboxInfo) {
@@ -283,7 +308,10 @@ impl NodeModel {
                 (o, n) => n.or(o),
             };
         }
-        self.sandboxes.insert(info.id.clone(), info);
+        if self.sandboxes.get(&info.id) != Some(&info) {
+            self.generation += 1;
+            self.sandboxes.insert(info.id.clone(), info);
+        }
     }
 
     /// Adds or replaces a container, keeping runtime-owned fields as above.
@@ -297,27 +325,33 @@ impl NodeModel {
                 (o, n) => n.or(o),
             };
         }
-        self.containers.insert(info.id.clone(), info);
+        if self.containers.get(&info.id) != Some(&info) {
+            self.generation += 1;
+            self.containers.insert(info.id.clone(), info);
+        }
     }
 
     /// Sets a sandbox's state (forward only); stopping a sandbox stops its containers.
     pub fn set_sandbox_state(&mut self, id: &str, state: SandboxState) {
+        let mut changed = false;
         if let Some(s) = self.sandboxes.get_mut(id) {
-            s.state = Some(s.state.map_or(state, |o| o.then(state)));
+            changed |= forward(&mut s.state, state, SandboxState::then);
         }
         if state == SandboxState::NotReady {
             for c in self.containers.values_mut().filter(|c| c.sandbox_id == id) {
                 if c.state != Some(ContainerState::Created) {
-                    c.state = Some(ContainerState::Exited);
+                    changed |= set(&mut c.state, Some(ContainerState::Exited));
                 }
             }
         }
+        self.generation += u64::from(changed);
     }
 
     /// Sets a container's state (forward only).
     pub fn set_container_state(&mut self, id: &str, state: ContainerState) {
         if let Some(c) = self.containers.get_mut(id) {
-            c.state = Some(c.state.map_or(state, |o| o.then(state)));
+            let changed = forward(&mut c.state, state, ContainerState::then);
+            self.generation += u64::from(changed);
         }
     }
 
@@ -327,13 +361,15 @@ impl NodeModel {
     /// stops them).
     pub fn task_exited(&mut self, task_id: &str) -> TaskOwner {
         if let Some(c) = self.containers.get_mut(task_id) {
-            c.state = Some(ContainerState::Exited);
+            let changed = set(&mut c.state, Some(ContainerState::Exited));
+            self.generation += u64::from(changed);
             return TaskOwner::Container {
                 sandbox_id: c.sandbox_id.clone(),
             };
         }
         if let Some(s) = self.sandboxes.get_mut(task_id) {
-            s.state = Some(SandboxState::NotReady);
+            let changed = set(&mut s.state, Some(SandboxState::NotReady));
+            self.generation += u64::from(changed);
             return TaskOwner::Sandbox;
         }
         TaskOwner::Unknown
@@ -342,28 +378,36 @@ impl NodeModel {
     /// Records the runtime's view of a sandbox's state (forward only) and creation time.
     pub fn refresh_sandbox(&mut self, id: &str, state: SandboxState, created_at_ns: i64) {
         if let Some(s) = self.sandboxes.get_mut(id) {
-            s.state = Some(s.state.map_or(state, |o| o.then(state)));
-            s.created_at_ns = created_at_ns;
+            let changed = forward(&mut s.state, state, SandboxState::then)
+                | set(&mut s.created_at_ns, created_at_ns);
+            self.generation += u64::from(changed);
         }
     }
 
     /// Records the runtime's view of a container's state (forward only) and creation time.
     pub fn refresh_container(&mut self, id: &str, state: ContainerState, created_at_ns: i64) {
         if let Some(c) = self.containers.get_mut(id) {
-            c.state = Some(c.state.map_or(state, |o| o.then(state)));
-            c.created_at_ns = created_at_ns;
+            let changed = forward(&mut c.state, state, ContainerState::then)
+                | set(&mut c.created_at_ns, created_at_ns);
+            self.generation += u64::from(changed);
         }
     }
 
     /// Forgets a container.
     pub fn remove_container(&mut self, id: &str) {
-        self.containers.remove(id);
+        if self.containers.remove(id).is_some() {
+            self.generation += 1;
+        }
     }
 
     /// Forgets a sandbox and its containers.
     pub fn remove_sandbox(&mut self, id: &str) {
-        self.sandboxes.remove(id);
+        let before = self.containers.len();
+        let gone = self.sandboxes.remove(id).is_some();
         self.containers.retain(|_, c| c.sandbox_id != id);
+        if gone || self.containers.len() != before {
+            self.generation += 1;
+        }
     }
 
     /// The sandbox ids and container ids the model holds.
@@ -392,6 +436,11 @@ impl NodeModel {
             .values()
             .filter(|c| c.sandbox_id == s.id)
             .collect();
+        Some(self.derive(s, &infos))
+    }
+
+    /// The pod of sandbox `s` with containers `infos`, everything derived.
+    fn derive(&self, s: &SandboxInfo, infos: &[&ContainerInfo]) -> Pod {
         let adjs: Vec<i64> = infos.iter().map(|c| c.oom_score_adj).collect();
         let qos = derive::qos_from_cgroup_parent(&s.cgroup_parent).unwrap_or_else(|| {
             // No kubelet cgroup parent: the most telling container decides.
@@ -447,7 +496,7 @@ impl NodeModel {
                 (c.id.clone(), container)
             })
             .collect();
-        Some(Pod {
+        Pod {
             uid: s.uid.clone(),
             name: s.name.clone(),
             namespace: s.namespace.clone(),
@@ -463,14 +512,19 @@ impl NodeModel {
             state: s.state.unwrap_or(SandboxState::NotReady),
             created_at_ns: s.created_at_ns,
             containers,
-        })
+        }
     }
 
-    /// Every pod, ordered by sandbox id.
+    /// Every pod, ordered by sandbox id (containers grouped in one pass,
+    /// so that the cost grows with the pods, not with their square).
     pub fn pods(&self) -> Vec<Pod> {
+        let mut by_sandbox: HashMap<&str, Vec<&ContainerInfo>> = HashMap::new();
+        for c in self.containers.values() {
+            by_sandbox.entry(&c.sandbox_id).or_default().push(c);
+        }
         self.sandboxes
-            .keys()
-            .filter_map(|id| self.pod(id))
+            .values()
+            .map(|s| self.derive(s, by_sandbox.get(s.id.as_str()).map_or(&[], Vec::as_slice)))
             .collect()
     }
 

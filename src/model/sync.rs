@@ -11,6 +11,7 @@
 use std::collections::HashSet;
 use std::sync::RwLock;
 
+use futures::{StreamExt, TryStreamExt, stream};
 use k8s_cri::v1 as cri;
 
 use super::NodeModel;
@@ -32,6 +33,9 @@ pub enum SyncError {
     #[error(transparent)]
     Info(#[from] InfoError),
 }
+
+/// How many verbose status calls a sync has in flight at once.
+const FETCH_AT_ONCE: usize = 16;
 
 fn call_err(call: &'static str) -> impl FnOnce(tonic::Status) -> SyncError {
     move |status| SyncError::Call { call, status }
@@ -101,25 +105,39 @@ pub async fn sync(model: &RwLock<NodeModel>, up: &Upstream) -> Result<(), SyncEr
             c.into_iter().collect::<HashSet<_>>(),
         )
     };
-    let mut new_sandboxes = Vec::new();
-    for s in sandboxes
+    // Statuses are read a few at a time: a rebuild of hundreds of pods
+    // takes a fraction of one call after another.
+    let new_sandboxes: Vec<String> = sandboxes
         .iter()
         .filter(|s| !known_sandboxes.contains(&s.id))
-    {
-        new_sandboxes.extend(fetch_sandbox(up, &s.id).await?);
-    }
-    let mut new_containers = Vec::new();
-    for c in containers
+        .map(|s| s.id.clone())
+        .collect();
+    let new_sandboxes = stream::iter(new_sandboxes)
+        .map(|id| {
+            let up = up.clone();
+            async move { fetch_sandbox(&up, &id).await }
+        })
+        .buffer_unordered(FETCH_AT_ONCE)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let new_containers: Vec<String> = containers
         .iter()
         .filter(|c| !known_containers.contains(&c.id))
-    {
-        new_containers.extend(fetch_container(up, &c.id).await?);
-    }
+        .map(|c| c.id.clone())
+        .collect();
+    let new_containers = stream::iter(new_containers)
+        .map(|id| {
+            let up = up.clone();
+            async move { fetch_container(&up, &id).await }
+        })
+        .buffer_unordered(FETCH_AT_ONCE)
+        .try_collect::<Vec<_>>()
+        .await?;
     let mut m = model.write().unwrap_or_else(|e| e.into_inner());
-    for info in new_sandboxes {
+    for info in new_sandboxes.into_iter().flatten() {
         m.upsert_sandbox(info);
     }
-    for info in new_containers {
+    for info in new_containers.into_iter().flatten() {
         m.upsert_container(info);
     }
     let live_sandboxes: HashSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();

@@ -40,6 +40,16 @@ fn compare_memory(a: &PodMemory, b: &PodMemory) -> Ordering {
     }
 }
 
+/// Whether a signal with `available` units left is near a threshold at
+/// `line` units: less than twice the line left, i.e. no farther above the
+/// threshold than the threshold is above nothing. `criguard rank` walks
+/// every pod's disk usage for a disk signal only then: far from every
+/// threshold no eviction can come of it soon, and the walk is the costliest
+/// reading there is.
+pub fn near(available: i64, line: u64) -> bool {
+    (available as i128) < 2 * line as i128
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,6 +100,14 @@ mod tests {
             pod("c", 0, 10 * MI, 200 * MI),
         ];
         assert_eq!(order(&pods), ["c", "a", "b"]);
+    }
+
+    #[test]
+    fn near_a_threshold_is_less_than_twice_it_left() {
+        assert!(near(150 * MI, 100 << 20));
+        assert!(!near(200 * MI, 100 << 20));
+        assert!(near(-1, 0), "over-committed is always near");
+        assert!(!near(0, 0));
     }
 
     #[test]

@@ -249,9 +249,10 @@ impl EvictionManager {
             let Some(t) = act_on.into_iter().next() else {
                 break;
             };
+            let ranking = Instant::now();
             let victim = match t.signal.ranking() {
-                Ranking::Memory => self.ranker.memory(&tried).into_iter().next(),
-                Ranking::Pids => self.ranker.pids(&tried).into_iter().next(),
+                Ranking::Memory => self.ranker.memory(&tried).await.into_iter().next(),
+                Ranking::Pids => self.ranker.pids(&tried).await.into_iter().next(),
                 Ranking::Disk => {
                     if reclaimed.insert(t.signal) && self.reclaim_node(&t, &obs).await {
                         continue; // observe again: it may have been enough
@@ -270,6 +271,12 @@ impl EvictionManager {
                 tracing::warn!(threshold = %t, "threshold met but no pod can be evicted");
                 break;
             };
+            tracing::debug!(
+                threshold = %t,
+                observe_ms = ms(ranking.saturating_duration_since(obs.at)),
+                rank_ms = ms(ranking.elapsed()),
+                "victim chosen"
+            );
             tried.insert(victim.pod.sandbox_id.clone());
             let e = self.evict(&victim, &t, &obs).await;
             made.push(e);
@@ -389,6 +396,13 @@ impl EvictionManager {
                 .await;
             }
             self.stop(pod, grace_s).await;
+            // The action is StopPodSandbox returning: timed before the
+            // evicted pods' save (an fsync) is waited for.
+            if let Some(since) = self.state.met_since(t) {
+                self.metrics
+                    .pressure_to_action
+                    .observe(since.elapsed().as_secs_f64());
+            }
             if let Some(saving) = saving {
                 let _ = saving.await;
             }
@@ -412,11 +426,6 @@ impl EvictionManager {
                 qos: pod.qos,
             };
             self.metrics.evictions.get_or_create(&labels).inc();
-            if let Some(since) = self.state.met_since(t) {
-                self.metrics
-                    .pressure_to_action
-                    .observe(since.elapsed().as_secs_f64());
-            }
             let mut m = self.model.write().unwrap_or_else(|e| e.into_inner());
             m.set_sandbox_state(&pod.sandbox_id, SandboxState::NotReady);
         }
@@ -425,28 +434,47 @@ impl EvictionManager {
         e
     }
 
+    /// Stops `pod` as the kubelet does: StopContainer for every running
+    /// container at once, then StopPodSandbox.
     async fn stop(&self, pod: &Pod, grace_s: i64) {
-        let mut rt = self.upstream.runtime();
-        for c in pod
+        let started = Instant::now();
+        let stops = pod
             .containers
             .values()
             .filter(|c| c.state == ContainerState::Running)
-        {
-            let req = cri::StopContainerRequest {
-                container_id: c.id.clone(),
-                timeout: grace_s,
-            };
-            if let Err(err) = rt.stop_container(req).await {
-                tracing::warn!(container = %c.id, %err, "StopContainer failed; StopPodSandbox follows");
-            }
-        }
+            .map(|c| {
+                let mut rt = self.upstream.runtime();
+                let req = cri::StopContainerRequest {
+                    container_id: c.id.clone(),
+                    timeout: grace_s,
+                };
+                async move {
+                    if let Err(err) = rt.stop_container(req).await {
+                        tracing::warn!(container = %c.id, %err, "StopContainer failed; StopPodSandbox follows");
+                    }
+                }
+            });
+        futures::future::join_all(stops).await;
+        let mut rt = self.upstream.runtime();
+        let containers_stopped = Instant::now();
         let req = cri::StopPodSandboxRequest {
             pod_sandbox_id: pod.sandbox_id.clone(),
         };
         if let Err(err) = rt.stop_pod_sandbox(req).await {
             tracing::error!(sandbox = %pod.sandbox_id, %err, "StopPodSandbox failed");
         }
+        tracing::debug!(
+            sandbox = %pod.sandbox_id,
+            stop_containers_ms = ms(containers_stopped - started),
+            stop_sandbox_ms = ms(containers_stopped.elapsed()),
+            "pod stopped"
+        );
     }
+}
+
+/// A duration in milliseconds, for logs.
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 /// Resolves at `deadline`, or never without one.

@@ -4,12 +4,18 @@
 //! anything starts, as does one found while starting: the socket systemd
 //! passed, the runtime endpoint, a metrics address that is not this
 //! machine's) and runs [`serve`] on a current-thread runtime. `serve` binds
-//! the sockets ([`servers`]), rebuilds the node model from the runtime
-//! ([`runtime`]), starts the eviction and garbage-collection loops
+//! the sockets ([`servers`]), starts rebuilding the node model from the
+//! runtime ([`runtime`]), starts the eviction and garbage-collection loops
 //! ([`reclaim`]), the `oom_score_adj` adjuster ([`adjuster`]), containerd's
 //! task events, the admin and metrics servers, and relays CRI calls on a
 //! thread of its own until SIGTERM; then it stops the relay, the loops, and
 //! removes its sockets.
+//!
+//! Calls are relayed at once, the rebuild going on meanwhile: only the
+//! calls criguard observes (`cri::observe`) wait for it, and the loops that
+//! read the model (eviction, the adjuster, the sync) start once it is done
+//! ([`after_ready`]), so that a restart on a node with hundreds of pods
+//! never keeps the kubelet's other calls waiting.
 
 mod adjuster;
 mod reclaim;
@@ -133,8 +139,9 @@ async fn serve(
         servers::Listeners::bind(metrics_address, activated, &listen_path, &admin_socket).await?;
     let metrics = criguard::metrics::Metrics::new();
     let upstream = criguard::runtime::Upstream::new(endpoint);
-    let node = runtime::rebuild(&upstream, sources.memory_capacity as i64).await;
+    let node = criguard::model::NodeModel::new(sources.memory_capacity as i64);
     let node = Arc::new(RwLock::new(node));
+    let (rebuild_task, ready) = runtime::rebuild(&node, &upstream);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopping = Stopping(stop_rx);
     let evicted_store = criguard::reclaim::evicted::EvictedStore::new(&state_dir);
@@ -168,6 +175,14 @@ async fn serve(
             node.clone(),
             sources.clone(),
             Some(parts.usage.clone()),
+        )
+        .with_thresholds(
+            eviction
+                .hard
+                .iter()
+                .chain(&eviction.soft)
+                .cloned()
+                .collect(),
         ),
         rank_signals: servers::rank_signals(&eviction),
         oom_kills: oom_kills.clone(),
@@ -181,7 +196,11 @@ async fn serve(
         Some(r) => manager.with_report(r),
         None => manager,
     };
-    let evict_task = tokio::spawn(manager.run(events, stopping.wait()));
+    let evict_task = tokio::spawn(after_ready(
+        ready.clone(),
+        stopping.wait(),
+        manager.run(events, stopping.wait()),
+    ));
     let admin_task = tokio::spawn(admin::serve(listeners.admin, admin_state, stopping.wait()));
     let metrics_task = tokio::spawn(servers::metrics(
         listeners.metrics,
@@ -208,10 +227,10 @@ async fn serve(
         ranks,
         dynamic_oom_score_adj,
     );
-    let oom_task = tokio::spawn(adjuster::run(
-        adjuster,
-        oom_adjust_interval,
-        stopping.clone(),
+    let oom_task = tokio::spawn(after_ready(
+        ready.clone(),
+        stopping.wait(),
+        adjuster::run(adjuster, oom_adjust_interval, stopping.clone()),
     ));
     let image_gc_task = tokio::spawn(reclaim::image_gc_loop(
         parts.images.clone(),
@@ -223,24 +242,29 @@ async fn serve(
         gc.1,
         stopping.clone(),
     ));
-    let sync_task = tokio::spawn(runtime::sync_loop(
-        node.clone(),
-        upstream.clone(),
-        sync_interval,
-        stopping.clone(),
+    let sync_task = tokio::spawn(after_ready(
+        ready.clone(),
+        stopping.wait(),
+        runtime::sync_loop(
+            node.clone(),
+            upstream.clone(),
+            sync_interval,
+            stopping.clone(),
+        ),
     ));
 
     tracing::info!(runtime = %upstream.endpoint(), "forwarding CRI calls");
     let proxy = servers::start_proxy(
         listeners.cri,
         &upstream,
-        node,
+        (node, ready),
         status,
         parts.image_uses,
         &metrics,
         drain,
     )?;
     shutdown_signal().await;
+    rebuild_task.abort();
     proxy.stop().await;
     let _ = stop_tx.send(true);
     let _ = tokio::join!(
@@ -256,6 +280,22 @@ async fn serve(
     servers::remove_sockets(listeners.owned_path.as_deref(), &admin_socket)?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Runs `run` once the node model is rebuilt (`ready` true, or its sender
+/// gone), or nothing when `stopped` resolves first.
+async fn after_ready(
+    mut ready: tokio::sync::watch::Receiver<bool>,
+    stopped: impl Future<Output = ()> + Send,
+    run: impl Future<Output = ()> + Send,
+) {
+    let go = tokio::select! {
+        _ = ready.wait_for(|r| *r) => true,
+        () = stopped => false,
+    };
+    if go {
+        run.await;
+    }
 }
 
 /// Runs `round` every `every` until `stopped` resolves; a round in progress

@@ -1,7 +1,8 @@
 //! The runtime side of `serve`: the node model rebuilt from containerd
-//! before the first call is served, then kept in step by containerd's task
-//! events (exits at once, kernel OOM kills recorded) and by the periodic
-//! sync, the safety net for what passes criguard by.
+//! while calls are already relayed (only the observed calls, which need the
+//! model, wait for it), then kept in step by containerd's task events
+//! (exits at once, kernel OOM kills recorded) and by the periodic sync, the
+//! safety net for what passes criguard by.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
@@ -12,28 +13,39 @@ use criguard::model::{self, NodeModel};
 use criguard::policy::oom_kill::RankHistory;
 use criguard::reclaim::oom_kills::{OomKillWatcher, OomKills};
 use criguard::runtime::Upstream;
+use tokio::sync::watch;
 
 use super::{Stopping, periodic};
 
-/// The model rebuilt from the runtime. A runtime that is down must not keep
-/// the kubelet out: criguard then serves anyway, with an empty model, and
-/// the sync loop fills it once the runtime is up.
-pub async fn rebuild(upstream: &Upstream, capacity: i64) -> NodeModel {
-    match model::sync::rebuild(upstream, capacity).await {
-        Ok(m) => {
-            let (s, c) = m.ids();
-            tracing::info!(
-                sandboxes = s.len(),
-                containers = c.len(),
-                "node model rebuilt from the runtime"
-            );
-            m
+/// Rebuilds `node` from the runtime in the background; the receiver turns
+/// true once it is done. A runtime that is down must not keep the kubelet
+/// out: readiness is then given anyway, with what the model holds, and the
+/// sync loop fills it once the runtime is up.
+pub fn rebuild(
+    node: &Arc<RwLock<NodeModel>>,
+    upstream: &Upstream,
+) -> (tokio::task::JoinHandle<()>, watch::Receiver<bool>) {
+    let (ready_tx, ready) = watch::channel(false);
+    let (node, upstream) = (node.clone(), upstream.clone());
+    let task = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        match model::sync::sync(&node, &upstream).await {
+            Ok(()) => {
+                let (s, c) = node.read().unwrap_or_else(|e| e.into_inner()).ids();
+                tracing::info!(
+                    sandboxes = s.len(),
+                    containers = c.len(),
+                    ms = started.elapsed().as_millis() as u64,
+                    "node model rebuilt from the runtime"
+                );
+            }
+            Err(err) => {
+                tracing::warn!(%err, "node model not rebuilt yet; serving, the sync loop retries");
+            }
         }
-        Err(err) => {
-            tracing::warn!(%err, "node model not rebuilt yet; serving, the sync loop retries");
-            NodeModel::new(capacity)
-        }
-    }
+        ready_tx.send_replace(true);
+    });
+    (task, ready)
 }
 
 /// containerd's task events applied to the model, each kernel OOM kill in

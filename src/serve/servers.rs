@@ -107,12 +107,13 @@ pub fn rank_signals(c: &config::EvictionConfig) -> Vec<Signal> {
 }
 
 /// Starts relaying CRI calls from `listener` to the runtime on the proxy's
-/// own thread, observing them into `node` (admission against `status`,
-/// image uses into `image_uses`).
+/// own thread, observing them into the node model (admission against
+/// `status`, image uses into `image_uses`); observed calls wait for the
+/// model's readiness (rebuilt), every other call is relayed at once.
 pub fn start_proxy(
     listener: tokio::net::UnixListener,
     upstream: &Upstream,
-    node: Arc<RwLock<NodeModel>>,
+    (node, ready): (Arc<RwLock<NodeModel>>, tokio::sync::watch::Receiver<bool>),
     status: Arc<RwLock<NodeStatus>>,
     image_uses: ImageUses,
     metrics: &Metrics,
@@ -124,7 +125,8 @@ pub fn start_proxy(
                 .with_admission(status, metrics.eviction.admission_refusals.clone())
                 .with_image_uses(image_uses),
         )
-        .with_metrics(metrics.cri.clone());
+        .with_metrics(metrics.cri.clone())
+        .with_ready(ready);
     cri::server::ProxyThread::spawn(listener.into_std()?, proxy, drain)
         .context("start the proxy thread")
 }

@@ -7,6 +7,8 @@
 //! `cgroup.controllers`; a v1 root has one directory per controller and
 //! memory lives under `memory/`.
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::cgroup_path::{self, Controller};
@@ -58,6 +60,50 @@ fn parse_u64(path: &Path, text: &str) -> Result<u64, ReadError> {
             format!("not a number: {:?}", text.trim()),
         ),
     })
+}
+
+/// One cgroup file held open and read again with `pread(2)` at offset 0,
+/// which makes the kernel generate it afresh: one system call a reading,
+/// where opening it by path each time costs a lookup of every directory on
+/// the way (most of the cost of reading a small cgroup file).
+#[derive(Debug)]
+pub struct CgroupFile {
+    file: File,
+    path: PathBuf,
+}
+
+impl CgroupFile {
+    /// Opens `path` for reading.
+    pub fn open(path: PathBuf) -> Result<Self, ReadError> {
+        match File::open(&path) {
+            Ok(file) => Ok(Self { file, path }),
+            Err(source) => Err(ReadError { path, source }),
+        }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's text now (cgroup counters and limits: a few bytes). A
+    /// removed cgroup's file reads as an error (`ENODEV`).
+    pub fn read(&self) -> Result<String, ReadError> {
+        let mut buf = [0u8; 64];
+        let n = self.file.read_at(&mut buf, 0).map_err(|source| ReadError {
+            path: self.path.clone(),
+            source,
+        })?;
+        Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+    }
+
+    /// The file's number now (`max`: `None`, as a v2 limit says "no limit").
+    pub fn number(&self) -> Result<Option<u64>, ReadError> {
+        match self.read()?.trim() {
+            "max" => Ok(None),
+            t => parse_u64(&self.path, t).map(Some),
+        }
+    }
 }
 
 impl CgroupFs {
@@ -118,6 +164,54 @@ impl CgroupFs {
         })
     }
 
+    /// `cgroup`'s usage counter (v1 `memory.usage_in_bytes`, v2
+    /// `memory.current`), held open for cheap readings.
+    pub fn usage_file(&self, cgroup: &str) -> Result<CgroupFile, ReadError> {
+        let file = match self.layout {
+            Layout::V1 => "memory.usage_in_bytes",
+            Layout::V2 => "memory.current",
+        };
+        CgroupFile::open(self.memory_dir(cgroup).join(file))
+    }
+
+    /// `cgroup`'s memory limit file (v1 `memory.limit_in_bytes`, v2
+    /// `memory.max`), held open; read it with [`limit_of`].
+    pub fn limit_file(&self, cgroup: &str) -> Result<CgroupFile, ReadError> {
+        CgroupFile::open(self.limit_file_path(cgroup))
+    }
+
+    /// The path of `cgroup`'s memory limit file.
+    pub fn limit_file_path(&self, cgroup: &str) -> PathBuf {
+        let file = match self.layout {
+            Layout::V1 => "memory.limit_in_bytes",
+            Layout::V2 => "memory.max",
+        };
+        self.memory_dir(cgroup).join(file)
+    }
+
+    /// The working set of `cgroup` (`usage − inactive_file`): two files
+    /// read, where [`CgroupFs::memory`] reads the limit too.
+    pub fn working_set(&self, cgroup: &str) -> Result<u64, ReadError> {
+        let file = match self.layout {
+            Layout::V1 => "memory.usage_in_bytes",
+            Layout::V2 => "memory.current",
+        };
+        let path = self.memory_dir(cgroup).join(file);
+        let usage = parse_u64(&path, &read(&path)?)?;
+        self.working_set_from(cgroup, usage)
+    }
+
+    /// The working set of `cgroup` whose usage was just read as `usage`:
+    /// `usage − inactive_file` from its `memory.stat` (the one file read).
+    pub fn working_set_from(&self, cgroup: &str, usage: u64) -> Result<u64, ReadError> {
+        let key = match self.layout {
+            Layout::V1 => "total_inactive_file",
+            Layout::V2 => "inactive_file",
+        };
+        let stat = read(&self.memory_dir(cgroup).join("memory.stat"))?;
+        Ok(usage.saturating_sub(stat_value(&stat, key).unwrap_or(0)))
+    }
+
     /// The kernel's count of processes its OOM killer took from `cgroup`:
     /// `oom_kill` of v1 `memory.oom_control` (counted in the victim's own
     /// cgroup only) or of v2 `memory.events` (the cgroup and below).
@@ -151,6 +245,13 @@ impl CgroupFs {
         Ok((current, max))
     }
 
+    /// `pids.current` (tasks, threads included) of `cgroup`: one file, for
+    /// ranking, where [`CgroupFs::pids_counter`] reads the limit too.
+    pub fn pids_current(&self, cgroup: &str) -> Result<u64, ReadError> {
+        let path = self.dir(Controller::Pids, cgroup).join("pids.current");
+        parse_u64(&path, read(&path)?.trim())
+    }
+
     /// The pids in `cgroup` and its descendants (memory hierarchy). A
     /// descendant removed while it is read (a container exiting) is skipped;
     /// only an unreadable `cgroup` itself is an error.
@@ -178,6 +279,12 @@ impl CgroupFs {
         }
         Ok(out)
     }
+}
+
+/// A memory limit as its file says it: `None` when unlimited (v2 `max`,
+/// v1's huge page-aligned number).
+pub fn limit_of(file: &CgroupFile) -> Result<Option<u64>, ReadError> {
+    Ok(file.number()?.filter(|l| *l < V1_UNLIMITED))
 }
 
 #[cfg(test)]
@@ -273,6 +380,35 @@ mod tests {
         );
         let err = fs.oom_kills("/old").unwrap_err();
         assert!(err.to_string().contains("memory.oom_control"), "{err}");
+    }
+
+    #[test]
+    fn a_held_file_reads_its_value_now_and_a_gone_one_names_itself() {
+        let t = tempfile::tempdir().unwrap();
+        write(t.path(), "memory/p/memory.usage_in_bytes", "2000\n");
+        write(
+            t.path(),
+            "memory/p/memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        write(
+            t.path(),
+            "memory/p/memory.stat",
+            "total_inactive_file 500\n",
+        );
+        let fs = CgroupFs::detect(t.path());
+        let usage = fs.usage_file("/p").unwrap();
+        assert_eq!(usage.number().unwrap(), Some(2000));
+        write(t.path(), "memory/p/memory.usage_in_bytes", "31\n");
+        assert_eq!(usage.number().unwrap(), Some(31), "read afresh, not cached");
+        assert_eq!(limit_of(&fs.limit_file("/p").unwrap()).unwrap(), None);
+        assert_eq!(fs.working_set_from("/p", 2000).unwrap(), 1500);
+        assert_eq!(fs.working_set("/p").unwrap(), 0, "31 − 500 floors at 0");
+        let err = fs.usage_file("/gone").unwrap_err();
+        assert!(
+            err.to_string().contains("gone/memory.usage_in_bytes"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -176,6 +176,9 @@ pub enum Reply {
     Stream(mpsc::Receiver<Bytes>),
     /// The inner reply, once `barrier` has been reached by enough calls.
     AfterBarrier(Arc<tokio::sync::Barrier>, Box<Reply>),
+    /// The inner reply, once the watched value is true (every call so
+    /// answered waits for the one release).
+    AfterRelease(tokio::sync::watch::Receiver<bool>, Box<Reply>),
 }
 
 type Responder = dyn Fn(&Recorded) -> Reply + Send + Sync;
@@ -221,10 +224,19 @@ impl RecordingUpstream {
                             };
                             let mut reply = respond(&rec);
                             let _ = tx.send(rec);
-                            while let Reply::AfterBarrier(barrier, inner) = reply {
-                                barrier.wait().await;
-                                reply = *inner;
-                            }
+                            let reply = loop {
+                                reply = match reply {
+                                    Reply::AfterBarrier(barrier, inner) => {
+                                        barrier.wait().await;
+                                        *inner
+                                    }
+                                    Reply::AfterRelease(mut released, inner) => {
+                                        let _ = released.wait_for(|r| *r).await;
+                                        *inner
+                                    }
+                                    other => break other,
+                                };
+                            };
                             Ok::<_, std::convert::Infallible>(reply_to_response(reply))
                         }
                     });
@@ -244,7 +256,7 @@ type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infalli
 
 fn reply_to_response(reply: Reply) -> http::Response<BoxBody> {
     match reply {
-        Reply::AfterBarrier(..) => unreachable!("awaited before"),
+        Reply::AfterBarrier(..) | Reply::AfterRelease(..) => unreachable!("awaited before"),
         Reply::Unary {
             headers,
             body,

@@ -9,7 +9,7 @@ use crate::admin::pb;
 use crate::config::Signal;
 use crate::node_state::{Eviction, NodeStatus};
 use crate::policy::thresholds::Condition;
-use crate::reclaim::rank::RankEntry;
+use crate::reclaim::rank::{NotRanked, RankEntry};
 use crate::signals::unix_ms;
 
 impl From<&Eviction> for pb::Eviction {
@@ -74,6 +74,26 @@ impl From<pb::RankEntry> for RankEntry {
             priority: e.priority,
             usage: e.usage,
             request: e.request,
+        }
+    }
+}
+
+impl From<&NotRanked> for pb::NotRanked {
+    fn from(n: &NotRanked) -> Self {
+        Self {
+            signal: n.signal.clone(),
+            available: n.available,
+            threshold: n.threshold.clone(),
+        }
+    }
+}
+
+impl From<pb::NotRanked> for NotRanked {
+    fn from(n: pb::NotRanked) -> Self {
+        Self {
+            signal: n.signal,
+            available: n.available,
+            threshold: n.threshold,
         }
     }
 }
@@ -198,6 +218,12 @@ mod tests {
             request: 0,
         };
         assert_eq!(RankEntry::from(pb::RankEntry::from(&r)), r);
+        let n = NotRanked {
+            signal: "nodefs.available".into(),
+            available: 5 << 30,
+            threshold: "10%".into(),
+        };
+        assert_eq!(NotRanked::from(pb::NotRanked::from(&n)), n);
     }
 
     #[test]

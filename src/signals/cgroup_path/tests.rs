@@ -266,7 +266,7 @@ fn ranking_finds_every_pods_cgroup_under_both_drivers_and_versions() {
         let ranker = Ranker::new(model, sources(t.path(), t.path()), None);
         let case = format!("{layout:?} {driver:?}");
 
-        let memory = ranker.memory(&BTreeSet::new());
+        let memory = ranker.memory_blocking(&BTreeSet::new());
         let got: Vec<(&str, Option<i64>)> = memory
             .iter()
             .map(|v| (v.pod.sandbox_id.as_str(), v.usage))
@@ -280,7 +280,7 @@ fn ranking_finds_every_pods_cgroup_under_both_drivers_and_versions() {
         let heaviest = memory[0].heaviest.clone().map(|(_, u, _)| u);
         assert_eq!(heaviest, Some(200 * mi), "{case}: container cgroup");
 
-        let pids = ranker.pids(&BTreeSet::new());
+        let pids = ranker.pids_blocking(&BTreeSet::new());
         let got: Vec<(&str, Option<i64>)> = pids
             .iter()
             .map(|v| (v.pod.sandbox_id.as_str(), v.usage))

@@ -1,0 +1,71 @@
+//! The disk rule of `criguard rank` and the parallel reads' order.
+
+use super::*;
+use crate::config::Amount;
+use crate::policy::thresholds::Observation;
+
+fn threshold(signal: Signal, amount: Amount) -> Threshold {
+    Threshold {
+        signal,
+        amount,
+        grace_period: None,
+        min_reclaim: None,
+    }
+}
+
+#[test]
+fn disk_is_ranked_only_near_a_threshold_or_when_it_cannot_tell() {
+    let s = Signal::NodefsAvailable;
+    let (hard, soft) = (
+        threshold(s, Amount::Percentage(10.0)),
+        threshold(s, Amount::Quantity(300)),
+    );
+    let obs = |available| Observation {
+        available,
+        capacity: 1000,
+    };
+    // The nearest (largest) line decides: 300 left twice is 600.
+    assert!(disk_ranking_wanted(s, &[&hard, &soft], Some(&obs(599))).is_ok());
+    let far = disk_ranking_wanted(s, &[&hard, &soft], Some(&obs(600))).unwrap_err();
+    assert_eq!(
+        far,
+        NotRanked {
+            signal: "nodefs.available".into(),
+            available: 600,
+            threshold: "300".into(),
+        }
+    );
+    assert!(
+        far.to_string().starts_with("nodefs.available: not ranked"),
+        "{far}"
+    );
+    assert!(disk_ranking_wanted(s, &[&hard], Some(&obs(150))).is_ok());
+    assert!(disk_ranking_wanted(s, &[&hard], Some(&obs(250))).is_err());
+    assert!(disk_ranking_wanted(s, &[&hard], None).is_ok(), "unobserved");
+    assert!(
+        disk_ranking_wanted(s, &[], Some(&obs(999))).is_ok(),
+        "no threshold told"
+    );
+}
+
+#[test]
+fn parallel_reads_keep_the_pods_order() {
+    let model = NodeModel::new(0);
+    let pods: Vec<Pod> = (0..200)
+        .map(|i| {
+            let mut m = model.clone();
+            m.upsert_sandbox(crate::model::SandboxInfo {
+                id: format!("{i:03}"),
+                ..Default::default()
+            });
+            m.pods().remove(0)
+        })
+        .collect();
+    let got = per_pod(&pods, |p| {
+        (p.sandbox_id != "007").then(|| p.sandbox_id.clone())
+    });
+    let want: Vec<Option<String>> = (0..200)
+        .map(|i| (i != 7).then(|| format!("{i:03}")))
+        .collect();
+    assert_eq!(got, want);
+}
