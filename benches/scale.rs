@@ -284,6 +284,16 @@ async fn main() {
                 (c > count0).then_some((s, c))
             })
             .await;
+        // The hog, and only the hog, was evicted: a ranking that picked
+        // another pod first would show more than one action by its exit.
+        p.exited_at_ms(&c).await;
+        let (_, after) = pressure_hist(port);
+        assert_eq!(
+            after - count0,
+            1.0,
+            "trial {i}: {} pods evicted for one hog",
+            after - count0
+        );
         actions.push(Duration::from_secs_f64((sum - sum0) / (count - count0)));
     }
     actions.sort();

@@ -96,20 +96,17 @@ pub async fn rebuild(up: &Upstream, memory_capacity: i64) -> Result<NodeModel, S
 
 /// Brings `model` up to date with the runtime (see the module docs).
 pub async fn sync(model: &RwLock<NodeModel>, up: &Upstream) -> Result<(), SyncError> {
+    // What the model knows *before* the lists are asked for: only these can
+    // be judged gone by lists that lack them. An object the model learns
+    // while the sync runs (an observed RunPodSandbox, an event) is newer
+    // than the lists and stays.
+    let known = Known::of(&model.read().unwrap_or_else(|e| e.into_inner()));
     let (sandboxes, containers) = lists(up).await?;
-    let (known_sandboxes, known_containers) = {
-        let m = model.read().unwrap_or_else(|e| e.into_inner());
-        let (s, c) = m.ids();
-        (
-            s.into_iter().collect::<HashSet<_>>(),
-            c.into_iter().collect::<HashSet<_>>(),
-        )
-    };
     // Statuses are read a few at a time: a rebuild of hundreds of pods
     // takes a fraction of one call after another.
     let new_sandboxes: Vec<String> = sandboxes
         .iter()
-        .filter(|s| !known_sandboxes.contains(&s.id))
+        .filter(|s| !known.sandboxes.contains(&s.id))
         .map(|s| s.id.clone())
         .collect();
     let new_sandboxes = stream::iter(new_sandboxes)
@@ -122,7 +119,7 @@ pub async fn sync(model: &RwLock<NodeModel>, up: &Upstream) -> Result<(), SyncEr
         .await?;
     let new_containers: Vec<String> = containers
         .iter()
-        .filter(|c| !known_containers.contains(&c.id))
+        .filter(|c| !known.containers.contains(&c.id))
         .map(|c| c.id.clone())
         .collect();
     let new_containers = stream::iter(new_containers)
@@ -140,28 +137,58 @@ pub async fn sync(model: &RwLock<NodeModel>, up: &Upstream) -> Result<(), SyncEr
     for info in new_containers.into_iter().flatten() {
         m.upsert_container(info);
     }
+    apply_lists(&mut m, &known, &sandboxes, &containers);
+    Ok(())
+}
+
+/// The ids a model held at one moment.
+#[derive(Debug, Default)]
+struct Known {
+    sandboxes: HashSet<String>,
+    containers: HashSet<String>,
+}
+
+impl Known {
+    fn of(m: &NodeModel) -> Self {
+        let (s, c) = m.ids();
+        Self {
+            sandboxes: s.into_iter().collect(),
+            containers: c.into_iter().collect(),
+        }
+    }
+}
+
+/// Applies the runtime's lists to `m`: what was `known` before the lists
+/// were read and is missing from them is gone; states move forward and
+/// creation times are refreshed.
+fn apply_lists(
+    m: &mut NodeModel,
+    known: &Known,
+    sandboxes: &[cri::PodSandbox],
+    containers: &[cri::Container],
+) {
     let live_sandboxes: HashSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
     let live_containers: HashSet<&str> = containers.iter().map(|c| c.id.as_str()).collect();
-    let (have_s, have_c) = m.ids();
-    for id in have_c
+    for id in known
+        .containers
         .iter()
         .filter(|id| !live_containers.contains(id.as_str()))
     {
         m.remove_container(id);
     }
-    for id in have_s
+    for id in known
+        .sandboxes
         .iter()
         .filter(|id| !live_sandboxes.contains(id.as_str()))
     {
         m.remove_sandbox(id);
     }
-    for s in &sandboxes {
+    for s in sandboxes {
         m.refresh_sandbox(&s.id, convert::sandbox_state(s.state), s.created_at);
     }
-    for c in &containers {
+    for c in containers {
         m.refresh_container(&c.id, convert::container_state(c.state), c.created_at);
     }
-    Ok(())
 }
 
 /// `MemTotal` from `/proc/meminfo` text, in bytes: the capacity the kubelet
@@ -174,6 +201,55 @@ pub fn mem_total(meminfo: &str) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::model::{ContainerInfo, SandboxInfo, SandboxState};
+
+    fn sandbox(id: &str) -> SandboxInfo {
+        SandboxInfo {
+            id: id.into(),
+            name: format!("pod-{id}"),
+            namespace: "default".into(),
+            uid: format!("uid-{id}"),
+            cgroup_parent: format!("/kubepods/pod{id}"),
+            state: Some(SandboxState::Ready),
+            ..Default::default()
+        }
+    }
+
+    fn listed(id: &str) -> cri::PodSandbox {
+        cri::PodSandbox {
+            id: id.into(),
+            state: cri::PodSandboxState::SandboxReady as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn lists_drop_only_what_the_model_knew_before_they_were_read() {
+        let mut m = NodeModel::new(1 << 30);
+        m.upsert_sandbox(sandbox("old"));
+        m.upsert_sandbox(sandbox("gone"));
+        m.upsert_container(ContainerInfo {
+            id: "c-gone".into(),
+            sandbox_id: "old".into(),
+            ..Default::default()
+        });
+        let known = Known::of(&m);
+        // Learned while the lists were in flight (an observed RunPodSandbox
+        // and CreateContainer): absent from the lists, newer than them.
+        m.upsert_sandbox(sandbox("new"));
+        m.upsert_container(ContainerInfo {
+            id: "c-new".into(),
+            sandbox_id: "new".into(),
+            ..Default::default()
+        });
+        apply_lists(&mut m, &known, &[listed("old")], &[]);
+        let (mut s, c) = m.ids();
+        s.sort();
+        assert_eq!(s, ["new", "old"]);
+        assert_eq!(c, ["c-new"]);
+    }
+
     #[test]
     fn mem_total_reads_kib() {
         let text = "MemTotal:       24567892 kB\nMemFree:         1000 kB\n";
