@@ -30,6 +30,13 @@ cleanup() {
 [[ -z "$keep" ]] && trap cleanup EXIT
 
 hack/containerd.sh stop "$dir" --purge >/dev/null 2>&1 || true   # a previous --keep run
+# A filesystem of the demo's own (1 GiB tmpfs) for containerd's root, the
+# logs and criguard's state: criguard's imagefs/nodefs signals then read the
+# demo's disk, not the host's, so a nearly full host disk (DiskPressure at
+# the kubelet's default imagefs.available<15%) does not refuse the demo pod.
+# containerd.sh stop unmounts it with everything else under $dir.
+mkdir -p "$dir"
+mount -t tmpfs -o size=1g,mode=0755 criguard-demo "$dir"
 hack/containerd.sh start "$dir" >/dev/null
 target/debug/criguard serve --listen "$dir/criguard.sock" --admin-socket "$dir/admin.sock" --metrics-address none \
     --runtime-endpoint "unix://$dir/containerd.sock" --imagefs "$dir/root" --nodefs "$dir" \
@@ -60,5 +67,6 @@ else
 Still running. Point a CRI client at unix://$dir/criguard.sock.
 criguard's log: $dir/criguard.log. To stop everything:
   kill \$(cat $dir/criguard.pid); hack/containerd.sh stop $dir --purge
+(that also unmounts the demo's tmpfs at $dir)
 MSG
 fi
