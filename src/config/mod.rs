@@ -68,6 +68,16 @@ pub struct Threshold {
 }
 
 impl Threshold {
+    /// A hard threshold: no grace period, no minimum reclaim.
+    pub fn hard(signal: Signal, amount: Amount) -> Self {
+        Self {
+            signal,
+            amount,
+            grace_period: None,
+            min_reclaim: None,
+        }
+    }
+
     /// The amount as configured (`100Mi`, `10%`).
     pub fn amount_display(&self) -> String {
         self.amount.show(self.signal.is_bytes())

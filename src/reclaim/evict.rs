@@ -531,12 +531,7 @@ mod tests {
     use crate::config::Amount;
 
     fn threshold(signal: Signal, amount: Amount) -> Threshold {
-        Threshold {
-            signal,
-            amount,
-            grace_period: None,
-            min_reclaim: None,
-        }
+        Threshold::hard(signal, amount)
     }
 
     #[test]

@@ -5,12 +5,7 @@ use crate::config::Amount;
 use crate::policy::thresholds::Observation;
 
 fn threshold(signal: Signal, amount: Amount) -> Threshold {
-    Threshold {
-        signal,
-        amount,
-        grace_period: None,
-        min_reclaim: None,
-    }
+    Threshold::hard(signal, amount)
 }
 
 #[test]
