@@ -536,4 +536,4 @@ impl NodeModel {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -102,34 +102,18 @@ pub async fn sync(model: &RwLock<NodeModel>, up: &Upstream) -> Result<(), SyncEr
     // than the lists and stays.
     let known = Known::of(&model.read().unwrap_or_else(|e| e.into_inner()));
     let (sandboxes, containers) = lists(up).await?;
-    // Statuses are read a few at a time: a rebuild of hundreds of pods
-    // takes a fraction of one call after another.
-    let new_sandboxes: Vec<String> = sandboxes
-        .iter()
-        .filter(|s| !known.sandboxes.contains(&s.id))
-        .map(|s| s.id.clone())
-        .collect();
-    let new_sandboxes = stream::iter(new_sandboxes)
-        .map(|id| {
-            let up = up.clone();
-            async move { fetch_sandbox(&up, &id).await }
-        })
-        .buffer_unordered(FETCH_AT_ONCE)
-        .try_collect::<Vec<_>>()
-        .await?;
-    let new_containers: Vec<String> = containers
-        .iter()
-        .filter(|c| !known.containers.contains(&c.id))
-        .map(|c| c.id.clone())
-        .collect();
-    let new_containers = stream::iter(new_containers)
-        .map(|id| {
-            let up = up.clone();
-            async move { fetch_container(&up, &id).await }
-        })
-        .buffer_unordered(FETCH_AT_ONCE)
-        .try_collect::<Vec<_>>()
-        .await?;
+    let new_sandboxes = fetch_unknown(
+        sandboxes.iter().map(|s| &s.id),
+        &known.sandboxes,
+        |id| async move { fetch_sandbox(up, &id).await },
+    )
+    .await?;
+    let new_containers = fetch_unknown(
+        containers.iter().map(|c| &c.id),
+        &known.containers,
+        |id| async move { fetch_container(up, &id).await },
+    )
+    .await?;
     let mut m = model.write().unwrap_or_else(|e| e.into_inner());
     for info in new_sandboxes.into_iter().flatten() {
         m.upsert_sandbox(info);
@@ -139,6 +123,26 @@ pub async fn sync(model: &RwLock<NodeModel>, up: &Upstream) -> Result<(), SyncEr
     }
     apply_lists(&mut m, &known, &sandboxes, &containers);
     Ok(())
+}
+
+/// Reads the verbose status of each listed id the model does not know,
+/// a few at a time: a rebuild of hundreds of pods takes a fraction of one
+/// call after another.
+async fn fetch_unknown<'a, T, F, Fut>(
+    listed: impl Iterator<Item = &'a String>,
+    known: &HashSet<String>,
+    fetch: F,
+) -> Result<Vec<Option<T>>, SyncError>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, SyncError>>,
+{
+    let unknown: Vec<String> = listed.filter(|id| !known.contains(*id)).cloned().collect();
+    stream::iter(unknown)
+        .map(fetch)
+        .buffer_unordered(FETCH_AT_ONCE)
+        .try_collect()
+        .await
 }
 
 /// The ids a model held at one moment.
@@ -202,19 +206,8 @@ pub fn mem_total(meminfo: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ContainerInfo, SandboxInfo, SandboxState};
-
-    fn sandbox(id: &str) -> SandboxInfo {
-        SandboxInfo {
-            id: id.into(),
-            name: format!("pod-{id}"),
-            namespace: "default".into(),
-            uid: format!("uid-{id}"),
-            cgroup_parent: format!("/kubepods/pod{id}"),
-            state: Some(SandboxState::Ready),
-            ..Default::default()
-        }
-    }
+    use crate::model::ContainerInfo;
+    use crate::model::tests::sandbox;
 
     fn listed(id: &str) -> cri::PodSandbox {
         cri::PodSandbox {
@@ -227,8 +220,8 @@ mod tests {
     #[test]
     fn lists_drop_only_what_the_model_knew_before_they_were_read() {
         let mut m = NodeModel::new(1 << 30);
-        m.upsert_sandbox(sandbox("old"));
-        m.upsert_sandbox(sandbox("gone"));
+        m.upsert_sandbox(sandbox("old", "/kubepods/podold"));
+        m.upsert_sandbox(sandbox("gone", "/kubepods/podgone"));
         m.upsert_container(ContainerInfo {
             id: "c-gone".into(),
             sandbox_id: "old".into(),
@@ -237,7 +230,7 @@ mod tests {
         let known = Known::of(&m);
         // Learned while the lists were in flight (an observed RunPodSandbox
         // and CreateContainer): absent from the lists, newer than them.
-        m.upsert_sandbox(sandbox("new"));
+        m.upsert_sandbox(sandbox("new", "/kubepods/podnew"));
         m.upsert_container(ContainerInfo {
             id: "c-new".into(),
             sandbox_id: "new".into(),

@@ -2,7 +2,8 @@
 
 use super::*;
 
-fn sandbox(id: &str, parent: &str) -> SandboxInfo {
+/// A Ready sandbox `id` under cgroup `parent` (shared with other modules' tests).
+pub(crate) fn sandbox(id: &str, parent: &str) -> SandboxInfo {
     SandboxInfo {
         id: id.into(),
         name: format!("pod-{id}"),
