@@ -399,7 +399,19 @@ fn check_config_bounded(args: &[&str]) -> (i32, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("prlimit (util-linux) must be installed");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let what = format!("check-config {args:?}");
+    let (status, err) = exit_within(&mut child, Duration::from_secs(20), &what);
+    (status.code().unwrap_or(-1), err)
+}
+
+/// Waits for `child` to exit within `limit` (killing it and failing the
+/// test otherwise); its exit status and what it wrote to stderr.
+fn exit_within(
+    child: &mut std::process::Child,
+    limit: Duration,
+    what: &str,
+) -> (std::process::ExitStatus, String) {
+    let deadline = std::time::Instant::now() + limit;
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
@@ -407,13 +419,13 @@ fn check_config_bounded(args: &[&str]) -> (i32, String) {
         if std::time::Instant::now() > deadline {
             child.kill().unwrap();
             child.wait().unwrap();
-            panic!("check-config {args:?} still running after 20 s");
+            panic!("{what} still running after {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
     };
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-    (status.code().unwrap_or(-1), err)
+    (status, err)
 }
 
 #[test]
@@ -553,20 +565,8 @@ fn socket_activation_refuses_an_fd_3_that_is_not_a_listening_unix_stream_socket(
     ];
     for (what, fd, needle) in cases {
         let mut child = spawn_with_fd3(fd, dir.path(), &upstream, Stdio::piped());
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if std::time::Instant::now() > deadline {
-                child.kill().unwrap();
-                child.wait().unwrap();
-                panic!("fd 3 = {what}: criguard still running after 10 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut err = String::new();
-        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        let running = format!("fd 3 = {what}: criguard");
+        let (status, err) = exit_within(&mut child, Duration::from_secs(10), &running);
         assert_eq!(status.code(), Some(2), "fd 3 = {what}: {err}");
         assert!(
             err.contains("fd 3") && err.contains(needle),
