@@ -23,7 +23,7 @@ use super::pb;
 use super::pb::admin_server::{Admin, AdminServer};
 use crate::accept::Acceptor;
 use crate::config::Signal;
-use crate::model::{NodeModel, sync};
+use crate::model::{NodeModel, Pod, sync};
 use crate::node_state::NodeStatus;
 use crate::reclaim::oom_kills::OomKills;
 use crate::reclaim::rank::Ranker;
@@ -60,6 +60,12 @@ impl AdminState {
         }
     }
 
+    /// The model's pods, after a sync for `rpc`.
+    async fn synced_pods(&self, rpc: &str) -> Vec<Pod> {
+        self.sync(rpc).await;
+        self.model.read().unwrap_or_else(|e| e.into_inner()).pods()
+    }
+
     fn status(&self) -> std::sync::RwLockReadGuard<'_, NodeStatus> {
         self.status.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -79,13 +85,7 @@ impl Admin for Service {
         &self,
         _: Request<pb::PodsRequest>,
     ) -> Result<Response<pb::PodsResponse>, Status> {
-        self.state.sync("Pods").await;
-        let pods = self
-            .state
-            .model
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .pods();
+        let pods = self.state.synced_pods("Pods").await;
         Ok(Response::new(pb::PodsResponse {
             pods: pods.iter().map(Into::into).collect(),
         }))
@@ -129,13 +129,7 @@ impl Admin for Service {
         &self,
         _: Request<pb::UsageRequest>,
     ) -> Result<Response<pb::UsageResponse>, Status> {
-        self.state.sync("Usage").await;
-        let pods = self
-            .state
-            .model
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .pods();
+        let pods = self.state.synced_pods("Usage").await;
         let usage = self.state.usage.read(pods).await;
         Ok(Response::new((&usage).into()))
     }
