@@ -10,7 +10,7 @@
 # Usage:
 #   hack/vm.sh deps
 #       Install the host packages the tier needs (qemu-system-x86,
-#       debootstrap, e2fsprogs, kmod, cpio, busybox-static).
+#       qemu-utils, debootstrap, e2fsprogs, kmod, cpio, busybox-static).
 #   hack/vm.sh image
 #       Build the machine once (hack/vm/image/build.sh) into
 #       target/vm/images/<hash of hack/vm/image/>, or reuse it; print its
@@ -40,6 +40,9 @@ MEM="${CRIGUARD_VM_MEM:-2048}"
 CPUS="${CRIGUARD_VM_CPUS:-2}"
 ACCEL="${CRIGUARD_VM_ACCEL:-tcg,thread=multi}"
 KEEP_RUNS=5
+# The guest's writes (images, containers, the pressure scenario's files)
+# stay well under this.
+MIN_FREE_MIB=2048
 
 log() { echo "vm.sh: $*" >&2; }
 die() {
@@ -57,7 +60,7 @@ need_root() { [[ "$(id -u)" -eq 0 ]] || die "run as root (debootstrap, mkfs, apt
 do_deps() {
     local -a missing=()
     local c
-    for c in qemu-system-x86_64 debootstrap mkfs.ext4 depmod cpio dpkg-deb apt-get; do
+    for c in qemu-system-x86_64 qemu-img debootstrap mkfs.ext4 depmod cpio dpkg-deb apt-get; do
         command -v "$c" >/dev/null 2>&1 || missing+=("$c")
     done
     # hack/images.sh builds the test images from the static busybox.
@@ -67,7 +70,7 @@ do_deps() {
         log "missing: ${missing[*]}; installing with apt-get"
         apt-get update -q >&2
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-            qemu-system-x86 debootstrap e2fsprogs kmod cpio busybox-static >&2
+            qemu-system-x86 qemu-utils debootstrap e2fsprogs kmod cpio busybox-static >&2
     fi
     # The kernel is fetched with apt-get download: its index must be there.
     if ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then
@@ -112,17 +115,31 @@ do_image() {
 QEMU_PID=""
 TAIL_PID=""
 stop_children() {
-    [[ -n "$TAIL_PID" ]] && kill "$TAIL_PID" 2>/dev/null
+    # Each kill may find its process gone: not an error (set -e).
+    [[ -n "$TAIL_PID" ]] && { kill "$TAIL_PID" 2>/dev/null || true; }
     if [[ -n "$QEMU_PID" ]] && kill -0 "$QEMU_PID" 2>/dev/null; then
-        kill -TERM "$QEMU_PID" 2>/dev/null
+        kill -TERM "$QEMU_PID" 2>/dev/null || true
         sleep 1
-        kill -KILL "$QEMU_PID" 2>/dev/null
+        kill -KILL "$QEMU_PID" 2>/dev/null || true
     fi
     return 0
 }
 
+# One command to QEMU's human monitor of the running VM; its answer.
+monitor() {
+    python3 - "$out/monitor.sock" "$1" <<'PY' 2>&1 | tr -d '\r' | grep -v '^(qemu)\|^QEMU .*monitor' | head -n 5
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+s.connect(sys.argv[1])
+s.sendall(sys.argv[2].encode() + b"\n")
+time.sleep(1)
+print(s.recv(65536).decode(errors="replace"))
+PY
+}
+
 do_run() {
-    local timeout=900 image run out status t0 boot_s cmd_s
+    local timeout=900 image run out status t0 boot_s cmd_s free_mib
     local -a shares=("$REPO") envs=() cmd=()
     while (($#)); do
         case "$1" in
@@ -176,15 +193,23 @@ do_run() {
     append+=" systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all psi=1"
     append+=" criguard.shares=$(IFS=,; echo "${cmdline_shares[*]}")"
 
+    free_mib="$(df -Pm "$out" | awk 'NR == 2 { print $4 }')"
+    ((free_mib >= MIN_FREE_MIB)) ||
+        die "the VM's disk overlay needs ${MIN_FREE_MIB} MiB free under $out; $free_mib MiB are"
     trap 'stop_children; exit 130' INT TERM HUP
     t0=$SECONDS
-    log "booting (kernel $(cat "$image/kernel-version"), ${CPUS} CPUs, ${MEM} MiB, accel $ACCEL); run dir $out"
-    # The root disk is opened with snapshot=on: writes go to a temporary
-    # overlay, so every run starts from the same image.
+    log "booting (kernel $(cat "$image/kernel-version"), ${CPUS} CPUs, ${MEM} MiB, accel $ACCEL); run dir $out ($free_mib MiB free)"
+    # The guest writes to a copy-on-write overlay of the image in the run
+    # directory (not QEMU's snapshot=on file in /var/tmp, which may be a
+    # small filesystem), so every run starts from the same image. A write
+    # that fails is reported to the guest (werror=report) instead of
+    # pausing the VM, QEMU's default on ENOSPC, which looks like a hang.
+    qemu-img create -q -f qcow2 -F raw -b "$image/root.img" "$out/root.qcow2"
     qemu-system-x86_64 -accel "$ACCEL" -cpu max -m "$MEM" -smp "$CPUS" \
-        -display none -monitor none -serial "file:$out/console.log" -nic none -no-reboot \
+        -display none -monitor "unix:$out/monitor.sock,server=on,wait=off" \
+        -serial "file:$out/console.log" -nic none -no-reboot \
         -kernel "$image/vmlinuz" -initrd "$image/initrd.img" -append "$append" \
-        -drive "file=$image/root.img,if=virtio,format=raw,snapshot=on" \
+        -drive "file=$out/root.qcow2,if=virtio,format=qcow2,werror=report,rerror=report" \
         "${qemu_shares[@]}" </dev/null >"$out/qemu.log" 2>&1 &
     QEMU_PID=$!
     tail -F -n +1 "$out/output" 2>/dev/null &
@@ -194,7 +219,8 @@ do_run() {
     while kill -0 "$QEMU_PID" 2>/dev/null; do
         if ((SECONDS >= end)); then
             timed_out=1
-            log "timed out after ${timeout} s; stopping the VM (pid $QEMU_PID)"
+            log "timed out after ${timeout} s; QEMU says: $(monitor "info status")"
+            log "stopping the VM (pid $QEMU_PID)"
             stop_children
             break
         fi
@@ -207,6 +233,7 @@ do_run() {
     wait "$TAIL_PID" 2>/dev/null || true
     TAIL_PID=""
     trap - INT TERM HUP
+    rm -f "$out/root.qcow2" "$out/monitor.sock"
 
     status="$(cat "$out/status" 2>/dev/null || true)"
     boot_s="$(awk '$1 == "started" { print $2 }' "$out/times" 2>/dev/null || true)"
@@ -232,7 +259,10 @@ do_run() {
 do_test() {
     local bin target
     (cd "$REPO" && cargo build --bin criguard >&2)
+    # The test target's artifact: cargo also lists criguard's binary, in
+    # an order of its own.
     bin="$(cd "$REPO" && cargo test --no-run --test vm --message-format=json 2>/dev/null |
+        grep '"kind":\["test"\],[^}]*"name":"vm"' |
         sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n1)"
     [[ -x "$bin" ]] || die "cannot find the tests/vm.rs binary"
     target="$(dirname "$(dirname "$(dirname "$bin")")")"

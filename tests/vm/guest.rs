@@ -37,18 +37,58 @@ pub fn report(line: &str) {
     let _ = writeln!(std::io::stderr(), "vm-tier: {line}");
 }
 
-/// Reports how long a scenario took when dropped.
-pub struct Timer(&'static str, Instant);
+/// A scenario that has not ended after this is stuck (they take 40 to 100 s
+/// here under TCG): the watchdog reports the machine's state and ends the
+/// test process, so the host sees why in minutes, not at the VM's timeout.
+const SCENARIO_LIMIT: Duration = Duration::from_secs(300);
+
+/// Reports how long a scenario took when dropped; until then a watchdog
+/// ends the process if the scenario runs past [`SCENARIO_LIMIT`].
+pub struct Timer(&'static str, Instant, Option<std::sync::mpsc::Sender<()>>);
 
 impl Timer {
-    /// Starts timing `name`.
+    /// Starts timing `name` and its watchdog.
     pub fn start(name: &'static str) -> Self {
-        Self(name, Instant::now())
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                wait.recv_timeout(SCENARIO_LIMIT)
+            {
+                report(&format!(
+                    "scenario {name} still running after {SCENARIO_LIMIT:?}; the machine's state:"
+                ));
+                let (_, out, err) = sh_status(STUCK_REPORT);
+                for line in out.lines().chain(err.lines()) {
+                    report(&format!("  {line}"));
+                }
+                report(&format!("scenario {name} failed: timed out"));
+                std::process::exit(3);
+            }
+        });
+        Self(name, Instant::now(), Some(done))
     }
 }
 
+/// What the watchdog prints of a stuck machine (the image has no procps).
+const STUCK_REPORT: &str = r#"
+    echo "load $(cat /proc/loadavg)"; grep -E '^(MemTotal|MemAvailable|Dirty|Writeback):' /proc/meminfo
+    df -m /
+    echo '# memory pressure'; cat /proc/pressure/memory
+    for f in /sys/fs/cgroup/kubepods.slice/memory.{current,max,events}; do
+        [ -r $f ] && echo "$f: $(tr '\n' ' ' <$f)"; done
+    echo '# processes: pid state wchan cmdline'
+    for p in /proc/[0-9]*; do
+        [ "$p" = /proc/$$ ] && continue
+        cmd=$(tr '\0' ' ' <$p/cmdline 2>/dev/null | cut -c1-120)
+        [ -n "$cmd" ] && echo "${p#/proc/} $(awk '{print $3}' $p/stat 2>/dev/null) $(cat $p/wchan 2>/dev/null) $cmd"
+    done
+    echo '# kernel'; dmesg --level=emerg,alert,crit,err,warn | tail -n 20
+    echo '# units'; journalctl -b --no-pager -n 25 -u containerd -u 'criguard*'
+"#;
+
 impl Drop for Timer {
     fn drop(&mut self) {
+        drop(self.2.take());
         let verdict = if std::thread::panicking() {
             "failed"
         } else {
