@@ -242,6 +242,9 @@ pub struct EvictionMetrics {
     pub admission_refusals: Family<RefusalLabels, Counter>,
     /// From the first observation of a met threshold to the pod's StopPodSandbox returning.
     pub pressure_to_action: Histogram,
+    /// From the first observation of a met threshold to the pod's processes
+    /// killed through its cgroup (evictions with a grace period of 0).
+    pub pressure_to_kill: Histogram,
     /// Eviction rounds, by what started them.
     pub rounds: Family<TriggerLabels, Counter>,
 }
@@ -255,6 +258,7 @@ impl EvictionMetrics {
             evictions: Family::default(),
             admission_refusals: Family::default(),
             pressure_to_action: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            pressure_to_kill: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             rounds: Family::default(),
         };
         registry.register(
@@ -286,6 +290,11 @@ impl EvictionMetrics {
             "criguard_pressure_to_action_seconds",
             "Time from the first observation of a met threshold to the evicted pod's StopPodSandbox",
             m.pressure_to_action.clone(),
+        );
+        registry.register(
+            "criguard_pressure_to_kill_seconds",
+            "Time from the first observation of a met threshold to the evicted pod's processes killed through its cgroup (grace period 0), before the runtime stops it",
+            m.pressure_to_kill.clone(),
         );
         registry.register(
             "criguard_eviction_rounds",

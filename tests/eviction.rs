@@ -242,6 +242,16 @@ async fn memory_pressure_evicts_the_first_ranked_pod_only_and_admission_follows(
         value(&m, "criguard_pressure_to_action_seconds_count", &[]),
         Some(1.0)
     );
+    // A hard threshold: the pod's processes were killed through its cgroup
+    // before the runtime stopped it.
+    assert_eq!(
+        value(&m, "criguard_pressure_to_kill_seconds_count", &[]),
+        Some(1.0)
+    );
+    assert!(
+        value(&m, "criguard_pressure_to_kill_seconds_sum", &[])
+            <= value(&m, "criguard_pressure_to_action_seconds_sum", &[])
+    );
     let threshold = value(
         &m,
         "criguard_signal_threshold",

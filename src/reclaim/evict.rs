@@ -16,7 +16,9 @@
 //! A pod is stopped with StopContainer for each running container (grace 0
 //! under a hard threshold, the pod's grace capped by
 //! `evictionMaxPodGracePeriod` under a soft one) then StopPodSandbox,
-//! through the runtime. Stops are awaited and rounds never overlap, and the
+//! through the runtime. With a grace period of 0 its processes are first
+//! killed through its cgroup ([`crate::reclaim::kill`]), so the memory
+//! comes back before the runtime has handled the stops. Stops are awaited and rounds never overlap, and the
 //! manager observes again after each one. For disk, where containerd gives
 //! the space of removed writable layers back in the background, the reclaim
 //! each eviction started counts as in flight until the signal shows it (or
@@ -45,6 +47,7 @@ use crate::quantity::format_bytes;
 use crate::reclaim::container_gc::{ContainerGc, remove_container};
 use crate::reclaim::evicted::{self, EvictedStore};
 use crate::reclaim::image_gc::ImageGc;
+use crate::reclaim::kill;
 use crate::reclaim::rank::{Ranker, Victim};
 use crate::runtime::Upstream;
 use crate::signal::Ranking;
@@ -378,6 +381,9 @@ impl EvictionManager {
         );
         if !self.dry_run {
             let saving = evicted::remember(&self.status, self.store.as_ref(), &e);
+            if grace_s == 0 {
+                self.kill_first(pod, t);
+            }
             if let Some(r) = &self.report {
                 let offending = v.heaviest.as_ref().map(|(name, used, _)| {
                     (
@@ -432,6 +438,29 @@ impl EvictionManager {
         let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
         st.record_eviction(e.clone());
         e
+    }
+
+    /// Under a grace period of 0, kills `pod`'s processes through its
+    /// cgroup before the runtime hears of it ([`kill`]): the memory comes
+    /// back at once, not after containerd and the shims handled the stops.
+    fn kill_first(&self, pod: &Pod, t: &Threshold) {
+        let Some(cgroup) = pod.cgroup() else {
+            return;
+        };
+        match kill::kill_cgroup(&self.sources.cgroups, &cgroup) {
+            Ok(killed) => {
+                if let Some(since) = self.state.met_since(t) {
+                    self.metrics
+                        .pressure_to_kill
+                        .observe(since.elapsed().as_secs_f64());
+                }
+                tracing::debug!(sandbox = %pod.sandbox_id, %cgroup, ?killed, "pod's processes killed");
+            }
+            Err(err) => tracing::warn!(
+                sandbox = %pod.sandbox_id, %cgroup, %err,
+                "could not kill the pod's processes through its cgroup; the runtime's stop follows"
+            ),
+        }
     }
 
     /// Stops `pod` as the kubelet does: StopContainer for every running

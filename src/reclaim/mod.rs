@@ -4,6 +4,7 @@ pub mod container_gc;
 pub mod evict;
 pub mod evicted;
 pub mod image_gc;
+pub mod kill;
 pub mod oom_adjust;
 pub mod oom_kills;
 pub mod rank;
