@@ -11,7 +11,8 @@
 //!   criguard, calls alternated;
 //! - restart after SIGKILL: from the new process's start to its first
 //!   answered call, and to the model holding every pod again;
-//! - pressure → StopPodSandbox (`criguard_pressure_to_action_seconds`)
+//! - pressure → the hog's cgroup killed (`criguard_pressure_to_kill_seconds`)
+//!   and → StopPodSandbox (`criguard_pressure_to_action_seconds`)
 //!   under real memory pressure with all the other pods present,
 //!   `CRIGUARD_SCALE_TRIALS` times (default 5): a BestEffort pod grows
 //!   past `allocatableMemory.available<64Mi` and is evicted.
@@ -33,6 +34,8 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
 
 const MI: i64 = 1 << 20;
+/// The pressure → kill histogram (evictions at grace 0 kill the pod first).
+const KILL: &str = "criguard_pressure_to_kill_seconds";
 
 fn env_usize(key: &str, default: usize) -> usize {
     std::env::var(key)
@@ -177,8 +180,12 @@ async fn start(p: &Pressure, port: u16) -> CriguardProcess {
 
 /// Sum and count of the pressure → action histogram.
 fn pressure_hist(port: u16) -> (f64, f64) {
+    hist(port, "criguard_pressure_to_action_seconds")
+}
+
+/// Sum and count of histogram `name`.
+fn hist(port: u16, name: &str) -> (f64, f64) {
     let s = parse(&scrape(port));
-    let name = "criguard_pressure_to_action_seconds";
     (
         value(&s, &format!("{name}_sum"), &[]).unwrap_or(0.0),
         value(&s, &format!("{name}_count"), &[]).unwrap_or(0.0),
@@ -267,6 +274,7 @@ async fn main() {
 
     // Pressure → StopPodSandbox with every other pod present.
     let mut actions = Vec::new();
+    let mut kills = Vec::new();
     for i in 0..trials {
         common::poll_until(
             Duration::from_secs(60),
@@ -275,6 +283,7 @@ async fn main() {
         )
         .await;
         let (sum0, count0) = pressure_hist(port);
+        let (ksum0, kcount0) = hist(port, KILL);
         let hog = p.hog(&format!("hog-{i}"), 8, 256);
         let (_, c) = p.run(&guard, &hog).await;
         p.grow(&c).await;
@@ -295,8 +304,16 @@ async fn main() {
             after - count0
         );
         actions.push(Duration::from_secs_f64((sum - sum0) / (count - count0)));
+        let (ksum, kcount) = hist(port, KILL);
+        assert_eq!(
+            kcount - kcount0,
+            1.0,
+            "trial {i}: the hog was not killed first"
+        );
+        kills.push(Duration::from_secs_f64(ksum - ksum0));
     }
     actions.sort();
+    kills.sort();
 
     let ms = |d: &[Duration]| format!("{:.0} ms p50, {:.0} ms max", pct(d, 0.5), pct(d, 1.0));
     println!(
@@ -329,6 +346,11 @@ async fn main() {
     };
     list("ListContainers", l[0], l[1]);
     list("ListPodSandbox", l[2], l[3]);
+    row(
+        &format!("pressure → pod's cgroup killed ({trials} trials)"),
+        &ms(&kills),
+        "—",
+    );
     row(
         &format!("pressure → StopPodSandbox ({trials} trials)"),
         &ms(&actions),
