@@ -216,6 +216,14 @@ async fn v2_memory_pressure_evicts_through_memory_events() {
     let (psi, events) = (round("psi"), round("memory_events"));
     assert!(psi + events >= 1.0, "{samples:?}");
     let internal = value(&samples, "criguard_pressure_to_action_seconds_sum", &[]);
+    // A hard threshold: the pod was killed through its slice's cgroup.kill
+    // (the systemd driver's path, expanded) before the runtime stopped it.
+    assert_eq!(
+        value(&samples, "criguard_pressure_to_kill_seconds_count", &[]),
+        Some(1.0),
+        "{samples:?}"
+    );
+    let kill = value(&samples, "criguard_pressure_to_kill_seconds_sum", &[]);
 
     // The grower was stopped, not OOM-killed; the others run on.
     let status =
@@ -236,10 +244,11 @@ async fn v2_memory_pressure_evicts_through_memory_events() {
     }
     let events_text = std::fs::read_to_string(format!("{kp}/memory.events")).unwrap();
     guest::report(&format!(
-        "v2-pressure: crossing -> StopPodSandbox (pause exit) {:.1} ms; criguard's pressure_to_action {:.1} ms; \
+        "v2-pressure: crossing -> pause exit {:.1} ms; criguard's pressure_to_kill {:.1} ms, pressure_to_action {:.1} ms; \
          rounds woken by psi {psi}, memory.events {events}; eviction {:.1} s after growth began; \
          kubepods memory.events: {}",
         latency.as_secs_f64() * 1e3,
+        kill.unwrap_or(f64::NAN) * 1e3,
         internal.unwrap_or(f64::NAN) * 1e3,
         took.as_secs_f64(),
         events_text.split_whitespace().collect::<Vec<_>>().join(" ")
