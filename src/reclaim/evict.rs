@@ -447,6 +447,13 @@ impl EvictionManager {
         let Some(cgroup) = pod.cgroup() else {
             return;
         };
+        if !kill::is_pod_cgroup_of(&cgroup, &pod.uid) {
+            tracing::info!(
+                sandbox = %pod.sandbox_id, %cgroup, uid = %pod.uid,
+                "the pod's cgroup is not named for its UID; only the runtime stops it"
+            );
+            return;
+        }
         match kill::kill_cgroup(&self.sources.cgroups, &cgroup) {
             Ok(killed) => {
                 if let Some(since) = self.state.met_since(t) {

@@ -68,6 +68,29 @@ pub fn kill_cgroup(fs: &CgroupFs, cgroup: &str) -> io::Result<Killed> {
     Ok(Killed::Processes(killed.len()))
 }
 
+/// Whether `cgroup` is the kubelet's cgroup for the pod with `uid`: its
+/// last component is `pod<uid>` (cgroupfs driver) or
+/// `kubepods[-<qos>]-pod<uid with '_' for '-'>.slice` (systemd driver).
+/// Anything else (a sandbox made by another client with, say, `/kubepods`
+/// as its parent) is never killed through its cgroup: the subtree could
+/// hold other pods.
+pub fn is_pod_cgroup_of(cgroup: &str, uid: &str) -> bool {
+    let leaf = cgroup
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or("");
+    if uid.is_empty() {
+        return false;
+    }
+    let systemd = format!("pod{}.slice", uid.replace('-', "_"));
+    leaf == format!("pod{uid}")
+        || (leaf.starts_with("kubepods-") && leaf.ends_with(&systemd) && {
+            let qos = &leaf["kubepods-".len()..leaf.len() - systemd.len()];
+            matches!(qos, "" | "burstable-" | "besteffort-")
+        })
+}
+
 /// Sends SIGKILL to `pid` if it is (still) in `cgroup` or below; whether it
 /// was sent. A process that is already gone is not an error.
 fn kill_if_in(pid: i32, layout: Layout, cgroup: &str) -> io::Result<bool> {
@@ -141,6 +164,32 @@ mod tests {
                       9:memory:/kubepods/besteffort/podA/c1\n\
                       0::/user.slice\n";
     const V2: &str = "0::/kubepods.slice/kubepods-podA.slice/cri-containerd-c1.scope\n";
+
+    #[test]
+    fn only_a_cgroup_named_for_the_pods_uid_is_its_own() {
+        let uid = "0f1e-2d3c";
+        for yes in [
+            "/kubepods/besteffort/pod0f1e-2d3c",
+            "/kubepods/pod0f1e-2d3c/",
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0f1e_2d3c.slice",
+            "/kubepods.slice/kubepods-pod0f1e_2d3c.slice",
+        ] {
+            assert!(is_pod_cgroup_of(yes, uid), "{yes}");
+        }
+        for no in [
+            "/kubepods",
+            "/kubepods/besteffort",
+            "/kubepods.slice",
+            "/kubepods/besteffort/pod0f1e-2d3c-other",
+            "/kubepods/besteffort/pod0f1e",
+            "/kubepods.slice/kubepods-burstable-pod0f1e-2d3c.slice",
+            "/kubepods.slice/kubepods-guaranteed-pod0f1e_2d3c.slice",
+            "/system.slice/other-pod0f1e_2d3c.slice",
+        ] {
+            assert!(!is_pod_cgroup_of(no, uid), "{no}");
+        }
+        assert!(!is_pod_cgroup_of("/kubepods/pod", ""));
+    }
 
     #[test]
     fn a_process_is_in_its_pods_cgroup_by_the_right_line() {
