@@ -68,9 +68,30 @@ do_deps() {
     if ((${#missing[@]})); then
         need_root
         log "missing: ${missing[*]}; installing with apt-get"
-        apt-get update -q >&2
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-            qemu-system-x86 qemu-utils debootstrap e2fsprogs kmod cpio busybox-static >&2
+        local -a apt=(apt-get) qemu=(qemu-system-x86 qemu-utils)
+        local parts="" ok=1
+        # Some machines come with qemu-utils from bookworm-backports (10.x),
+        # which Breaks bookworm's qemu-system-common (< 8.0): QEMU then comes
+        # from the same suite, through a sources directory of our own (the
+        # machine's apt configuration is left as it was).
+        if [[ "$(dpkg-query -W -f '${Version}' qemu-utils 2>/dev/null || true)" == *bpo12* ]]; then
+            parts="$(mktemp -d)"
+            cp -p /etc/apt/sources.list.d/* "$parts"/ 2>/dev/null || true
+            printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' \
+                'Suites: bookworm-backports' 'Components: main' \
+                'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' \
+                >"$parts/criguard-vm-backports.sources"
+            apt+=(-o "Dir::Etc::sourceparts=$parts")
+            qemu=(-t bookworm-backports qemu-system-x86)
+            log "qemu-utils is from bookworm-backports: qemu-system-x86 from there too"
+        fi
+        export DEBIAN_FRONTEND=noninteractive
+        "${apt[@]}" update -q >&2 &&
+            "${apt[@]}" install -y -q --no-install-recommends "${qemu[@]}" >&2 &&
+            apt-get install -y -q --no-install-recommends \
+                debootstrap e2fsprogs kmod cpio busybox-static >&2 || ok=0
+        [[ -z "$parts" ]] || rm -rf "$parts"
+        ((ok)) || die "could not install the VM tier's packages (above)"
     fi
     # The kernel is fetched with apt-get download: its index must be there.
     if ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then
