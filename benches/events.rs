@@ -7,12 +7,13 @@
 //!    thread blocked in poll(2); criguard's side is when its event arrives on
 //!    a current-thread runtime (as `criguard serve` runs) and when the
 //!    observation that follows is stamped and done.
-//! 2. Pressure → first StopPodSandbox, end to end: a private containerd, a
+//! 2. Pressure → the evicted pod dead, end to end: a private containerd, a
 //!    `criguard serve` process, a pod created the kubelet's way whose shell
 //!    grows past `allocatableMemory.available<48Mi`. The crossing is again
 //!    the bench's eventfd; the actions are the deaths of the container's
-//!    process (StopContainer) and of the sandbox's pause process
-//!    (StopPodSandbox), seen through pidfds. Events on and tick only run
+//!    process and of the sandbox's pause process, seen through pidfds
+//!    (criguard's grace-0 kill through the pod's cgroup ends both; without
+//!    it, StopContainer and StopPodSandbox did). Events on and tick only run
 //!    in the same bench, with the same housekeeping interval.
 //!
 //! Run as root: `cargo bench --bench events`. `CRIGUARD_BENCH_TRIALS`
@@ -325,11 +326,7 @@ fn main() {
     );
     println!(
         "{:<12} {:>18} {:>18} {:>18} {:>18}",
-        "mode",
-        "StopContainer p50",
-        "StopContainer p99",
-        "StopPodSandbox p50",
-        "StopPodSandbox p99"
+        "mode", "container dead p50", "container dead p99", "pause dead p50", "pause dead p99"
     );
     let mut figures = Vec::new();
     for (mode, rows) in [("events on", &on), ("tick only", &off)] {
@@ -342,17 +339,17 @@ fn main() {
     let (g50, g99) = p50_p99(&gap);
     let ratio = |i: usize| figures[1][i] / figures[0][i];
     println!(
-        "tick only / events on: StopContainer p50 x{:.1}, p99 x{:.1}; StopPodSandbox p50 x{:.1}, p99 x{:.1}",
+        "tick only / events on: container dead p50 x{:.1}, p99 x{:.1}; pause dead p50 x{:.1}, p99 x{:.1}",
         ratio(0),
         ratio(1),
         ratio(2),
         ratio(3)
     );
     println!(
-        "container killed -> pause killed (containerd finishing StopContainer, then StopPodSandbox): p50 {g50:.1}, p99 {g99:.1}"
+        "container dead -> pause dead (one cgroup kill: both at once; by the runtime: StopContainer, then StopPodSandbox): p50 {g50:.1}, p99 {g99:.1}"
     );
     println!(
-        "target: StopPodSandbox p99 <= 100 ms with events on (one warm-up trial per mode not counted)"
+        "target: pause dead p99 <= 100 ms with events on (one warm-up trial per mode not counted)"
     );
     println!("bench took {:.0} s", started.elapsed().as_secs_f64());
 }

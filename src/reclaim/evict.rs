@@ -381,9 +381,6 @@ impl EvictionManager {
         );
         if !self.dry_run {
             let saving = evicted::remember(&self.status, self.store.as_ref(), &e);
-            if grace_s == 0 {
-                self.kill_first(pod, t);
-            }
             if let Some(r) = &self.report {
                 let offending = v.heaviest.as_ref().map(|(name, used, _)| {
                     (
@@ -400,6 +397,11 @@ impl EvictionManager {
                     offending: offending.filter(|_| t.signal.is_bytes()),
                 })
                 .await;
+            }
+            // After the API report: a Failed phase must reach the API before
+            // the kubelet can see the pod's containers die ([`crate::kube`]).
+            if grace_s == 0 {
+                self.kill_first(pod, t);
             }
             self.stop(pod, grace_s).await;
             // The action is StopPodSandbox returning: timed before the
@@ -443,6 +445,8 @@ impl EvictionManager {
     /// Under a grace period of 0, kills `pod`'s processes through its
     /// cgroup before the runtime hears of it ([`kill`]): the memory comes
     /// back at once, not after containerd and the shims handled the stops.
+    /// With the Kubernetes API configured this follows the status write
+    /// (waited for at most its bound), as the runtime's stop does.
     fn kill_first(&self, pod: &Pod, t: &Threshold) {
         let Some(cgroup) = pod.cgroup() else {
             return;
