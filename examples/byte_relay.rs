@@ -242,8 +242,8 @@ fn tokio_relay(listener: UnixListener, upstream: PathBuf, pump: bool) {
                 };
                 if pump {
                     let (_never, drain) = tokio::sync::watch::channel(false);
-                    let mut engine = criguard::cri::pump::Bytes;
-                    criguard::cri::pump::pump(&mut engine, client, up, None, drain).await;
+                    criguard::cri::pump::relay(criguard::cri::pump::Bytes, client, up, None, drain)
+                        .await;
                 } else {
                     let _ = tokio::io::copy_bidirectional_with_sizes(
                         &mut client,

@@ -10,7 +10,7 @@ use std::io::IoSlice;
 use bytes::{Buf, Bytes};
 
 /// The most slices handed to one vectored write.
-const MAX_SLICES: usize = 64;
+pub(super) const MAX_SLICES: usize = 64;
 
 /// A queue of byte chunks for one peer, written in order.
 #[derive(Debug, Default)]

@@ -1,27 +1,39 @@
 //! Moving the bytes of one connection: the relay's I/O loop.
 //!
-//! One task per kubelet connection owns both sockets and the connection's
-//! state; it waits on whichever side is readable or writable, with no
-//! locks and no channels between the directions. A read takes what the
-//! socket holds (up to 64 KiB), the engine turns it into slices for the
-//! other side, and one vectored write sends them: per call, about one
-//! read and one write each way, as for a plain byte relay. Reading from a
-//! side pauses while more than [`HIGH_WATER`] bytes wait for the other.
+//! Each kubelet connection and its runtime connection are owned by one
+//! thread of their own, which blocks in poll(2) on both sockets and on an
+//! eventfd; no locks and no channels between the directions. A read takes
+//! what the socket holds (up to 64 KiB), the engine turns it into slices
+//! for the other side, and one vectored write sends them: per call, about
+//! one read and one write each way, as for a plain byte relay, and the
+//! thread is woken by the kernel directly (an async runtime adds a
+//! readiness round trip through its reactor per direction per call,
+//! measured by `hack/bench-proxy.sh`). Reading from a side pauses while
+//! more than [`HIGH_WATER`] bytes wait for the other.
+//!
+//! The async side ([`relay`]) only passes on what the thread must hear of
+//! (the node model ready, a drain, a stop when the drain period is over)
+//! through flags and the eventfd, and learns when the thread is done.
 //!
 //! When either peer closes, what is queued for the other is written (for
 //! at most [`FINAL_FLUSH`]) and the connection ends, as a plain relay
 //! ends: a kubelet sees its runtime connection close when the runtime's
 //! closes.
 
+use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::io::AsyncReadExt;
-use tokio::net::UnixStream;
-use tokio::sync::watch;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use tokio::sync::{oneshot, watch};
 
 use super::conn::{Conn, Io};
-use super::out::write_some;
+use super::out::{MAX_SLICES, Out};
 
 /// Bytes waiting for a peer above which the other peer is not read.
 pub const HIGH_WATER: usize = 4 << 20;
@@ -97,18 +109,102 @@ impl Engine for Bytes {
     }
 }
 
-fn make_room(buf: &mut BytesMut) {
-    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
-        buf.reserve(READ_CHUNK);
+/// What the async side tells a connection's thread, and how it wakes it.
+#[derive(Debug)]
+struct Signals {
+    ready: AtomicBool,
+    drain: AtomicBool,
+    stop: AtomicBool,
+    wake: EventFd,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            ready: AtomicBool::new(false),
+            drain: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            wake: EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?,
+        })
+    }
+
+    fn raise(&self, flag: &AtomicBool) {
+        flag.store(true, Ordering::Release);
+        // A full counter (never, at one write per signal) still wakes.
+        let _ = self.wake.write(1);
     }
 }
 
-/// Sleeps until `deadline`; never returns without one. The timer is made
-/// only when polled, so the common case (no deadline) costs nothing.
-async fn until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d.into()).await,
-        None => std::future::pending().await,
+/// Tells the thread to stop when the async side goes away (the drain
+/// period ended and the connection's task was aborted).
+struct StopOnDrop(Arc<Signals>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.raise(&self.0.stop);
+    }
+}
+
+/// Relays between `client` and `server` through `engine`, on a thread of
+/// the connection's own, until either closes or the engine is done.
+/// `ready` (if any) turning true lets held calls go on; `drain` turning
+/// true starts a drain; dropping the returned future stops the thread.
+pub async fn relay<E: Engine + Send + 'static>(
+    mut engine: E,
+    client: tokio::net::UnixStream,
+    server: tokio::net::UnixStream,
+    mut ready: Option<watch::Receiver<bool>>,
+    mut drain: watch::Receiver<bool>,
+) {
+    let (client, server) = match (client.into_std(), server.into_std()) {
+        (Ok(c), Ok(s)) => (c, s),
+        (Err(err), _) | (_, Err(err)) => {
+            tracing::error!(%err, "could not take over a relayed connection");
+            return;
+        }
+    };
+    let signals = match Signals::new() {
+        Ok(s) => Arc::new(s),
+        Err(err) => {
+            tracing::error!(%err, "no eventfd for a relayed connection");
+            return;
+        }
+    };
+    let (done_tx, mut done) = oneshot::channel::<()>();
+    let theirs = signals.clone();
+    let spawned = std::thread::Builder::new()
+        .name("criguard-conn".into())
+        .spawn(move || {
+            pump(&mut engine, &client, &server, &theirs);
+            let _ = done_tx.send(());
+        });
+    if let Err(err) = spawned {
+        tracing::error!(%err, "no thread for a relayed connection");
+        return;
+    }
+    let _stop = StopOnDrop(signals.clone());
+    let mut ready_told = ready.is_none();
+    if ready_told {
+        signals.raise(&signals.ready);
+    }
+    let mut drain_told = false;
+    if *drain.borrow_and_update() {
+        signals.raise(&signals.drain);
+        drain_told = true;
+    }
+    loop {
+        tokio::select! {
+            _ = &mut done => return,
+            () = ready_or_gone(&mut ready), if !ready_told => {
+                ready_told = true;
+                signals.raise(&signals.ready);
+            }
+            // A sender gone is a drain too: criguard is stopping.
+            _ = drain.changed(), if !drain_told => {
+                drain_told = true;
+                signals.raise(&signals.drain);
+            }
+        }
     }
 }
 
@@ -119,61 +215,163 @@ async fn ready_or_gone(ready: &mut Option<watch::Receiver<bool>>) {
     }
 }
 
-/// Relays between `client` and `server` through `engine` until either
-/// closes or the engine is done. `drain` turning true starts a drain.
-pub async fn pump<E: Engine>(
-    engine: &mut E,
-    mut client: UnixStream,
-    mut server: UnixStream,
-    mut ready: Option<watch::Receiver<bool>>,
-    mut drain: watch::Receiver<bool>,
-) {
-    let mut io = Io::default();
-    let (mut cr, mut cw) = client.split();
-    let (mut sr, mut sw) = server.split();
-    let mut cin = BytesMut::new();
-    let mut sin = BytesMut::new();
-    let (mut client_open, mut server_open) = (true, true);
-    let mut draining = *drain.borrow_and_update();
-    if draining {
-        engine.drain(&mut io);
+/// One side of a relayed connection.
+struct Side<'a> {
+    stream: &'a UnixStream,
+    input: BytesMut,
+    open: bool,
+}
+
+impl Side<'_> {
+    /// Reads what the socket holds into `input` through `scratch`; false
+    /// once the peer closed or failed.
+    fn read(&mut self, scratch: &mut [u8]) -> bool {
+        match (&*self.stream).read(scratch) {
+            Ok(0) => false,
+            Ok(n) => {
+                self.input.extend_from_slice(&scratch[..n]);
+                true
+            }
+            Err(e) => matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted),
+        }
     }
-    while client_open && server_open && !engine.done() {
-        make_room(&mut cin);
-        make_room(&mut sin);
-        let deadline = engine.deadline();
-        tokio::select! {
-            biased;
-            r = cr.read_buf(&mut cin), if io.to_server.len() < HIGH_WATER => match r {
-                Ok(n) if n > 0 => engine.on_client(&mut cin, &mut io),
-                _ => client_open = false,
-            },
-            r = sr.read_buf(&mut sin), if io.to_client.len() < HIGH_WATER => match r {
-                Ok(n) if n > 0 => engine.on_server(&mut sin, &mut io),
-                _ => server_open = false,
-            },
-            r = write_some(&mut sw, &mut io.to_server), if !io.to_server.is_empty() => {
-                server_open = r.is_ok();
+}
+
+/// Writes what `out` holds to `stream` until it would block; false once
+/// the peer is gone.
+fn write_out(stream: &UnixStream, out: &mut Out) -> bool {
+    while !out.is_empty() {
+        let written = {
+            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+            let n = out.slices(&mut slices);
+            (&*stream).write_vectored(&slices[..n])
+        };
+        match written {
+            Ok(0) => return false,
+            Ok(n) => out.consume(n),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Milliseconds to wait for `deadline` in poll(2), rounded up.
+fn timeout_for(deadline: Option<Instant>) -> PollTimeout {
+    match deadline {
+        None => PollTimeout::NONE,
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            let ms = left.as_micros().div_ceil(1000);
+            PollTimeout::try_from(ms.min(i32::MAX as u128) as i32).unwrap_or(PollTimeout::MAX)
+        }
+    }
+}
+
+fn interest(reading: bool, writing: bool) -> PollFlags {
+    let mut f = PollFlags::empty();
+    if reading {
+        f |= PollFlags::POLLIN;
+    }
+    if writing {
+        f |= PollFlags::POLLOUT;
+    }
+    f
+}
+
+/// Whether a side's poll result asks for a read: data, or a hang-up or an
+/// error that only a read can show (also when reading was paused, so a
+/// gone peer never spins the loop).
+fn wants_read(revents: Option<PollFlags>) -> bool {
+    revents
+        .is_some_and(|r| r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR))
+}
+
+/// The relay loop of one connection; returns when either peer closed, the
+/// engine is done or [`relay`] went away.
+fn pump<E: Engine>(engine: &mut E, client: &UnixStream, server: &UnixStream, signals: &Signals) {
+    let mut io = Io::default();
+    let mut scratch = vec![0u8; READ_CHUNK];
+    let mut c = Side {
+        stream: client,
+        input: BytesMut::new(),
+        open: true,
+    };
+    let mut s = Side {
+        stream: server,
+        input: BytesMut::new(),
+        open: true,
+    };
+    let mut draining = false;
+    let mut ready = false;
+    loop {
+        if signals.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if !draining && signals.drain.load(Ordering::Acquire) {
+            draining = true;
+            engine.drain(&mut io);
+        }
+        if !ready && signals.ready.load(Ordering::Acquire) {
+            ready = true;
+        }
+        if ready && engine.wants_ready() {
+            engine.on_ready(&mut io);
+        }
+        if engine.deadline().is_some_and(|d| d <= Instant::now()) {
+            engine.on_deadline(&mut io);
+        }
+        s.open &= write_out(server, &mut io.to_server);
+        c.open &= write_out(client, &mut io.to_client);
+        if !(c.open && s.open) || engine.done() {
+            break;
+        }
+        let read_c = io.to_server.len() < HIGH_WATER;
+        let read_s = io.to_client.len() < HIGH_WATER;
+        let mut fds = [
+            PollFd::new(client.as_fd(), interest(read_c, !io.to_client.is_empty())),
+            PollFd::new(server.as_fd(), interest(read_s, !io.to_server.is_empty())),
+            PollFd::new(signals.wake.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, timeout_for(engine.deadline())) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(err) => {
+                tracing::error!(%err, "poll failed on a relayed connection");
+                break;
             }
-            r = write_some(&mut cw, &mut io.to_client), if !io.to_client.is_empty() => {
-                client_open = r.is_ok();
+        }
+        let (rc, rs, rw) = (fds[0].revents(), fds[1].revents(), fds[2].revents());
+        if wants_read(rc) {
+            c.open = c.read(&mut scratch);
+            if !c.input.is_empty() {
+                engine.on_client(&mut c.input, &mut io);
             }
-            () = until(deadline), if deadline.is_some() => engine.on_deadline(&mut io),
-            () = ready_or_gone(&mut ready), if engine.wants_ready() => engine.on_ready(&mut io),
-            _ = drain.changed(), if !draining => {
-                draining = true;
-                engine.drain(&mut io);
+        }
+        if wants_read(rs) {
+            s.open = s.read(&mut scratch);
+            if !s.input.is_empty() {
+                engine.on_server(&mut s.input, &mut io);
             }
+        }
+        if rw.is_some_and(|r| r.contains(PollFlags::POLLIN)) {
+            let _ = signals.wake.read();
         }
     }
     // What is queued for a peer still open goes out, briefly.
-    let flush = async {
-        while client_open && !io.to_client.is_empty() {
-            client_open = write_some(&mut cw, &mut io.to_client).await.is_ok();
+    let end = Instant::now() + FINAL_FLUSH;
+    loop {
+        c.open = c.open && write_out(client, &mut io.to_client);
+        s.open = s.open && write_out(server, &mut io.to_server);
+        let c_waits = c.open && !io.to_client.is_empty();
+        let s_waits = s.open && !io.to_server.is_empty();
+        if !(c_waits || s_waits) || Instant::now() >= end || signals.stop.load(Ordering::Acquire) {
+            return;
         }
-        while server_open && !io.to_server.is_empty() {
-            server_open = write_some(&mut sw, &mut io.to_server).await.is_ok();
-        }
-    };
-    let _ = tokio::time::timeout(FINAL_FLUSH, flush).await;
+        let mut fds = [
+            PollFd::new(client.as_fd(), interest(false, c_waits)),
+            PollFd::new(server.as_fd(), interest(false, s_waits)),
+        ];
+        let _ = poll(&mut fds, timeout_for(Some(end)));
+    }
 }

@@ -1,16 +1,18 @@
 //! Accepting kubelet connections.
 //!
-//! Each accepted connection gets its own connection to the runtime and its
-//! own task ([`super::pump`]); when the runtime cannot be dialled the
-//! connection is served by the stand-in ([`super::standin`]). On shutdown
-//! the listener closes, every connection gets GOAWAY, calls in flight
-//! finish for at most `drain`, and what is left is dropped.
+//! Each accepted connection gets its own connection to the runtime and a
+//! thread of its own that relays between them ([`super::pump`]); when the
+//! runtime cannot be dialled the connection is served by the stand-in
+//! ([`super::standin`]). On shutdown the listener closes, every
+//! connection gets GOAWAY, calls in flight finish for at most `drain`, and
+//! what is left is dropped.
 //!
-//! [`ProxyThread`] runs all of it on a thread and a single-threaded runtime
-//! of its own, so nothing else criguard does (filesystem walks, statvfs of
-//! a hung mount, cgroup reads, state files) can delay a relayed frame: the
-//! relay thread only moves bytes and takes the model's lock briefly to
-//! observe a call.
+//! [`ProxyThread`] runs the accepting, the stand-in and each connection's
+//! signals on a thread and a single-threaded runtime of its own, and each
+//! relayed connection runs on its own thread, so nothing else criguard does
+//! (filesystem walks, statvfs of a hung mount, cgroup reads, state files)
+//! can delay a relayed frame: a relay thread only moves bytes and takes
+//! the model's lock briefly to observe a call.
 
 use std::future::Future;
 use std::time::Duration;
@@ -63,8 +65,7 @@ async fn connection(client: UnixStream, proxy: Proxy, drain: watch::Receiver<boo
     match UnixStream::connect(proxy.endpoint().path()).await {
         Ok(server) => {
             let ready = proxy.ready();
-            let mut conn = Conn::new(proxy);
-            pump::pump(&mut conn, client, server, ready, drain).await;
+            pump::relay(Conn::new(proxy), client, server, ready, drain).await;
         }
         Err(err) => standin::serve(client, proxy, err, drain).await,
     }
