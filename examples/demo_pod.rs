@@ -122,7 +122,7 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     if keep {
-        println!("\nthe pod stays up (--keep); its log grows every 5 s");
+        println!("\nthe pod keeps running; its log grows every 5 s");
         return Ok(());
     }
     rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
