@@ -5,12 +5,13 @@
 //! one slice.
 
 use std::collections::VecDeque;
-use std::io::IoSlice;
+use std::io::{ErrorKind, IoSlice, Write};
+use std::os::unix::net::UnixStream;
 
 use bytes::{Buf, Bytes};
 
 /// The most slices handed to one vectored write.
-pub(super) const MAX_SLICES: usize = 64;
+const MAX_SLICES: usize = 64;
 
 /// A queue of byte chunks for one peer, written in order.
 #[derive(Debug, Default)]
@@ -89,6 +90,26 @@ where
     }
     out.consume(written);
     Ok(())
+}
+
+/// Writes what `out` holds to `stream` until it would block; false once
+/// the peer is gone.
+pub fn write_out(stream: &UnixStream, out: &mut Out) -> bool {
+    while !out.is_empty() {
+        let written = {
+            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+            let n = out.slices(&mut slices);
+            (&*stream).write_vectored(&slices[..n])
+        };
+        match written {
+            Ok(0) => return false,
+            Ok(n) => out.consume(n),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@
 //! ends: a kubelet sees its runtime connection close when the runtime's
 //! closes.
 
-use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -33,7 +33,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::sync::{oneshot, watch};
 
 use super::conn::{Conn, Io};
-use super::out::{MAX_SLICES, Out};
+use super::out::write_out;
 
 /// Bytes waiting for a peer above which the other peer is not read.
 pub const HIGH_WATER: usize = 4 << 20;
@@ -235,26 +235,6 @@ impl Side<'_> {
             Err(e) => matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted),
         }
     }
-}
-
-/// Writes what `out` holds to `stream` until it would block; false once
-/// the peer is gone.
-fn write_out(stream: &UnixStream, out: &mut Out) -> bool {
-    while !out.is_empty() {
-        let written = {
-            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
-            let n = out.slices(&mut slices);
-            (&*stream).write_vectored(&slices[..n])
-        };
-        match written {
-            Ok(0) => return false,
-            Ok(n) => out.consume(n),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => return false,
-        }
-    }
-    true
 }
 
 /// Milliseconds to wait for `deadline` in poll(2), rounded up.
