@@ -14,13 +14,18 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A unique, readable suffix for names in one test run.
+/// A unique, readable suffix for names in one test run: the process, a
+/// count of the names it made (two test threads can read the same clock
+/// tick: two tests once shared one kubepods memcg and evicted each other's
+/// pods), and the time, so names from earlier runs of the same pid differ.
 pub fn unique(prefix: &str) -> String {
+    static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .subsec_nanos();
-    format!("{prefix}-{}-{nanos:x}", std::process::id())
+    format!("{prefix}-{}-{n}-{nanos:x}", std::process::id())
 }
 
 /// A containerd with its own root, state and socket under a temp directory.
