@@ -183,15 +183,7 @@ pub async fn relay<E: Engine + Send + 'static>(
         return;
     }
     let _stop = StopOnDrop(signals.clone());
-    let mut ready_told = ready.is_none();
-    if ready_told {
-        signals.raise(&signals.ready);
-    }
-    let mut drain_told = false;
-    if *drain.borrow_and_update() {
-        signals.raise(&signals.drain);
-        drain_told = true;
-    }
+    let (mut ready_told, mut drain_told) = (false, false);
     loop {
         tokio::select! {
             _ = &mut done => return,
@@ -199,8 +191,9 @@ pub async fn relay<E: Engine + Send + 'static>(
                 ready_told = true;
                 signals.raise(&signals.ready);
             }
-            // A sender gone is a drain too: criguard is stopping.
-            _ = drain.changed(), if !drain_told => {
+            // A drain already under way counts; a sender gone is a drain
+            // too: criguard is stopping.
+            _ = drain.wait_for(|d| *d), if !drain_told => {
                 drain_told = true;
                 signals.raise(&signals.drain);
             }
@@ -284,7 +277,6 @@ fn pump<E: Engine>(engine: &mut E, client: &UnixStream, server: &UnixStream, sig
         open: true,
     };
     let mut draining = false;
-    let mut ready = false;
     loop {
         if signals.stop.load(Ordering::Acquire) {
             return;
@@ -293,10 +285,7 @@ fn pump<E: Engine>(engine: &mut E, client: &UnixStream, server: &UnixStream, sig
             draining = true;
             engine.drain(&mut io);
         }
-        if !ready && signals.ready.load(Ordering::Acquire) {
-            ready = true;
-        }
-        if ready && engine.wants_ready() {
+        if engine.wants_ready() && signals.ready.load(Ordering::Acquire) {
             engine.on_ready(&mut io);
         }
         if engine.deadline().is_some_and(|d| d <= Instant::now()) {
