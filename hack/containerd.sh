@@ -29,6 +29,18 @@
 #                                  as root = "..." may come first; new
 #                                  sections are appended.
 #   CRIGUARD_CONTAINERD_TIMEOUT    seconds to wait for startup (default 30)
+#   CRIGUARD_CONTAINERD            which containerd start runs: "1.6" (the
+#                                  default) is Debian's /usr/bin/containerd
+#                                  1.6 with a version = 2 config; "2" is
+#                                  containerd 2.x built by hack/k8s/build.sh
+#                                  (containerd, its own shim and ctr; bin dir
+#                                  from `hack/k8s/build.sh --path containerd`)
+#                                  with a version = 3 config. The sections
+#                                  EXTRA_TOML names differ between the two.
+#                                  stop and import read the version from
+#                                  DIR/config.toml, whatever this says.
+#   CRIGUARD_CONTAINERD2_BIN       bin dir of containerd 2.x (default: ask
+#                                  hack/k8s/build.sh --path containerd)
 #
 # Not everything stays under DIR: containerd 1.6 shims put their sockets in
 # /run/containerd/s/<sha256> (hard-coded; the hash covers DIR's socket path,
@@ -38,6 +50,15 @@
 # cgroups are /sys/fs/cgroup/*/<cgroupsPath>, e.g. /k8s.io/<id> when the pod
 # sets no cgroup parent. stop removes all of those that belong to this
 # instance (the shared parent directories stay).
+#
+# containerd 2.x: shim sockets go to DIR/s (socket_dir of the shim manager)
+# when DIR is short enough for a unix socket path (len(DIR) <= 40), else to
+# /run/containerd/s/<sha256 of DIR's socket path> as with 1.6; NRI is
+# disabled (its default socket /var/run/nri/nri.sock would be shared by all
+# instances); CDI spec dirs, the image verifier's bin dir and the temp dir are
+# under DIR; `imports` is empty (2.x would otherwise read
+# /etc/containerd/conf.d/*.toml). The sandbox (pause) image is pinned with
+# pinned_images.sandbox; pod netns under DIR/state (netns_mounts_under_state_dir).
 set -euo pipefail
 export LC_ALL=C
 
@@ -105,7 +126,65 @@ wait_gone() { # wait_gone SECS PID...
     done
 }
 
-ctr_() { ctr --address "$SOCK" "$@"; }
+ctr_() { "${CTR:-ctr}" --address "$SOCK" "$@"; }
+
+# Which containerd ("1.6" or "2") CRIGUARD_CONTAINERD asks for: sets WANTED.
+wanted_version() {
+    case "${CRIGUARD_CONTAINERD:-1.6}" in
+        1.6) WANTED=1.6 ;;
+        2) WANTED=2 ;;
+        *) die "CRIGUARD_CONTAINERD must be 1.6 or 2, got '${CRIGUARD_CONTAINERD}'" ;;
+    esac
+}
+
+# Version of the instance in DIR, from the layout of its config.toml
+# (version = 3 is containerd 2.x); empty if there is no config.
+instance_version() {
+    local v
+    [[ -r "$CFG" ]] || return 0
+    v="$(config_get '' version 2)"
+    if [[ "$v" == 3 || "$v" == 4 ]]; then echo 2; else echo 1.6; fi
+}
+
+# Select containerd VERSION: sets VERSION and CRI_RUNC_OPTIONS (the config
+# section of the runc options).
+use_version() {
+    VERSION="$1"
+    if [[ "$VERSION" == 2 ]]; then
+        CRI_RUNC_OPTIONS='[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]'
+    else
+        CRI_RUNC_OPTIONS='[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]'
+    fi
+}
+
+# The binaries of VERSION: sets CONTAINERD, CTR and SHIM_DIR (where the daemon
+# must find its shim first).
+use_binaries() {
+    if [[ "$VERSION" == 2 ]]; then
+        BIN="${CRIGUARD_CONTAINERD2_BIN:-}"
+        if [[ -z "$BIN" ]]; then
+            BIN="$("$REPO_ROOT/hack/k8s/build.sh" --path containerd | tail -n1)" ||
+                die "hack/k8s/build.sh --path containerd failed"
+        fi
+        [[ -x "$BIN/containerd" && -x "$BIN/containerd-shim-runc-v2" && -x "$BIN/ctr" ]] ||
+            die "containerd 2 binaries missing in '$BIN' (CRIGUARD_CONTAINERD2_BIN or hack/k8s/build.sh)"
+        CONTAINERD="$BIN/containerd"
+        CTR="$BIN/ctr"
+        SHIM_DIR="$BIN"
+    else
+        CONTAINERD="$(command -v containerd || true)"
+        [[ -n "$CONTAINERD" ]] || die "containerd not installed (hack/install-deps.sh)"
+        CTR=ctr
+        SHIM_DIR=""
+    fi
+}
+
+# Directory for the shims' sockets of a 2.x instance: DIR/s when
+# DIR/s/<64 hex digits> fits a unix socket path (107 bytes), else "" (the
+# default, /run/containerd/s).
+shim_socket_dir() {
+    if ((${#DIR} + 3 + 64 <= 107)); then echo "$DIR/s"; fi
+}
 
 # ---- configuration ------------------------------------------------------------
 
@@ -163,7 +242,20 @@ toml_merge() {
 
 write_config() {
     local base="$DIR/config.base.toml" extra="$DIR/config.extra.toml"
-    cat >"$base" <<EOF
+    if [[ "$VERSION" == 2 ]]; then
+        write_config_v3 >"$base"
+    else
+        write_config_v2 >"$base"
+    fi
+    printf '%s\n' "${CRIGUARD_CONTAINERD_EXTRA_TOML:-}" >"$extra"
+    toml_merge "$base" "$extra" >"$CFG.tmp"
+    mv -f "$CFG.tmp" "$CFG"
+    rm -f "$base" "$extra"
+}
+
+# containerd 1.6: version = 2 layout.
+write_config_v2() {
+    cat <<EOF
 # Generated by hack/containerd.sh; edits are overwritten on the next start.
 version = 2
 # containerd's own persistent and runtime state, including the CRI plugin's
@@ -222,10 +314,100 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   SystemdCgroup = false
   Root = "$DIR/runc"
 EOF
-    printf '%s\n' "${CRIGUARD_CONTAINERD_EXTRA_TOML:-}" >"$extra"
-    toml_merge "$base" "$extra" >"$CFG.tmp"
-    mv -f "$CFG.tmp" "$CFG"
-    rm -f "$base" "$extra"
+}
+
+# containerd 2.x: version = 3 layout (the CRI plugin split into
+# io.containerd.cri.v1.runtime, io.containerd.cri.v1.images and the gRPC
+# service io.containerd.grpc.v1.cri).
+write_config_v3() {
+    local sockdir
+    sockdir="$(shim_socket_dir)"
+    cat <<EOF
+# Generated by hack/containerd.sh (containerd 2.x); edits are overwritten on
+# the next start.
+version = 3
+# containerd's own persistent and runtime state, including the CRI plugins'
+# (DIR/root/io.containerd.cri.v1.images, DIR/state/io.containerd.grpc.v1.cri).
+root = "$DIR/root"
+state = "$DIR/state"
+temp = "$DIR/tmp"
+# No drop-ins from /etc/containerd/conf.d.
+imports = []
+# Leave our oom_score_adj alone (a negative one cannot be set here).
+oom_score = 0
+# Plugins that cannot work on this host or would use paths shared with other
+# instances; disabling them keeps the log free of their load errors.
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri"]
+
+[grpc]
+  address = "$SOCK"
+
+[ttrpc]
+  address = "$SOCK.ttrpc"
+
+[debug]
+  # No debug or metrics listeners.
+  address = ""
+  level = "info"
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  # Default would be /opt/containerd.
+  path = "$DIR/opt"
+
+[plugins."io.containerd.image-verifier.v1.bindir"]
+  bin_dir = "$DIR/opt/image-verifier/bin"
+
+[plugins."io.containerd.nri.v1.nri"]
+  # Disabled above; should it be enabled, its socket is ours alone.
+  disable = true
+  socket_path = "$DIR/nri/nri.sock"
+  plugin_path = "$DIR/nri/plugins"
+  plugin_config_path = "$DIR/nri/conf.d"
+
+[plugins."io.containerd.shim.v1.manager"]
+  # Shim sockets under DIR (empty: /run/containerd/s, DIR being too long).
+  socket_dir = "$sockdir"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "$SNAPSHOTTER"
+
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  # The imported pause image; the CRI marks it pinned.
+  sandbox = "registry.k8s.io/pause:3.9"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  # Root here lacks CAP_SYS_RESOURCE: clamp negative oom_score_adj requests
+  # (the sandbox asks for -998) instead of failing.
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  # Pod network namespaces under DIR/state instead of /var/run/netns.
+  netns_mounts_under_state_dir = true
+  # CDI specs (none) read from DIR, not /etc/cdi and /var/run/cdi.
+  cdi_spec_dirs = ["$DIR/cdi"]
+
+[plugins."io.containerd.cri.v1.runtime".cni]
+  # No CNI config: only host-network pods can be run.
+  bin_dirs = ["/usr/lib/cni"]
+  conf_dir = "$DIR/cni/net.d"
+
+[plugins."io.containerd.cri.v1.runtime".containerd]
+  default_runtime_name = "runc"
+
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+  # cgroupfs driver; runc state under DIR/runc, not /run/containerd/runc.
+  SystemdCgroup = false
+  Root = "$DIR/runc"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+EOF
 }
 
 # Value of KEY in [SECTION] ("" = top level) of DIR/config.toml, unquoted.
@@ -258,8 +440,19 @@ start_failed() {
     do_stop || true
 }
 
+# The shim containerd 2.x will run (first containerd-shim-runc-v2 in the
+# PATH it gets) must be its own 2.x build, not Debian's 1.6 one.
+check_shim() {
+    local shim v
+    shim="$(PATH="$SHIM_DIR:$PATH" command -v containerd-shim-runc-v2 || true)"
+    [[ "$shim" == "$SHIM_DIR/containerd-shim-runc-v2" ]] ||
+        die "containerd 2 would run shim '$shim', not $SHIM_DIR/containerd-shim-runc-v2"
+    v="$("$shim" -v 2>/dev/null | awk '$1 == "Version:" { print $2 }')"
+    [[ "$v" == v2.* ]] || die "shim $shim reports version '$v', not v2.x"
+}
+
 do_start() {
-    local pid end images log_off cri_status t0
+    local pid end images log_off cri_status t0 p
     t0="$(date +%s%N)"
 
     # Unix socket paths are limited to 107 bytes.
@@ -274,6 +467,11 @@ do_start() {
 
     # Layout; the CNI conf dir must exist (it is watched) but stays empty.
     mkdir -p "$DIR"/{root,state,runc,opt,cni/net.d}
+    if [[ "$VERSION" == 2 ]]; then
+        mkdir -p "$DIR"/{tmp,cdi}
+        [[ -z "$(shim_socket_dir)" ]] || mkdir -p "$(shim_socket_dir)"
+        check_shim
+    fi
     write_config
 
     # Build (or reuse) the images before starting anything.
@@ -289,7 +487,10 @@ do_start() {
     # wait on containerd), log appended to DIR/containerd.log.
     echo "=== $(date -u '+%Y-%m-%dT%H:%M:%SZ') hack/containerd.sh start" >>"$LOG"
     log_off="$(stat -c %s "$LOG")"
-    setsid containerd --config "$CFG" </dev/null >>"$LOG" 2>&1 &
+    # containerd looks its shim up in PATH (after its own directory); with
+    # 2.x its bin dir comes first, so Debian's 1.6 shim in /usr/bin is not
+    # the one it runs.
+    PATH="${SHIM_DIR:+$SHIM_DIR:}$PATH" setsid "$CONTAINERD" --config "$CFG" </dev/null >>"$LOG" 2>&1 &
     pid=$!
     echo "$pid" >"$PIDFILE"
 
@@ -301,9 +502,20 @@ do_start() {
         sleep 0.05
     done
 
-    # The CRI plugin must have loaded ("ok"), not "error"/"skip".
-    cri_status="$(ctr_ plugins ls 2>/dev/null | awk '$1 == "io.containerd.grpc.v1" && $2 == "cri" { print $NF }')"
-    [[ "$cri_status" == ok ]] || die "CRI plugin status is '${cri_status:-missing}', not ok"
+    # The CRI plugins must have loaded ("ok"), not "error"/"skip": in 1.6
+    # one, io.containerd.grpc.v1 cri; in 2.x that one (the gRPC service)
+    # plus io.containerd.cri.v1 runtime and images.
+    local plugins want
+    plugins="$(ctr_ plugins ls 2>/dev/null)"
+    if [[ "$VERSION" == 2 ]]; then
+        want=("io.containerd.grpc.v1 cri" "io.containerd.cri.v1 runtime" "io.containerd.cri.v1 images")
+    else
+        want=("io.containerd.grpc.v1 cri")
+    fi
+    for p in "${want[@]}"; do
+        cri_status="$(awk -v t="${p% *}" -v id="${p#* }" '$1 == t && $2 == id { print $NF }' <<<"$plugins")"
+        [[ "$cri_status" == ok ]] || die "CRI plugin $p status is '${cri_status:-missing}', not ok"
+    done
 
     # Import (and unpack for the CRI snapshotter) pause and busybox.
     import_images "${images[@]}"
@@ -321,7 +533,7 @@ do_start() {
     esac
 
     trap - EXIT INT TERM HUP
-    log "containerd pid $pid ready in $((($(date +%s%N) - t0) / 1000000)) ms (log: $LOG)"
+    log "containerd $VERSION ($CONTAINERD) pid $pid ready in $((($(date +%s%N) - t0) / 1000000)) ms (log: $LOG)"
     echo "$SOCK"
 }
 
@@ -447,7 +659,7 @@ do_stop() {
     fi
     state="$(config_get '' state "$DIR/state")"
     root="$(config_get '' root "$DIR/root")"
-    runc_root="$(config_get '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]' Root "$DIR/runc")"
+    runc_root="$(config_get "$CRI_RUNC_OPTIONS" Root "$DIR/runc")"
 
     # 1. containerd first, so that it starts nothing new meanwhile: the
     #    recorded pid if it is really our containerd, else (start killed
@@ -474,14 +686,17 @@ do_stop() {
         id="${b##*/}"
         ns="$(basename "$(dirname "$b")")"
 
-        # Shim (containerd 1.6.20 writes no shim.pid; the init's parent is
-        # the shim): must be a shim talking to *our* containerd.
+        # Shim (containerd 1.6.20 and 2.3 write no shim.pid; the init's
+        # parent is the shim): must be a shim talking to *our* containerd.
         shim="$(read_pid "$b/shim.pid")"
         if [[ -z "$shim" ]] && init="$(read_pid "$b/init.pid")" && [[ -n "$init" ]]; then
             shim="$(ppid_of "$init")"
         fi
         is_our_shim "$shim" || shim=""
+        # Shim socket: 1.6 writes it to "address", 2.x to bootstrap.json.
         addr="$(cat "$b/address" 2>/dev/null || true)"
+        [[ -n "$addr" ]] ||
+            addr="$(sed -n 's/.*"address":"\([^"]*\)".*/\1/p' "$b/bootstrap.json" 2>/dev/null || true)"
         addr="${addr#unix://}"
         [[ "$addr" == /run/containerd/s/* ]] && sockets+=("$addr")
 
@@ -577,7 +792,9 @@ shift 2
 case "$cmd" in
     start)
         [[ $# -eq 0 ]] || usage
-        command -v containerd >/dev/null || die "containerd not installed (hack/install-deps.sh)"
+        wanted_version
+        use_version "$WANTED"
+        use_binaries
         do_start
         ;;
     stop)
@@ -587,6 +804,9 @@ case "$cmd" in
             --purge) purge=1 ;;
             *) usage ;;
         esac
+        wanted_version
+        v="$(instance_version)"
+        use_version "${v:-$WANTED}"
         do_stop
         if ((purge)) && [[ -d "$DIR" ]]; then
             [[ -z "$(mounts_under "$DIR")" ]] || die "mounts remain under $DIR; not removing it"
@@ -595,6 +815,10 @@ case "$cmd" in
         ;;
     import)
         [[ $# -ge 1 ]] || usage
+        wanted_version
+        v="$(instance_version)"
+        use_version "${v:-$WANTED}"
+        use_binaries
         ctr_ version >/dev/null 2>&1 || die "no containerd answering on $SOCK"
         import_images "$@"
         ;;
