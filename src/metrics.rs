@@ -371,7 +371,8 @@ label_values! {
         PodStatus => "pod_status",
         /// The eviction's event.
         Event => "event",
-        /// The delete of a pod the kubelet reverted to Running.
+        /// The delete of an evicted pod whose status kept being undone
+        /// (the last resort).
         PodDelete => "pod_delete",
         /// criguard's node conditions.
         NodeConditions => "node_conditions",
@@ -393,7 +394,7 @@ label_values! {
 /// Labels of what became of an evicted pod's report.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KubeOutcomeLabels {
-    /// `written`, `settled`, `reverted`, `deleted` or `failed`.
+    /// `written`, `reverted`, `reasserted`, `settled`, `deleted` or `failed`.
     pub outcome: PodOutcome,
 }
 
@@ -402,11 +403,15 @@ label_values! {
     pub enum PodOutcome {
         /// Status Failed/Evicted written.
         Written => "written",
-        /// Stayed Failed until deleted or for the whole watch.
+        /// Its report ended with criguard's status in place (the pod was
+        /// deleted by others, or the watch ran its course).
         Settled => "settled",
-        /// The kubelet wrote Running back.
+        /// criguard's status was seen undone (Running written back, or
+        /// another reason or message written over it); once per undo.
         Reverted => "reverted",
-        /// Deleted after a revert.
+        /// criguard's status written again after an undo; once per write.
+        Reasserted => "reasserted",
+        /// Deleted as the last resort: still undone past the bound.
         Deleted => "deleted",
         /// Status never written.
         Failed => "failed",
@@ -418,8 +423,9 @@ label_values! {
 pub struct KubeMetrics {
     /// API writes, by kind and outcome (each attempt counts).
     pub writes: Family<KubeWriteLabels, Counter>,
-    /// Evicted pods: status written, then either settled (stayed Failed) or
-    /// reverted to Running by the kubelet and deleted; or never written.
+    /// Evicted pods: status written; each undo seen and each write again;
+    /// then settled (criguard's status kept) or deleted as the last resort;
+    /// or never written.
     pub pods: Family<KubeOutcomeLabels, Counter>,
 }
 
@@ -433,7 +439,7 @@ impl KubeMetrics {
         );
         registry.register(
             "criguard_kube_evicted_pods",
-            "Evicted pods reported to the API, by outcome: written (status Failed/Evicted), then settled (stayed Failed until deleted or for the 5 min watch) or reverted (the kubelet wrote Running back) and deleted; failed (status never written)",
+            "Evicted pods reported to the API, by outcome: written (status Failed/Evicted); reverted (each time the status was seen undone) and reasserted (each time criguard wrote it again); then settled (the report ended with criguard's status in place) or deleted (the last resort, still undone past the bound); failed (status never written)",
             m.pods.clone(),
         );
         m

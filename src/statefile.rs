@@ -1,5 +1,6 @@
 //! criguard's state files under `--state-dir` (`evicted-pods.json`,
-//! `image-gc.json`): private and written atomically.
+//! `image-gc.json`, `pressure.json`, `kube-pods.json`): private and
+//! written atomically, read back leniently.
 //!
 //! Pod names, eviction messages and image references are the node's
 //! business: the directory is created 0700 and each file is 0600. A write
@@ -56,6 +57,32 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .map_err(|e| wrap(dir, e))
 }
 
+/// Reads the JSON state file at `path`: `None` when it does not exist;
+/// when it cannot be read or parsed, the error is logged (naming the path)
+/// and the file is set aside as `<name>.bad`, so a bad file never keeps
+/// criguard from starting and is not read again.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
+    let text = match std::fs::read(path) {
+        Ok(t) => t,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(err) => {
+            tracing::error!(path = %path.display(), %err, "cannot read the state file; starting without it");
+            return None;
+        }
+    };
+    match serde_json::from_slice(&text) {
+        Ok(v) => Some(v),
+        Err(err) => {
+            let mut bad = path.file_name().unwrap_or_default().to_owned();
+            bad.push(".bad");
+            let bad = path.with_file_name(bad);
+            let _ = std::fs::rename(path, &bad);
+            tracing::error!(path = %path.display(), set_aside = %bad.display(), %err, "state file not valid; starting without it");
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,6 +114,19 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"new");
         assert_eq!(mode(&path), FILE_MODE);
         assert!(!tmp.path().join("x.json.tmp").exists());
+    }
+
+    #[test]
+    fn read_json_reads_back_and_sets_a_bad_file_aside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("x.json");
+        assert_eq!(read_json::<Vec<u32>>(&path), None, "no file");
+        write_private(&path, b"[1,2]").unwrap();
+        assert_eq!(read_json::<Vec<u32>>(&path), Some(vec![1, 2]));
+        std::fs::write(&path, b"[1,").unwrap();
+        assert_eq!(read_json::<Vec<u32>>(&path), None);
+        assert!(tmp.path().join("x.json.bad").exists());
+        assert!(!path.exists());
     }
 
     #[test]

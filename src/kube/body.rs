@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use crate::policy::thresholds::Condition;
 
 /// What the report needs to know of one eviction.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PodEviction {
     /// Pod namespace.
     pub namespace: String,

@@ -5,17 +5,20 @@
 //! 1. before the pod is stopped, its status (phase Failed, reason Evicted,
 //!    the message, the `DisruptionTarget` condition), waiting at most the
 //!    bound (`kubeStatusTimeout`, 250 ms by default); the pod is then
-//!    stopped whatever the API did. A Failed phase already in the API when
-//!    the kubelet next syncs the pod makes the kubelet tear the pod down
-//!    itself; written after the kubelet began re-creating the sandbox, its
-//!    status manager writes `Running` back;
+//!    stopped whatever the API did;
 //! 2. a Warning event, reason Evicted;
-//! 3. a watch on the pod for [`pod::WATCH_FOR`]: if its phase goes back to
-//!    Running, the pod is deleted (UID precondition, grace 0) so its
-//!    controller replaces it.
+//! 3. a watch on the pod for [`pod::WATCH_FOR`]: when the kubelet's status
+//!    manager writes its cached `Running` back, or its own first `Failed`
+//!    blanks reason and message, criguard writes its status again, with
+//!    back-off and a bound ([`reassert`], which also says what the kubelet
+//!    does and why this converges); only a status still undone past the
+//!    bound gets the pod deleted (UID precondition, grace 0).
 //!
-//! While a pressure condition holds the node carries criguard's own
-//! condition type and NoSchedule taint ([`node`]); both go when it ends.
+//! The reports in progress are kept in the state directory ([`pending`]),
+//! so a restarted criguard resumes them. While a pressure condition holds
+//! the node carries criguard's own condition type and NoSchedule taint
+//! ([`node`]); both go when it ends. Every request carries criguard's own
+//! User-Agent ([`user_agent`]).
 //!
 //! Every write runs in the background and retries with backoff; nothing
 //! here ever delays an eviction past the bound, and API errors (unreachable,
@@ -23,10 +26,12 @@
 
 pub mod body;
 mod node;
+pub mod pending;
 mod pod;
+pub mod reassert;
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -124,14 +129,51 @@ struct Inner {
     bound: Duration,
     taints: bool,
     metrics: KubeMetrics,
-    conditions: watch::Sender<BTreeSet<Condition>>,
+    /// criguard's conditions as the eviction manager last published them;
+    /// `None` until its first round.
+    conditions: watch::Sender<Option<BTreeSet<Condition>>>,
+    pending: pending::Pending,
+}
+
+/// criguard's User-Agent, shaped as the Kubernetes components' own
+/// (`kubelet/v1.26.0 (linux/amd64) kubernetes/<commit>`):
+/// `criguard/v<version> (<os>/<arch>) criguard/<commit>`, with Go's
+/// architecture names and the commit from `CRIGUARD_GIT_COMMIT` at build
+/// time, `unknown` without it. For example
+/// `criguard/v0.1.0 (linux/amd64) criguard/unknown`.
+pub fn user_agent() -> String {
+    user_agent_of(
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS,
+        std::env::consts::ARCH,
+        option_env!("CRIGUARD_GIT_COMMIT").unwrap_or(""),
+    )
+}
+
+/// [`user_agent`] from its parts (Rust's architecture names).
+fn user_agent_of(version: &str, os: &str, arch: &str, commit: &str) -> String {
+    let arch = match arch {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        other => other,
+    };
+    let commit = if commit.is_empty() { "unknown" } else { commit };
+    format!("criguard/v{version} ({os}/{arch}) criguard/{commit}")
 }
 
 impl KubeReport {
-    /// Builds the client (no request is made yet) and starts the node
-    /// reconciler. Must run inside the tokio runtime.
-    pub async fn start(settings: &KubeSettings, metrics: KubeMetrics) -> Result<Self, KubeError> {
-        let config = match &settings.source {
+    /// Builds the client (no request is made yet), starts the node
+    /// reconciler and resumes the pod reports a previous run left in
+    /// `state_dir` (`None`: nothing is kept). Must run inside the tokio
+    /// runtime.
+    pub async fn start(
+        settings: &KubeSettings,
+        metrics: KubeMetrics,
+        state_dir: Option<&Path>,
+    ) -> Result<Self, KubeError> {
+        let mut config = match &settings.source {
             ApiSource::Kubeconfig(path) => {
                 let wrap = |source| KubeError::Kubeconfig {
                     path: path.clone(),
@@ -145,8 +187,13 @@ impl KubeReport {
             ApiSource::InCluster => kube::Config::incluster()?,
         };
         tracing::info!(api = %config.cluster_url, node = %settings.node_name, bound = ?settings.status_timeout, taints = settings.taints, "reporting evictions to the Kubernetes API");
+        let agent = http::HeaderValue::from_str(&user_agent())
+            .unwrap_or_else(|_| http::HeaderValue::from_static("criguard"));
+        config.headers.push((http::header::USER_AGENT, agent));
         let client = kube::Client::try_from(config)?;
-        let (tx, rx) = watch::channel(BTreeSet::new());
+        let (tx, rx) = watch::channel(None);
+        let (pending, resume) =
+            pending::Pending::load(state_dir, std::time::SystemTime::now(), pod::WATCH_FOR);
         let inner = Arc::new(Inner {
             client,
             node: settings.node_name.clone(),
@@ -154,8 +201,13 @@ impl KubeReport {
             taints: settings.taints,
             metrics,
             conditions: tx,
+            pending,
         });
         tokio::spawn(node::reconcile(inner.clone(), rx));
+        for p in resume {
+            tracing::info!(pod = %format!("{}/{}", p.eviction.namespace, p.eviction.name), uid = %p.eviction.uid, written = p.written, "resuming the API report of a pod evicted before the restart");
+            tokio::spawn(pod::resume(inner.clone(), p));
+        }
         Ok(Self { inner })
     }
 
@@ -165,18 +217,22 @@ impl KubeReport {
     pub async fn pod_evicted(&self, e: PodEviction) {
         let (tx, rx) = oneshot::channel();
         let pod = format!("{}/{}", e.namespace, e.name);
-        tokio::spawn(pod::report(self.inner.clone(), e, tx));
+        let since = std::time::SystemTime::now();
+        tokio::spawn(pod::report(self.inner.clone(), e, Some(tx), since));
         if tokio::time::timeout(self.inner.bound, rx).await.is_err() {
             tracing::warn!(%pod, bound = ?self.inner.bound, "pod status not written within the bound: stopping the pod now, the write goes on in the background");
         }
     }
 
-    /// The node's pressure conditions now; the API follows in the background.
+    /// The node's pressure conditions now; the API follows in the
+    /// background. Until the first call the node is left as it is: a
+    /// restarted criguard does not clear conditions its first round, with
+    /// the pressure it remembers, may keep.
     pub fn node_conditions(&self, conditions: &BTreeSet<Condition>) {
         self.inner.conditions.send_if_modified(|c| {
-            let changed = c != conditions;
+            let changed = c.as_ref() != Some(conditions);
             if changed {
-                c.clone_from(conditions);
+                *c = Some(conditions.clone());
             }
             changed
         });
@@ -243,6 +299,19 @@ mod tests {
             [200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000, 30000]
         );
         assert_eq!(b.attempts, 10);
+    }
+
+    #[test]
+    fn the_user_agent_is_shaped_as_the_kubernetes_components_own() {
+        assert_eq!(
+            user_agent_of("0.1.0", "linux", "x86_64", ""),
+            "criguard/v0.1.0 (linux/amd64) criguard/unknown"
+        );
+        assert_eq!(
+            user_agent_of("0.1.0", "linux", "aarch64", "ce64404"),
+            "criguard/v0.1.0 (linux/arm64) criguard/ce64404"
+        );
+        assert!(http::HeaderValue::from_str(&user_agent()).is_ok());
     }
 
     #[test]

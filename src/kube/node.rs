@@ -2,8 +2,9 @@
 //! conditions.
 //!
 //! One task follows the conditions the eviction manager publishes. On each
-//! change (and once at start, which clears what a previous run left behind)
-//! it reads the node and writes only what differs: a strategic merge patch
+//! change (the first one included, which clears what a previous run left
+//! behind unless its remembered pressure still holds) it reads the node and
+//! writes only what differs: a strategic merge patch
 //! of `status.conditions` (merged by type: the kubelet's and others'
 //! conditions stay), and, with taints on, the whole taint list with the
 //! node's resourceVersion as a precondition (taints have no merge key; a
@@ -24,13 +25,16 @@ use crate::metrics::KubeWrite;
 use crate::policy::thresholds::Condition;
 
 /// Runs until the sender is dropped.
-pub(super) async fn reconcile(inner: Arc<Inner>, mut rx: watch::Receiver<BTreeSet<Condition>>) {
+pub(super) async fn reconcile(
+    inner: Arc<Inner>,
+    mut rx: watch::Receiver<Option<BTreeSet<Condition>>>,
+) {
     let api: Api<Node> = Api::all(inner.client.clone());
     let mut applied: Option<BTreeSet<Condition>> = None;
     let mut backoff = Backoff::new();
     loop {
         let wanted = rx.borrow_and_update().clone();
-        if applied.as_ref() != Some(&wanted) {
+        if let Some(wanted) = wanted.filter(|w| applied.as_ref() != Some(w)) {
             match apply(&inner, &api, &wanted).await {
                 Ok(()) => {
                     applied = Some(wanted);

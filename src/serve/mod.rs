@@ -148,7 +148,7 @@ async fn serve(
     let status = Arc::new(RwLock::new(evicted_store.initial_status()));
     let report = match &kube {
         Some(k) => Some(
-            criguard::kube::KubeReport::start(k, metrics.kube.clone())
+            criguard::kube::KubeReport::start(k, metrics.kube.clone(), Some(&state_dir))
                 .await
                 .context("Kubernetes API report")?,
         ),

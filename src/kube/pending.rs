@@ -1,0 +1,189 @@
+//! The evicted pods whose API report is not over, kept in
+//! `<state-dir>/kube-pods.json` so a restarted criguard carries on with
+//! them: a status not yet written is written, a status written is watched
+//! (and written again when undone) for the rest of its window.
+//!
+//! Times are wall-clock (ms since the epoch): a monotonic instant means
+//! nothing to the next process. A clock stepped back makes a window look
+//! longer, by at most the step; one stepped forward ends it early. Both are
+//! bounded by [`super::pod::WATCH_FOR`], measured from the status write.
+//!
+//! The file is written atomically and privately ([`crate::statefile`])
+//! whenever the set changes, off the async threads, under the set's lock,
+//! so the last save always holds the current set. A file that cannot be
+//! read is logged and set aside as `kube-pods.json.bad`; the report then
+//! starts with nothing to resume, as before this file existed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::PodEviction;
+
+/// The file's name in the state directory.
+pub const FILE_NAME: &str = "kube-pods.json";
+
+/// One evicted pod's report in progress.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PendingPod {
+    /// The eviction being reported.
+    pub eviction: PodEviction,
+    /// When the report started, ms since the epoch.
+    pub since_unix_ms: u64,
+    /// Whether criguard's status was written (then only the watch is left).
+    pub written: bool,
+}
+
+/// The pods of reports in progress, by UID, and where they are saved.
+#[derive(Clone, Debug, Default)]
+pub struct Pending {
+    path: Option<PathBuf>,
+    pods: Arc<Mutex<BTreeMap<String, PendingPod>>>,
+}
+
+impl Pending {
+    /// Pending reports saved in `state_dir` (none: kept in memory only),
+    /// and the reports a previous run left, still within `window` at `now`.
+    pub fn load(
+        state_dir: Option<&Path>,
+        now: SystemTime,
+        window: Duration,
+    ) -> (Self, Vec<PendingPod>) {
+        let path = state_dir.map(|d| d.join(FILE_NAME));
+        let left: BTreeMap<String, PendingPod> = path
+            .as_deref()
+            .and_then(crate::statefile::read_json)
+            .unwrap_or_default();
+        let now_ms = unix_ms(now);
+        let window_ms = window.as_millis() as u64;
+        let resume: BTreeMap<String, PendingPod> = left
+            .into_iter()
+            .filter(|(_, p)| now_ms.saturating_sub(p.since_unix_ms) < window_ms)
+            .collect();
+        let list = resume.values().cloned().collect();
+        let me = Self {
+            path,
+            pods: Arc::new(Mutex::new(resume)),
+        };
+        (me, list)
+    }
+
+    /// Records (or updates) `p` and saves the set in the background.
+    pub fn upsert(&self, p: PendingPod) {
+        self.lock().insert(p.eviction.uid.clone(), p);
+        self.save_in_background();
+    }
+
+    /// Forgets the report of `uid` and saves the set in the background.
+    pub fn remove(&self, uid: &str) {
+        if self.lock().remove(uid).is_some() {
+            self.save_in_background();
+        }
+    }
+
+    /// The reports in progress now.
+    pub fn list(&self) -> Vec<PendingPod> {
+        self.lock().values().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, PendingPod>> {
+        self.pods.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn save_in_background(&self) {
+        let Some(path) = self.path.clone() else {
+            return;
+        };
+        let me = self.clone();
+        let save = move || {
+            // Under the lock: whichever save runs last writes the set as it
+            // is then, never an older snapshot.
+            let pods = me.lock();
+            let bytes = serde_json::to_vec_pretty(&*pods).unwrap_or_default();
+            if let Err(err) = crate::statefile::write_private(&path, &bytes) {
+                tracing::error!(%err, "cannot save the evicted pods' API reports in progress");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(save);
+            }
+            Err(_) => save(),
+        }
+    }
+
+    /// Saves now, on this thread (tests).
+    #[cfg(test)]
+    fn save_now(&self) {
+        let path = self.path.clone().unwrap();
+        let bytes = serde_json::to_vec_pretty(&*self.lock()).unwrap();
+        crate::statefile::write_private(&path, &bytes).unwrap();
+    }
+}
+
+/// `t` in ms since the epoch (0 before it).
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str, since: u64) -> PendingPod {
+        PendingPod {
+            eviction: PodEviction {
+                namespace: "default".into(),
+                name: format!("p-{uid}"),
+                uid: uid.into(),
+                message: "The node was low on resource: memory. ".into(),
+                resource: "memory".into(),
+                offending: Some(("app".into(), "40Mi".into())),
+            },
+            since_unix_ms: since,
+            written: true,
+        }
+    }
+
+    #[test]
+    fn reports_within_their_window_come_back_after_a_restart() {
+        let tmp = tempfile::tempdir().unwrap();
+        let at = |ms| UNIX_EPOCH + Duration::from_millis(ms);
+        let window = Duration::from_secs(300);
+        let (p, left) = Pending::load(Some(tmp.path()), at(1_000_000), window);
+        assert!(left.is_empty());
+        p.lock().insert("old".into(), pod("old", 1_000_000));
+        p.lock().insert("new".into(), pod("new", 1_200_000));
+        p.lock().insert("gone".into(), pod("gone", 1_200_000));
+        p.lock().remove("gone");
+        p.save_now();
+        let (_, back) = Pending::load(Some(tmp.path()), at(1_350_000), window);
+        assert_eq!(
+            back,
+            [pod("new", 1_200_000)],
+            "the old one's window is over"
+        );
+        let mode = |path: &Path| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+        };
+        assert_eq!(mode(&tmp.path().join(FILE_NAME)), 0o600);
+    }
+
+    #[test]
+    fn a_corrupt_file_resumes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join(FILE_NAME), b"[not json").unwrap();
+        let (_, left) = Pending::load(
+            Some(tmp.path()),
+            SystemTime::now(),
+            Duration::from_secs(300),
+        );
+        assert!(left.is_empty());
+        assert!(tmp.path().join("kube-pods.json.bad").exists());
+    }
+}

@@ -1,0 +1,232 @@
+//! What the watch on an evicted pod makes of its status, and what criguard
+//! does about it: pure, with time passed in.
+//!
+//! # What the kubelet does to a status criguard wrote
+//!
+//! Read from the kubelet's source (v1.26 to v1.34, `pkg/kubelet/status/
+//! status_manager.go` and `pkg/kubelet/kubelet_pods.go`):
+//!
+//! - The status manager keeps its own cached status per pod and, on every
+//!   sync (the pod informer's update and the 10 s reconcile alike), patches
+//!   the API with `mergePodStatus(api status, cached status)`. That merge
+//!   keeps the conditions the kubelet does not own (`DisruptionTarget`
+//!   written by another party stays), but phase, reason and message are
+//!   the kubelet's: they come from the cache. A cache still saying
+//!   `Running` (criguard's write came before the pod worker's next sync)
+//!   is written back over criguard's `Failed` a few hundred milliseconds
+//!   later — the revert seen with kubelet 1.26 (0.13–0.4 s).
+//! - The pod worker's `generateAPIPodStatus` never leaves a terminal phase
+//!   the API shows: with the API at `Failed` and the runtime's containers
+//!   dead it computes `Failed` itself. It keeps reason and message only
+//!   when the phase it computes equals the cached phase (then the cached
+//!   ones, or the API's when the cached ones are empty). Its first `Failed`,
+//!   computed while the cache still says `Running`, therefore carries no
+//!   reason and no message, and its patch blanks criguard's (seen for
+//!   0.14–1 s). From then on the cache says `Failed`, so the next status
+//!   it generates takes reason and message from the API: whatever criguard
+//!   wrote last stays.
+//!
+//! So the end state the kubelet alone leaves (Failed, Evicted, the message,
+//! `DisruptionTarget`) is reached by writing criguard's status again
+//! whenever it has been undone: once the kubelet's cache is `Failed` the
+//! kubelet stops undoing it. Each write again waits a little longer
+//! ([`Reasserts`]); if the status is still being undone past
+//! [`MAX_REASSERTS`] writes or [`REASSERT_WINDOW`], something else keeps
+//! writing over it, and the pod is deleted (UID precondition, grace 0) so
+//! its controller replaces it: the last resort.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::body::{DISRUPTION_TARGET, REASON_EVICTED};
+
+/// How many times criguard writes its status again before it deletes the pod.
+pub const MAX_REASSERTS: u32 = 8;
+/// How long after the first undo criguard keeps writing its status again.
+pub const REASSERT_WINDOW: Duration = Duration::from_secs(120);
+/// The wait before the first write again; it doubles each time.
+pub const FIRST_WAIT: Duration = Duration::from_millis(200);
+/// The longest wait between two writes again.
+pub const LONGEST_WAIT: Duration = Duration::from_secs(30);
+
+/// What the watch saw of the evicted pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// criguard's status: Failed, Evicted, its message, DisruptionTarget.
+    Ours,
+    /// Someone wrote over it.
+    Undone(Undo),
+    /// Deleted, or replaced by a pod with another UID.
+    Gone,
+}
+
+/// How criguard's status was undone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Undo {
+    /// A phase other than Failed (the status manager's cached `Running`).
+    NotFailed,
+    /// Failed, but another (or no) reason or message, or no
+    /// `DisruptionTarget` condition (the kubelet's first own Failed).
+    NotOurs,
+}
+
+/// Judges pod `p` against eviction of UID `uid` with `message`.
+pub fn judge(p: &Pod, uid: &str, message: &str) -> Seen {
+    if p.metadata.uid.as_deref() != Some(uid) {
+        return Seen::Gone;
+    }
+    let Some(s) = p.status.as_ref() else {
+        return Seen::Undone(Undo::NotFailed);
+    };
+    if s.phase.as_deref() != Some("Failed") {
+        return Seen::Undone(Undo::NotFailed);
+    }
+    let target = s
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == DISRUPTION_TARGET && c.status == "True");
+    let ours = s.reason.as_deref() == Some(REASON_EVICTED)
+        && s.message.as_deref() == Some(message)
+        && target;
+    if ours {
+        Seen::Ours
+    } else {
+        Seen::Undone(Undo::NotOurs)
+    }
+}
+
+/// What to do about an undone status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Write criguard's status again after this wait.
+    Reassert(Duration),
+    /// Undone past the bound: delete the pod.
+    Delete,
+}
+
+/// The bound on writing the status again: counts and the window.
+#[derive(Clone, Debug, Default)]
+pub struct Reasserts {
+    done: u32,
+    first_undo: Option<Instant>,
+}
+
+impl Reasserts {
+    /// How many times the status was written again so far.
+    pub fn done(&self) -> u32 {
+        self.done
+    }
+
+    /// The status was seen undone at `now`: write it again after a wait
+    /// (200 ms, doubling, at most 30 s), or delete the pod once
+    /// [`MAX_REASSERTS`] writes were undone or [`REASSERT_WINDOW`] passed
+    /// since the first undo.
+    pub fn on_undo(&mut self, now: Instant) -> Next {
+        let first = *self.first_undo.get_or_insert(now);
+        if self.done >= MAX_REASSERTS || now.saturating_duration_since(first) >= REASSERT_WINDOW {
+            return Next::Delete;
+        }
+        let wait = FIRST_WAIT
+            .saturating_mul(1 << self.done.min(16))
+            .min(LONGEST_WAIT);
+        self.done += 1;
+        Next::Reassert(wait)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const MSG: &str = "The node was low on resource: memory. ";
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "hog", "namespace": "default", "uid": "u1"},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn target() -> serde_json::Value {
+        json!([{"type": "Ready", "status": "False"},
+               {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}])
+    }
+
+    #[test]
+    fn only_failed_evicted_with_the_message_and_the_condition_is_ours() {
+        let ours = pod(
+            json!({"phase": "Failed", "reason": "Evicted", "message": MSG, "conditions": target()}),
+        );
+        assert_eq!(judge(&ours, "u1", MSG), Seen::Ours);
+        let cases = [
+            // The status manager's cached Running, written back.
+            (
+                json!({"phase": "Running", "reason": "Evicted", "message": MSG, "conditions": target()}),
+                Seen::Undone(Undo::NotFailed),
+            ),
+            (json!({}), Seen::Undone(Undo::NotFailed)),
+            // The kubelet's first own Failed: reason and message blanked.
+            (
+                json!({"phase": "Failed", "conditions": target()}),
+                Seen::Undone(Undo::NotOurs),
+            ),
+            (
+                json!({"phase": "Failed", "reason": "Evicted", "message": "other", "conditions": target()}),
+                Seen::Undone(Undo::NotOurs),
+            ),
+            (
+                json!({"phase": "Failed", "reason": "Evicted", "message": MSG}),
+                Seen::Undone(Undo::NotOurs),
+            ),
+        ];
+        for (status, want) in cases {
+            assert_eq!(judge(&pod(status.clone()), "u1", MSG), want, "{status}");
+        }
+        assert_eq!(
+            judge(&ours, "u2", MSG),
+            Seen::Gone,
+            "a new pod of that name"
+        );
+    }
+
+    #[test]
+    fn reasserts_back_off_then_delete_past_the_count() {
+        let t0 = Instant::now();
+        let mut r = Reasserts::default();
+        let waits: Vec<Next> = (0..=MAX_REASSERTS)
+            .map(|i| r.on_undo(t0 + Duration::from_secs(i as u64)))
+            .collect();
+        let ms = |m| Next::Reassert(Duration::from_millis(m));
+        assert_eq!(
+            waits,
+            [
+                ms(200),
+                ms(400),
+                ms(800),
+                ms(1600),
+                ms(3200),
+                ms(6400),
+                ms(12800),
+                ms(25600),
+                Next::Delete
+            ]
+        );
+        assert_eq!(r.done(), MAX_REASSERTS);
+    }
+
+    #[test]
+    fn reasserts_end_with_the_window_whatever_the_count() {
+        let t0 = Instant::now();
+        let mut r = Reasserts::default();
+        assert_eq!(r.on_undo(t0), Next::Reassert(FIRST_WAIT));
+        assert_eq!(
+            r.on_undo(t0 + REASSERT_WINDOW - Duration::from_millis(1)),
+            Next::Reassert(FIRST_WAIT * 2)
+        );
+        assert_eq!(r.on_undo(t0 + REASSERT_WINDOW), Next::Delete);
+    }
+}
