@@ -27,8 +27,15 @@
 //! [`EvictionManager::run`] starts a round on every housekeeping tick and,
 //! between ticks, as soon as a memory event says to look
 //! ([`crate::signals::events`]).
+//!
+//! With a state directory the manager remembers, across restarts, when each
+//! condition's threshold was last observed met and the latest evictions
+//! ([`evicted::Remembered`], wall-clock times): a restarted manager keeps a
+//! condition until the transition period has passed since that
+//! observation, as the kubelet's state machine would have without the
+//! restart, and `criguard evictions` still lists what it did.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -71,7 +78,24 @@ pub struct EvictionManager {
     in_flight: Vec<InFlight>,
     store: Option<EvictedStore>,
     report: Option<KubeReport>,
+    pressure: PressureMemory,
 }
+
+/// When each condition's threshold was last observed met (ms since the
+/// epoch), and what of it is saved.
+#[derive(Debug, Default)]
+struct PressureMemory {
+    last: BTreeMap<Condition, u64>,
+    /// Changed since the last save.
+    dirty: bool,
+    saved_at: Option<Instant>,
+    saved_held: BTreeSet<Condition>,
+    saved_evictions: usize,
+}
+
+/// The pressure memory is saved at most this often while only the times
+/// advance (a change in the conditions held, or an eviction, saves at once).
+const PRESSURE_SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a disk eviction's reclaim counts as on its way: containerd
 /// removes snapshots in its background garbage collection, within seconds.
@@ -101,13 +125,33 @@ impl EvictionManager {
             in_flight: Vec::new(),
             store: None,
             report: None,
+            pressure: PressureMemory::default(),
         }
     }
 
     /// The same manager, saving the evicted pods in `store` whenever they
     /// change (each eviction before the pod is stopped; refusals and
-    /// forgotten records after each round).
+    /// forgotten records after each round), and its pressure memory; what
+    /// the last run remembered is taken up at once: a condition observed
+    /// less than the transition period ago holds from now on.
     pub fn with_evicted_store(mut self, store: EvictedStore) -> Self {
+        let now = evicted::unix_ms_now();
+        let remembered = store.load_remembered();
+        self.pressure.last = remembered.observations(now);
+        self.pressure.saved_evictions = remembered.evictions.len();
+        let held = evicted::held(
+            &self.pressure.last,
+            now,
+            self.config.pressure_transition_period,
+        );
+        if !held.is_empty() {
+            tracing::info!(conditions = ?held, "pressure remembered from before the restart: its conditions hold until the transition period has passed since it was last observed");
+        }
+        self.pressure.saved_held = held.clone();
+        self.status
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .conditions = held;
         self.store = Some(store);
         self
     }
@@ -171,14 +215,83 @@ impl EvictionManager {
     fn observe(&mut self) -> (Observations, Vec<Threshold>) {
         let obs = self.sources.observe();
         let d = self.state.step(&self.config, &obs, obs.at);
-        self.publish(&obs, &d.conditions);
+        let mut conditions = d.conditions;
+        conditions.extend(self.remember_pressure(&obs));
+        self.publish(&obs, &conditions);
         if let Some(r) = &self.report {
-            r.node_conditions(&d.conditions);
+            r.node_conditions(&conditions);
         }
         let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
-        st.conditions = d.conditions;
+        st.conditions = conditions;
         st.observations = Some(obs.clone());
         (obs, d.act_on)
+    }
+
+    /// Notes the conditions whose thresholds the step just found met, at
+    /// the wall-clock time of `obs`; returns the conditions the memory
+    /// holds then (the remembered ones from before a restart included).
+    fn remember_pressure(&mut self, obs: &Observations) -> BTreeSet<Condition> {
+        let at = wall_ms(obs.at);
+        for t in self.config.hard.iter().chain(&self.config.soft) {
+            if self.state.met_since(t).is_some() {
+                let c = t.signal.condition();
+                if self.pressure.last.insert(c, at) != Some(at) {
+                    self.pressure.dirty = true;
+                }
+            }
+        }
+        evicted::held(
+            &self.pressure.last,
+            at,
+            self.config.pressure_transition_period,
+        )
+    }
+
+    /// The instant the remembered pressure next runs out, if it holds.
+    fn pressure_deadline(&self, obs: &Observations) -> Option<Instant> {
+        let at = wall_ms(obs.at);
+        evicted::next_expiry(
+            &self.pressure.last,
+            at,
+            self.config.pressure_transition_period,
+        )
+        .map(|d| obs.at + d)
+    }
+
+    /// Saves the pressure memory and the latest evictions when they
+    /// changed: at once when the conditions held or the evictions did,
+    /// else at most every [`PRESSURE_SAVE_EVERY`].
+    async fn save_pressure(&mut self) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        let (held, snapshot, evictions) = {
+            let st = self.status.read().unwrap_or_else(|e| e.into_inner());
+            let held = st.conditions.clone();
+            let urgent = held != self.pressure.saved_held
+                || st.evictions.len() != self.pressure.saved_evictions;
+            let due = self.pressure.dirty
+                && self
+                    .pressure
+                    .saved_at
+                    .is_none_or(|t| t.elapsed() >= PRESSURE_SAVE_EVERY);
+            if !urgent && !due {
+                return;
+            }
+            let r = evicted::Remembered::of(&self.pressure.last, &st.evictions);
+            (held, r, st.evictions.len())
+        };
+        let saved = tokio::task::spawn_blocking(move || store.save_remembered(&snapshot)).await;
+        match saved {
+            Ok(Ok(())) => {
+                self.pressure.dirty = false;
+                self.pressure.saved_at = Some(Instant::now());
+                self.pressure.saved_held = held;
+                self.pressure.saved_evictions = evictions;
+            }
+            Ok(Err(err)) => tracing::error!(%err, "cannot save the pressure memory"),
+            Err(err) => tracing::error!(%err, "saving the pressure memory failed"),
+        }
     }
 
     /// Runs rounds until `stopped` resolves: on every housekeeping tick; at
@@ -213,10 +326,18 @@ impl EvictionManager {
             self.metrics.rounds.get_or_create(&labels).inc();
             self.round().await;
             evicted::persist(&self.status, self.store.as_ref()).await;
+            self.save_pressure().await;
             let Some(obs) = self.last_observations() else {
                 continue;
             };
-            deadline = self.state.next_deadline(&self.config, obs.at);
+            deadline = [
+                self.state.next_deadline(&self.config, obs.at),
+                self.pressure_deadline(&obs),
+            ]
+            .into_iter()
+            .flatten()
+            .filter(|d| *d > obs.at)
+            .min();
             if let Some(mut ev) = events.take() {
                 // Registering a memcg threshold waits for an RCU grace period
                 // in the kernel (milliseconds): off the proxy's thread.
@@ -510,6 +631,12 @@ impl EvictionManager {
             "pod stopped"
         );
     }
+}
+
+/// The wall-clock time of monotonic instant `at`, ms since the epoch.
+fn wall_ms(at: Instant) -> u64 {
+    let ago = at.elapsed().as_millis() as u64;
+    evicted::unix_ms_now().saturating_sub(ago)
 }
 
 /// A duration in milliseconds, for logs.
