@@ -1,0 +1,562 @@
+#!/usr/bin/env bash
+# The cluster tier: a real Kubernetes control plane on loopback and host
+# nodes whose kubelets reach containerd through criguard, all under one
+# directory. Built from hack/k8s/build.sh (kubernetes v1.37.2, etcd, a
+# v1.34.4 kubelet, containerd 2).
+#
+# Usage:
+#   hack/cluster.sh up [DIR]      start the control plane and the nodes; wait
+#                                 until every node is Ready
+#   hack/cluster.sh down [DIR] [--purge]
+#                                 stop everything up started (by PID), unmount
+#                                 what the kubelets mounted, remove the nodes'
+#                                 cgroups; --purge also removes DIR
+#   hack/cluster.sh logs [DIR]    the last lines of every component's log
+#   hack/cluster.sh test [DIR]    cargo test --test cluster (which runs up and
+#                                 down itself, in DIR if given)
+# DIR defaults to /tmp/criguard-cluster. After up, DIR/kubectl is kubectl with
+# the admin kubeconfig, and DIR/cluster.env describes the cluster.
+#
+# Layout of DIR:
+#   pki/            CA, serving and client certificates, SA key (hack/cluster/pki.sh)
+#   etcd/           etcd's data
+#   logs/NAME.log   etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+#   pids/NAME.pid   every process up started (kill by these only)
+#   audit.log       the API server's audit log (hack/cluster/audit-policy.yaml)
+#   node-NAME/      containerd/ (hack/containerd.sh), criguard.sock, admin.sock,
+#                   criguard-state/, criguard.log, criguard.kubeconfig,
+#                   kubelet/ (--root-dir), kubelet.yaml, kubelet.log,
+#                   manifests/ (static pods), pod-logs/, metrics-address,
+#                   kubepods (the pods' cgroup)
+#
+# Environment:
+#   CRIGUARD_CLUSTER_OLD_NODE=1         also a node-b with the v1.34.4 kubelet,
+#                                       dialling criguard by a bare socket path
+#   CRIGUARD_CLUSTER_PODS_MEMORY=640Mi  the kubepods memory limit (MemTotal
+#                                       minus kubeReserved and systemReserved)
+#   CRIGUARD_CLUSTER_EVICTION=250Mi     criguard's allocatableMemory.available
+#                                       hard threshold
+#   CRIGUARD_CLUSTER_KUBELET_EVICTION=100Mi
+#                                       the kubelet's memory.available hard
+#                                       threshold (with enforceNodeAllocatable
+#                                       pods the kubelet derives
+#                                       allocatableMemory.available from it)
+#   CRIGUARD_CLUSTER_TRANSITION=30s     evictionPressureTransitionPeriod (both)
+#   CRIGUARD_CLUSTER_DRY_RUN=1          criguard with --dry-run (the kubelet acts)
+#   CRIGUARD_CLUSTER_CRIGUARD_ARGS      more `criguard serve` flags
+#   CRIGUARD_CLUSTER_TIMEOUT=180        seconds to wait for each readiness
+#   CRIGUARD_BIN                        criguard binary (default target/debug/criguard)
+#
+# Networking: every address is 127.0.0.1; the nodes' containerds load a CNI
+# config whose only plugin is loopback, so the runtime reports NetworkReady,
+# and pods run with hostNetwork: true. No packet leaves the machine.
+set -euo pipefail
+export LC_ALL=C
+
+SELF="$(readlink -f "${BASH_SOURCE[0]}")"
+REPO_ROOT="$(cd "$(dirname "$SELF")/.." && pwd)"
+HERE="$REPO_ROOT/hack/cluster"
+TIMEOUT="${CRIGUARD_CLUSTER_TIMEOUT:-180}"
+
+log() { echo "cluster.sh: $*" >&2; }
+die() {
+    log "ERROR: $*"
+    exit 1
+}
+usage() {
+    sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$SELF" >&2
+    exit 2
+}
+
+set_paths() {
+    DIR="${1:-/tmp/criguard-cluster}"
+    [[ "$DIR" == /* ]] || die "DIR must be an absolute path, got '$DIR'"
+    DIR="${DIR%/}"
+    [[ -n "$DIR" && "$DIR" != *[[:space:]]* ]] || die "DIR must not be / nor contain white space"
+    PKI_DIR="$DIR/pki"
+    # A short tag of DIR keeps the cgroup roots of two clusters apart.
+    TAG="$(printf '%s' "$DIR" | sha256sum | cut -c1-8)"
+}
+
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+
+alive() {
+    local state
+    [[ -r "/proc/$1/stat" ]] || return 1
+    state="$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" || return 1
+    [[ -n "$state" && "$state" != Z && "$state" != X ]]
+}
+
+# Is PID alive with an argument under DIR (so that it is ours)?
+ours() {
+    alive "$1" && tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- "$DIR/"
+}
+
+read_pid() {
+    local p=""
+    [[ -r "$1" ]] && p="$(tr -d ' \n' <"$1" 2>/dev/null || true)"
+    [[ "$p" =~ ^[1-9][0-9]*$ ]] && echo "$p"
+    return 0
+}
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# spawn NAME LOG CMD...: start CMD in its own session, output to LOG, pid
+# to DIR/pids/NAME.pid.
+spawn() {
+    local name="$1" out="$2"
+    shift 2
+    mkdir -p "$DIR/pids"
+    echo "=== $(date -u '+%Y-%m-%dT%H:%M:%SZ') $*" >>"$out"
+    setsid "$@" </dev/null >>"$out" 2>&1 &
+    echo $! >"$DIR/pids/$name.pid"
+}
+
+# wait_for WHAT PIDNAME CMD...: poll CMD until it succeeds, failing early
+# when the process PIDNAME is gone.
+wait_for() {
+    local what="$1" name="$2" pid end
+    shift 2
+    pid="$(read_pid "$DIR/pids/$name.pid")"
+    end=$((SECONDS + TIMEOUT))
+    until "$@" >/dev/null 2>&1; do
+        [[ -z "$pid" ]] || alive "$pid" || die "$name (pid $pid) exited while waiting for $what"
+        ((SECONDS < end)) || die "$what not within ${TIMEOUT}s"
+        sleep 0.2
+    done
+}
+
+# stop_pid NAME: TERM the process in DIR/pids/NAME.pid if it is ours, KILL
+# after 15 s.
+stop_pid() {
+    local f="$DIR/pids/$1.pid" pid end
+    pid="$(read_pid "$f")"
+    if [[ -n "$pid" ]] && ours "$pid"; then
+        log "stopping $1 (pid $pid)"
+        kill -TERM "$pid" 2>/dev/null || true
+        end=$((SECONDS + 15))
+        while alive "$pid" && ((SECONDS < end)); do sleep 0.1; done
+        if alive "$pid"; then
+            log "$1 did not exit on TERM; killing"
+            kill -KILL "$pid" 2>/dev/null || true
+            end=$((SECONDS + 5))
+            while alive "$pid" && ((SECONDS < end)); do sleep 0.1; done
+        fi
+    fi
+    rm -f "$f"
+}
+
+kubeconfig() { # kubeconfig FILE USER-YAML (the user: mapping's lines)
+    cat >"$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: criguard-cluster
+  cluster:
+    server: https://127.0.0.1:$API_PORT
+    certificate-authority: $PKI_DIR/ca.crt
+users:
+- name: user
+  user:
+$2
+contexts:
+- name: criguard-cluster
+  context:
+    cluster: criguard-cluster
+    user: user
+current-context: criguard-cluster
+EOF
+    chmod 0600 "$1"
+}
+
+cert_user() { # cert_user NAME: the user lines for a client certificate
+    printf '    client-certificate: %s\n    client-key: %s' "$PKI_DIR/$1.crt" "$PKI_DIR/$1.key"
+}
+
+kubectl_() { "$K8S_BIN/kubectl" --kubeconfig "$DIR/admin.kubeconfig" "$@"; }
+
+bins() {
+    K8S_BIN="$("$REPO_ROOT/hack/k8s/build.sh" --path kubernetes)"
+    ETCD_BIN="$("$REPO_ROOT/hack/k8s/build.sh" --path etcd)"
+    CRIGUARD="${CRIGUARD_BIN:-$REPO_ROOT/target/debug/criguard}"
+    [[ -x "$CRIGUARD" ]] || die "no criguard binary at $CRIGUARD (cargo build --bin criguard)"
+}
+
+# ---- control plane ------------------------------------------------------------
+
+control_plane_up() {
+    local etcd_port peer_port cm_port sched_port
+    etcd_port="$(free_port)"
+    peer_port="$(free_port)"
+    API_PORT="$(free_port)"
+    cm_port="$(free_port)"
+    sched_port="$(free_port)"
+    mkdir -p "$DIR/logs" "$DIR/etcd"
+    chmod 0700 "$DIR/etcd"
+
+    # shellcheck source=hack/cluster/pki.sh
+    source "$HERE/pki.sh"
+    pki_control_plane
+
+    spawn etcd "$DIR/logs/etcd.log" "$ETCD_BIN/etcd" --name default --data-dir "$DIR/etcd" \
+        --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+        --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+        --initial-cluster "default=http://127.0.0.1:$peer_port" --unsafe-no-fsync --log-level warn
+    wait_for "etcd health" etcd curl -sf "http://127.0.0.1:$etcd_port/health"
+
+    spawn kube-apiserver "$DIR/logs/kube-apiserver.log" "$K8S_BIN/kube-apiserver" \
+        --etcd-servers "http://127.0.0.1:$etcd_port" \
+        --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+        --endpoint-reconciler-type none \
+        --tls-cert-file "$PKI_DIR/apiserver.crt" --tls-private-key-file "$PKI_DIR/apiserver.key" \
+        --client-ca-file "$PKI_DIR/ca.crt" \
+        --kubelet-client-certificate "$PKI_DIR/apiserver-kubelet.crt" \
+        --kubelet-client-key "$PKI_DIR/apiserver-kubelet.key" \
+        --kubelet-certificate-authority "$PKI_DIR/ca.crt" \
+        --kubelet-preferred-address-types InternalIP \
+        --service-account-issuer "https://127.0.0.1:$API_PORT" \
+        --service-account-key-file "$PKI_DIR/sa.pub" \
+        --service-account-signing-key-file "$PKI_DIR/sa.key" \
+        --service-cluster-ip-range 10.96.0.0/24 \
+        --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+        --audit-policy-file "$HERE/audit-policy.yaml" --audit-log-path "$DIR/audit.log" \
+        --audit-log-mode blocking --profiling=false --v=1
+    wait_for "kube-apiserver /readyz" kube-apiserver curl -sf --cacert "$PKI_DIR/ca.crt" \
+        --cert "$PKI_DIR/admin.crt" --key "$PKI_DIR/admin.key" "https://127.0.0.1:$API_PORT/readyz"
+
+    kubeconfig "$DIR/admin.kubeconfig" "$(cert_user admin)"
+    kubeconfig "$DIR/controller-manager.kubeconfig" "$(cert_user controller-manager)"
+    kubeconfig "$DIR/scheduler.kubeconfig" "$(cert_user scheduler)"
+    cat >"$DIR/kubectl" <<EOF
+#!/bin/sh
+exec "$K8S_BIN/kubectl" --kubeconfig "$DIR/admin.kubeconfig" "\$@"
+EOF
+    chmod +x "$DIR/kubectl"
+
+    spawn kube-controller-manager "$DIR/logs/kube-controller-manager.log" "$K8S_BIN/kube-controller-manager" \
+        --kubeconfig "$DIR/controller-manager.kubeconfig" \
+        --authentication-kubeconfig "$DIR/controller-manager.kubeconfig" \
+        --authorization-kubeconfig "$DIR/controller-manager.kubeconfig" \
+        --bind-address 127.0.0.1 --secure-port "$cm_port" --leader-elect=false \
+        --use-service-account-credentials \
+        --service-account-private-key-file "$PKI_DIR/sa.key" --root-ca-file "$PKI_DIR/ca.crt" \
+        --controllers '*' --v=1
+    spawn kube-scheduler "$DIR/logs/kube-scheduler.log" "$K8S_BIN/kube-scheduler" \
+        --kubeconfig "$DIR/scheduler.kubeconfig" \
+        --authentication-kubeconfig "$DIR/scheduler.kubeconfig" \
+        --authorization-kubeconfig "$DIR/scheduler.kubeconfig" \
+        --bind-address 127.0.0.1 --secure-port "$sched_port" --leader-elect=false --v=1
+    wait_for "kube-controller-manager /healthz" kube-controller-manager curl -sfk "https://127.0.0.1:$cm_port/healthz"
+    wait_for "kube-scheduler /healthz" kube-scheduler curl -sfk "https://127.0.0.1:$sched_port/healthz"
+    # The default ServiceAccount appears once the serviceaccount controller runs.
+    wait_for "the default ServiceAccount" kube-controller-manager kubectl_ -n default get serviceaccount default
+
+    # criguard's RBAC, and a token for its kubeconfigs.
+    kubectl_ apply -f "$REPO_ROOT/deploy/rbac.yaml" >&2
+    CRIGUARD_TOKEN="$(kubectl_ -n kube-system create token criguard --duration 48h)"
+    [[ -n "$CRIGUARD_TOKEN" ]] || die "kubectl create token criguard gave nothing"
+}
+
+# ---- nodes --------------------------------------------------------------------
+
+# cgroup hierarchies of this host (v1 controllers, named, and the v2 tree).
+cgroup_mounts() {
+    awk '{ for (i = 7; i <= NF; i++) if ($i == "-") break; if ($(i + 1) == "cgroup" || $(i + 1) == "cgroup2") print $5 }' /proc/self/mountinfo
+}
+
+# make_cgroup_root PATH: PATH in every hierarchy (the kubelet refuses a
+# cgroupRoot that does not exist), cpuset filled from its parent.
+make_cgroup_root() {
+    local m
+    while read -r m; do
+        mkdir -p "$m$1"
+        if [[ -f "$m$1/cpuset.cpus" ]]; then
+            [[ -n "$(cat "$m$1/cpuset.cpus")" ]] || cat "$m/cpuset.cpus" >"$m$1/cpuset.cpus"
+            [[ -n "$(cat "$m$1/cpuset.mems")" ]] || cat "$m/cpuset.mems" >"$m$1/cpuset.mems"
+        fi
+    done < <(cgroup_mounts)
+}
+
+# remove_cgroup_root PATH: kill what is left in it, then remove its tree,
+# deepest first, in every hierarchy.
+remove_cgroup_root() {
+    local m d p round
+    [[ "$1" == /criguard-* ]] || return 0
+    for round in 1 2 3; do
+        while read -r m; do
+            [[ -d "$m$1" ]] || continue
+            while read -r d; do
+                while read -r p; do
+                    [[ "$p" =~ ^[0-9]+$ ]] && kill -KILL "$p" 2>/dev/null
+                done <"$d/cgroup.procs" 2>/dev/null || true
+            done < <(find "$m$1" -type d)
+        done < <(cgroup_mounts)
+        while read -r m; do
+            [[ -d "$m$1" ]] && find "$m$1" -depth -type d -exec rmdir {} + 2>/dev/null
+        done < <(cgroup_mounts)
+        local left=0
+        while read -r m; do [[ -d "$m$1" ]] && left=1; done < <(cgroup_mounts)
+        ((left)) || return 0
+        sleep 0.5
+    done
+    log "warning: cgroups remain under $1"
+}
+
+# Mount points at or below $1, deepest and most recent first.
+mounts_under() {
+    awk -v p="$1" '
+    function unescape(s,   out, i, c) {
+        out = ""
+        for (i = 1; i <= length(s); i++) {
+            c = substr(s, i, 1)
+            if (c == "\\" && substr(s, i + 1, 3) ~ /^[0-7][0-7][0-7]$/) {
+                out = out sprintf("%c", (substr(s, i + 1, 1) * 64) + (substr(s, i + 2, 1) * 8) + substr(s, i + 3, 1))
+                i += 3
+            } else out = out c
+        }
+        return out
+    }
+    { m = unescape($5); if (m == p || index(m, p "/") == 1) print gsub(/\//, "/", m) "\t" NR "\t" m }
+    ' /proc/self/mountinfo | sort -t "$(printf '\t')" -k1,1nr -k2,2nr | cut -f3-
+}
+
+unmount_under() {
+    local m round
+    for round in 1 2 3 4 5; do
+        [[ -n "$(mounts_under "$1")" ]] || return 0
+        while IFS= read -r m; do
+            [[ -n "$m" ]] || continue
+            umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+        done < <(mounts_under "$1")
+    done
+    [[ -z "$(mounts_under "$1")" ]] || log "warning: mounts remain under $1"
+}
+
+# node_up NAME KUBELET_BIN ENDPOINT_STYLE(url|path)
+node_up() {
+    local name="$1" kubelet="$2" style="$3" nd cg_root total target reserved kube_res sys_res
+    local kport hport mport endpoint extra_args=()
+    nd="$DIR/node-$name"
+    cg_root="/criguard-$TAG-$name"
+    mkdir -p "$nd"/{manifests,kubelet,pod-logs,volume-plugins}
+    pki_node "$name"
+    kubeconfig "$nd/kubelet.kubeconfig" "$(cert_user "node-$name")"
+    kubeconfig "$nd/criguard.kubeconfig" "    token: $CRIGUARD_TOKEN"
+
+    # containerd 2, a CNI config with only the loopback plugin (NetworkReady,
+    # nothing routed), the pause and busybox images.
+    mkdir -p "$nd/containerd/cni/net.d"
+    cat >"$nd/containerd/cni/net.d/10-loopback.conflist" <<'EOF'
+{
+  "cniVersion": "1.0.0",
+  "name": "criguard-loopback",
+  "plugins": [{ "type": "loopback" }]
+}
+EOF
+    CRIGUARD_CONTAINERD="${CRIGUARD_CONTAINERD:-2}" "$REPO_ROOT/hack/containerd.sh" start "$nd/containerd" >/dev/null
+
+    # criguard in front of it.
+    mport="$(free_port)"
+    echo "127.0.0.1:$mport" >"$nd/metrics-address"
+    echo "$cg_root/kubepods" >"$nd/kubepods"
+    make_cgroup_root "$cg_root"
+    ((${CRIGUARD_CLUSTER_DRY_RUN:-0})) && extra_args+=(--dry-run)
+    # shellcheck disable=SC2206
+    extra_args+=(${CRIGUARD_CLUSTER_CRIGUARD_ARGS:-})
+    spawn "criguard-$name" "$nd/criguard.log" env CRIGUARD_LOG="${CRIGUARD_LOG:-info}" "$CRIGUARD" serve \
+        --listen "$nd/criguard.sock" --admin-socket "$nd/admin.sock" \
+        --metrics-address "127.0.0.1:$mport" \
+        --runtime-endpoint "unix://$nd/containerd/containerd.sock" \
+        --state-dir "$nd/criguard-state" \
+        --kubepods-cgroup "$cg_root/kubepods" \
+        --nodefs "$nd/kubelet" --imagefs "$nd/containerd/root" \
+        --eviction-hard "allocatableMemory.available<${CRIGUARD_CLUSTER_EVICTION:-250Mi}" \
+        --eviction-pressure-transition-period "${CRIGUARD_CLUSTER_TRANSITION:-30s}" \
+        --kubeconfig "$nd/criguard.kubeconfig" --node-name "$name" \
+        "${extra_args[@]}"
+    wait_for "criguard's socket ($name)" "criguard-$name" test -S "$nd/criguard.sock"
+
+    # The kubelet: kubepods limited to CRIGUARD_CLUSTER_PODS_MEMORY by
+    # reserving the rest of MemTotal.
+    total=$(($(awk '$1 == "MemTotal:" { print $2 }' /proc/meminfo) * 1024))
+    target="$(numfmt --from=iec-i "${CRIGUARD_CLUSTER_PODS_MEMORY:-640Mi}")"
+    reserved=$((total - target))
+    kube_res=$((256 << 20))
+    sys_res=$((reserved - kube_res))
+    ((sys_res > 0)) || die "CRIGUARD_CLUSTER_PODS_MEMORY too large for this machine"
+    kport="$(free_port)"
+    hport="$(free_port)"
+    if [[ "$style" == path ]]; then
+        endpoint="$nd/criguard.sock"
+    else
+        endpoint="unix://$nd/criguard.sock"
+    fi
+    cat >"$nd/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: $kport
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $hport
+tlsCertFile: $PKI_DIR/node-$name-serving.crt
+tlsPrivateKeyFile: $PKI_DIR/node-$name-serving.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI_DIR/ca.crt}
+authorization: {mode: Webhook}
+containerRuntimeEndpoint: $endpoint
+cgroupDriver: cgroupfs
+cgroupRoot: $cg_root
+cgroupsPerQOS: true
+enforceNodeAllocatable: [pods]
+kubeReserved: {memory: "$kube_res"}
+systemReserved: {memory: "$sys_res"}
+evictionHard: {memory.available: "${CRIGUARD_CLUSTER_KUBELET_EVICTION:-100Mi}"}
+evictionPressureTransitionPeriod: ${CRIGUARD_CLUSTER_TRANSITION:-30s}
+failCgroupV1: false
+failSwapOn: false
+staticPodPath: $nd/manifests
+fileCheckFrequency: 5s
+podLogsDir: $nd/pod-logs
+volumePluginDir: $nd/volume-plugins
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+imageMinimumGCAge: 24h
+serializeImagePulls: false
+makeIPTablesUtilChains: false
+maxPods: 30
+resolvConf: /etc/resolv.conf
+EOF
+    spawn "kubelet-$name" "$nd/kubelet.log" "$kubelet" --config "$nd/kubelet.yaml" \
+        --kubeconfig "$nd/kubelet.kubeconfig" --root-dir "$nd/kubelet" \
+        --hostname-override "$name" --node-ip 127.0.0.1 --v=2
+    echo "$name" >>"$DIR/nodes"
+}
+
+node_ready() { # node_ready NAME
+    [[ "$(kubectl_ get node "$1" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]]
+}
+
+node_down() { # node_down NAME (kubelet, criguard, containerd, mounts, cgroups)
+    local name="$1" nd="$DIR/node-$1"
+    stop_pid "kubelet-$name"
+    stop_pid "criguard-$name"
+    if [[ -d "$nd/containerd" ]]; then
+        "$REPO_ROOT/hack/containerd.sh" stop "$nd/containerd" --purge >&2 || log "warning: containerd stop failed for $name"
+    fi
+    unmount_under "$nd"
+    remove_cgroup_root "/criguard-$TAG-$name"
+}
+
+# ---- commands -----------------------------------------------------------------
+
+do_up() {
+    local t0 t_cp name
+    [[ "$(id -u)" -eq 0 ]] || die "run as root (containerd and the kubelet need it)"
+    if [[ -e "$DIR/pids" ]] && compgen -G "$DIR/pids/*.pid" >/dev/null; then
+        die "$DIR already has a cluster (hack/cluster.sh down $DIR first)"
+    fi
+    bins
+    t0="$(now_ms)"
+    mkdir -p "$DIR"
+    rm -f "$DIR/nodes"
+    trap 'log "up failed; stopping what started"; do_down || true' EXIT
+    trap 'exit 130' INT TERM HUP
+
+    control_plane_up
+    t_cp="$(now_ms)"
+    log "control plane ready in $((t_cp - t0)) ms (API https://127.0.0.1:$API_PORT)"
+
+    node_up node-a "$K8S_BIN/kubelet" url
+    if ((${CRIGUARD_CLUSTER_OLD_NODE:-0})); then
+        node_up node-b "$("$REPO_ROOT/hack/k8s/build.sh" --path kubelet-1.34)/kubelet" path
+    fi
+    while read -r name; do
+        wait_for "node $name Ready" "kubelet-$name" node_ready "$name"
+    done <"$DIR/nodes"
+    t_nodes="$(now_ms)"
+    log "nodes Ready in $((t_nodes - t_cp)) ms; up took $((t_nodes - t0)) ms"
+
+    cat >"$DIR/cluster.env" <<EOF
+CRIGUARD_CLUSTER_DIR=$DIR
+KUBECONFIG=$DIR/admin.kubeconfig
+KUBECTL=$K8S_BIN/kubectl
+API_SERVER=https://127.0.0.1:$API_PORT
+NODES="$(tr '\n' ' ' <"$DIR/nodes" | sed 's/ $//')"
+UP_CONTROL_PLANE_MS=$((t_cp - t0))
+UP_NODES_MS=$((t_nodes - t_cp))
+UP_TOTAL_MS=$((t_nodes - t0))
+EOF
+    trap - EXIT INT TERM HUP
+    echo "$DIR"
+}
+
+do_down() {
+    local name
+    [[ -d "$DIR" ]] || {
+        log "$DIR does not exist; nothing to stop"
+        return 0
+    }
+    if [[ -r "$DIR/nodes" ]]; then
+        # Kubelets first, so none restarts a pod while the rest goes.
+        while read -r name; do stop_pid "kubelet-$name"; done <"$DIR/nodes"
+        while read -r name; do node_down "$name"; done <"$DIR/nodes"
+    fi
+    # A node whose up failed before it was listed.
+    for nd in "$DIR"/node-*; do
+        [[ -d "$nd" ]] || continue
+        name="${nd##*/node-}"
+        grep -qxF "$name" "$DIR/nodes" 2>/dev/null || node_down "$name"
+    done
+    stop_pid kube-scheduler
+    stop_pid kube-controller-manager
+    stop_pid kube-apiserver
+    stop_pid etcd
+    unmount_under "$DIR"
+    log "stopped $DIR"
+}
+
+do_logs() {
+    local f
+    for f in "$DIR"/logs/*.log "$DIR"/node-*/criguard.log "$DIR"/node-*/kubelet.log "$DIR"/node-*/containerd/containerd.log; do
+        [[ -r "$f" ]] || continue
+        echo "===== $f (last ${CRIGUARD_CLUSTER_LOG_LINES:-60} lines)"
+        tail -n "${CRIGUARD_CLUSTER_LOG_LINES:-60}" "$f"
+    done
+}
+
+[[ $# -ge 1 ]] || usage
+cmd="$1"
+shift
+case "$cmd" in
+    up)
+        [[ $# -le 1 ]] || usage
+        set_paths "${1:-}"
+        do_up
+        ;;
+    down)
+        purge=0
+        [[ "${2:-}" == --purge ]] && purge=1
+        [[ "${1:-}" == --purge ]] && { purge=1; shift; }
+        set_paths "${1:-}"
+        do_down
+        if ((purge)); then
+            [[ -z "$(mounts_under "$DIR")" ]] || die "mounts remain under $DIR; not removing it"
+            rm -rf --one-file-system "$DIR"
+        fi
+        ;;
+    logs)
+        set_paths "${1:-}"
+        do_logs
+        ;;
+    test)
+        set_paths "${1:-}"
+        cd "$REPO_ROOT"
+        CRIGUARD_CLUSTER_DIR="${1:-}" exec cargo test --test cluster -- --nocapture --test-threads 1
+        ;;
+    *) usage ;;
+esac

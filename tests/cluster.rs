@@ -1,0 +1,723 @@
+//! The cluster tier on the host: a real Kubernetes (etcd, kube-apiserver
+//! with Node,RBAC and NodeRestriction, controller-manager, scheduler) and a
+//! node whose kubelet reaches containerd 2 through criguard, all started by
+//! `hack/cluster.sh up` in a directory of this test's own and stopped by
+//! `hack/cluster.sh down` whatever happens (`CRIGUARD_KEEP=1` leaves it up).
+//!
+//! What an operator would check, through kubectl, the audit log, criguard's
+//! admin socket and metrics:
+//! - adoption: the node is Ready through criguard, pods of every QoS class
+//!   and a node-critical static pod run, and criguard's model agrees with
+//!   the API on each pod's QoS class, priority and memory request;
+//! - one memory eviction end to end: a Deployment's BestEffort pod grows
+//!   until criguard (not the kubelet, whose threshold is lower) evicts it;
+//!   the API shows it Failed/Evicted with a DisruptionTarget condition and
+//!   one Warning event, criguard's node condition and taint while the
+//!   pressure lasts; the replacement waits, unschedulable, until the taint
+//!   goes, then runs; the evicted pod never runs again; no kernel OOM kill;
+//!   criguard's API requests are all allowed and carry its User-Agent.
+//!
+//! On failure the test prints every component's log and the cluster's
+//! state. It needs root and the binaries of `hack/k8s/build.sh`.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Namespace of the test's pods.
+const NS: &str = "criguard-test";
+/// The busybox image `hack/containerd.sh` imports.
+const BUSYBOX: &str = "docker.io/library/busybox:criguard";
+/// criguard's ServiceAccount, as the audit log names it.
+const CRIGUARD_USER: &str = "system:serviceaccount:kube-system:criguard";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Polls `check` every 250 ms until it gives `Some`, or panics after
+/// `deadline` naming `what`.
+fn poll<T>(deadline: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + deadline;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            Instant::now() < end,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// A cluster brought up by `hack/cluster.sh up`; dropping it prints the
+/// logs if the test is failing, then brings it down.
+struct Cluster {
+    dir: PathBuf,
+    kubectl: PathBuf,
+    env: BTreeMap<String, String>,
+}
+
+impl Cluster {
+    /// `hack/cluster.sh up` in a fresh directory with `env` set.
+    fn up(env: &[(&str, &str)]) -> Self {
+        let dir = match std::env::var("CRIGUARD_CLUSTER_DIR") {
+            Ok(d) if !d.is_empty() => PathBuf::from(d),
+            _ => {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .subsec_nanos();
+                PathBuf::from(format!("/tmp/cgc-{}-{nanos:x}", std::process::id()))
+            }
+        };
+        let mut cluster = Cluster {
+            kubectl: dir.join("kubectl"),
+            dir,
+            env: BTreeMap::new(),
+        };
+        let t0 = Instant::now();
+        let status = Command::new(repo().join("hack/cluster.sh"))
+            .arg("up")
+            .arg(&cluster.dir)
+            .env("CRIGUARD_BIN", env!("CARGO_BIN_EXE_criguard"))
+            .envs(env.iter().copied())
+            .status()
+            .expect("run hack/cluster.sh up");
+        assert!(status.success(), "hack/cluster.sh up failed: {status}");
+        let text = std::fs::read_to_string(cluster.dir.join("cluster.env")).unwrap();
+        for line in text.lines() {
+            if let Some((k, v)) = line.split_once('=') {
+                cluster.env.insert(k.into(), v.trim_matches('"').into());
+            }
+        }
+        println!(
+            "cluster: up in {:.1} s (control plane {} ms, nodes Ready {} ms after)",
+            t0.elapsed().as_secs_f64(),
+            cluster.env["UP_CONTROL_PLANE_MS"],
+            cluster.env["UP_NODES_MS"]
+        );
+        cluster
+    }
+
+    fn node_dir(&self, node: &str) -> PathBuf {
+        self.dir.join(format!("node-{node}"))
+    }
+
+    /// kubectl with the admin kubeconfig; stdout, or the error.
+    fn try_kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        let mut cmd = Command::new(&self.kubectl);
+        cmd.args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().map_err(|e| format!("kubectl: {e}"))?;
+        let mut input = child.stdin.take().unwrap();
+        if let Some(s) = stdin {
+            input.write_all(s.as_bytes()).unwrap();
+        }
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "kubectl {args:?}: {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    fn kubectl(&self, args: &[&str]) -> String {
+        self.try_kubectl(args, None)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn apply(&self, yaml: &str) {
+        self.try_kubectl(&["apply", "-f", "-"], Some(yaml))
+            .unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        serde_json::from_str(&self.kubectl(&a)).unwrap()
+    }
+
+    /// The test namespace's pods.
+    fn pods(&self, namespace: &str) -> Vec<Value> {
+        let list = self.json(&["-n", namespace, "get", "pods"]);
+        list["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// `criguard pods --json` of `node`'s criguard.
+    fn model(&self, node: &str) -> Vec<criguard::model::Pod> {
+        let out = criguard_cmd(
+            &["pods", "--json", "--admin-socket"],
+            &self.node_dir(node).join("admin.sock"),
+        );
+        serde_json::from_str(&out).unwrap()
+    }
+
+    /// `criguard evictions --json` of `node`'s criguard.
+    fn evictions(&self, node: &str) -> criguard::admin::EvictionsReport {
+        let out = criguard_cmd(
+            &["evictions", "--json", "--admin-socket"],
+            &self.node_dir(node).join("admin.sock"),
+        );
+        serde_json::from_str(&out).unwrap()
+    }
+
+    /// `node`'s criguard metrics, as text.
+    fn metrics(&self, node: &str) -> String {
+        let addr = std::fs::read_to_string(self.node_dir(node).join("metrics-address")).unwrap();
+        http_get(addr.trim(), "/metrics")
+    }
+
+    /// Resident memory of each process `up` started, KiB, by name.
+    fn rss(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for e in std::fs::read_dir(self.dir.join("pids"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e
+                .file_name()
+                .to_string_lossy()
+                .trim_end_matches(".pid")
+                .to_owned();
+            let pid = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let status =
+                std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap_or_default();
+            if let Some(kb) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            {
+                out.insert(name, kb);
+            }
+        }
+        out
+    }
+
+    /// What a failing test shows: the cluster's objects, then the logs.
+    fn dump(&self) {
+        for args in [
+            &["get", "nodes", "-o", "wide"][..],
+            &["get", "pods", "-A", "-o", "wide"],
+            &["get", "events", "-A", "--sort-by=.lastTimestamp"],
+            &["describe", "nodes"],
+        ] {
+            eprintln!("===== kubectl {}", args.join(" "));
+            match self.try_kubectl(args, None) {
+                Ok(s) | Err(s) => eprintln!("{s}"),
+            }
+        }
+        let out = Command::new(repo().join("hack/cluster.sh"))
+            .args(["logs".as_ref(), self.dir.as_os_str()])
+            .env("CRIGUARD_CLUSTER_LOG_LINES", "80")
+            .output();
+        if let Ok(o) = out {
+            eprintln!("{}", String::from_utf8_lossy(&o.stdout));
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump();
+        }
+        if std::env::var("CRIGUARD_KEEP").is_ok_and(|v| v == "1") {
+            eprintln!(
+                "CRIGUARD_KEEP=1: the cluster stays up in {}; {}/kubectl; hack/cluster.sh down {} --purge",
+                self.dir.display(),
+                self.dir.display(),
+                self.dir.display()
+            );
+            return;
+        }
+        let mut cmd = Command::new(repo().join("hack/cluster.sh"));
+        cmd.arg("down").arg(&self.dir);
+        if !std::thread::panicking() {
+            cmd.arg("--purge");
+        } else {
+            eprintln!(
+                "the cluster's files stay in {} (hack/cluster.sh down --purge removes them)",
+                self.dir.display()
+            );
+        }
+        let _ = cmd.status();
+    }
+}
+
+fn criguard_cmd(args: &[&str], admin: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
+        .args(args)
+        .arg(admin)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "criguard {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A plain HTTP/1.0 GET on loopback; the body.
+fn http_get(addr: &str, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default()
+}
+
+/// Value of the metric sample whose name and labels are `series` exactly.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// A quantity such as `32Mi` or `134217728`, in bytes (the forms the test
+/// itself writes).
+fn bytes(q: &str) -> i64 {
+    for (suffix, mult) in [("Ki", 1 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30)] {
+        if let Some(n) = q.strip_suffix(suffix) {
+            return n.parse::<i64>().unwrap() * mult;
+        }
+    }
+    q.parse().unwrap()
+}
+
+/// A test pod: busybox `sleep`, host network, never pulled.
+fn pod_yaml(
+    name: &str,
+    node: &str,
+    resources: &str,
+    extra_spec: &str,
+    annotations: &str,
+) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {NS}
+  annotations: {{{annotations}}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  hostNetwork: true
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 2
+{extra_spec}  containers:
+  - name: app
+    image: {BUSYBOX}
+    imagePullPolicy: Never
+    command: ["sleep", "3600"]
+    resources: {resources}
+"#
+    )
+}
+
+fn phase(p: &Value) -> &str {
+    p["status"]["phase"].as_str().unwrap_or("")
+}
+
+fn uid(p: &Value) -> &str {
+    p["metadata"]["uid"].as_str().unwrap_or("")
+}
+
+fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a Value> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+}
+
+/// Sum of the containers' memory requests in the API pod, bytes.
+fn api_memory_request(p: &Value) -> i64 {
+    p["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            c["resources"]["requests"]["memory"]
+                .as_str()
+                .map(bytes)
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// The pods of every QoS class, a static node-critical pod, then a memory
+/// hog that criguard evicts, as described in the module documentation.
+#[test]
+fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
+    let t_test = Instant::now();
+    let c = Cluster::up(&[]);
+    let node = "node-a";
+
+    // --- adoption ---------------------------------------------------------
+    let n = c.json(&["get", "node", node]);
+    let runtime = n["status"]["nodeInfo"]["containerRuntimeVersion"]
+        .as_str()
+        .unwrap();
+    assert!(
+        runtime.starts_with("containerd://2."),
+        "runtime through criguard: {runtime}"
+    );
+    println!(
+        "cluster: {node} Ready, kubelet {}, runtime {runtime}, allocatable memory {}",
+        n["status"]["nodeInfo"]["kubeletVersion"], n["status"]["allocatable"]["memory"]
+    );
+
+    c.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}}}\n"
+    ));
+    c.apply(
+        "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: criguard-test-high}\nvalue: 1000\n",
+    );
+    // The kubelet passes pod annotations to the runtime but not the
+    // priority: criguard reads it from criguard.io/priority.
+    c.apply(&pod_yaml(
+        "guaranteed",
+        node,
+        "{requests: {cpu: 50m, memory: 32Mi}, limits: {cpu: 50m, memory: 32Mi}}",
+        "  priorityClassName: criguard-test-high\n",
+        "criguard.io/priority: \"1000\"",
+    ));
+    c.apply(&pod_yaml(
+        "burstable",
+        node,
+        "{requests: {cpu: 10m, memory: 128Mi}, limits: {memory: 256Mi}}",
+        "",
+        "",
+    ));
+    c.apply(&pod_yaml("besteffort", node, "{}", "", ""));
+    let static_pod = pod_yaml(
+        "static-critical",
+        node,
+        "{}",
+        "  priorityClassName: system-node-critical\n",
+        "criguard.io/priority: \"2000001000\"",
+    )
+    .replace(&format!("namespace: {NS}"), "namespace: kube-system");
+    std::fs::write(
+        c.node_dir(node).join("manifests/static-critical.yaml"),
+        static_pod,
+    )
+    .unwrap();
+
+    let api_pods = poll(Duration::from_secs(120), "the four pods Running", || {
+        let mut pods = c.pods(NS);
+        pods.extend(c.pods("kube-system").into_iter().filter(|p| {
+            p["metadata"]["name"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("static-critical")
+        }));
+        (pods.len() == 4 && pods.iter().all(|p| phase(p) == "Running")).then_some(pods)
+    });
+    let capacity = bytes(n["status"]["capacity"]["memory"].as_str().unwrap());
+    let model = poll(
+        Duration::from_secs(30),
+        "criguard's model of the four pods",
+        || {
+            let m = c.model(node);
+            api_pods
+                .iter()
+                .all(|p| {
+                    m.iter()
+                        .any(|mp| mp.uid == uid(p) && mp.containers.len() == 1)
+                })
+                .then_some(m)
+        },
+    );
+    for p in &api_pods {
+        let name = p["metadata"]["name"].as_str().unwrap();
+        let mp = model.iter().find(|mp| mp.uid == uid(p)).unwrap();
+        let qos = format!("{:?}", mp.qos);
+        assert_eq!(
+            qos,
+            p["status"]["qosClass"].as_str().unwrap(),
+            "QoS of {name}"
+        );
+        assert_eq!(
+            i64::from(mp.priority),
+            p["spec"]["priority"].as_i64().unwrap_or(0),
+            "priority of {name}"
+        );
+        // Burstable requests come back from the kubelet's oom_score_adj,
+        // which has a resolution of capacity / 1000.
+        let want = api_memory_request(p);
+        let got = mp.memory_request();
+        assert!(
+            (got - want).abs() <= capacity / 1000 + 1,
+            "memory request of {name}: criguard {got}, API {want}"
+        );
+        let is_static = name.starts_with("static-critical");
+        assert_eq!(mp.static_pod, is_static, "static pod {name}");
+        assert_eq!(mp.critical, is_static, "critical {name}");
+        println!(
+            "cluster: {name}: {qos}, priority {}, request {want} (criguard {got}), static {is_static}",
+            mp.priority
+        );
+    }
+
+    // --- one memory eviction ------------------------------------------------
+    // A BestEffort Deployment pod that grows 10 MiB every 0.5 s once; its
+    // replacement finds the marker on the node and only sleeps.
+    let state = c.node_dir(node).join("hog-state");
+    let hog = format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: hog, namespace: {NS}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: hog}}}}
+  template:
+    metadata: {{labels: {{app: hog}}}}
+    spec:
+      nodeSelector: {{kubernetes.io/hostname: {node}}}
+      hostNetwork: true
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 2
+      volumes: [{{name: state, hostPath: {{path: {state}, type: DirectoryOrCreate}}}}]
+      containers:
+      - name: hog
+        image: {BUSYBOX}
+        imagePullPolicy: Never
+        volumeMounts: [{{name: state, mountPath: /state}}]
+        command:
+        - sh
+        - -c
+        - |
+          if [ -e /state/grown ]; then exec sleep 3600; fi
+          touch /state/grown
+          exec awk 'BEGIN {{ for (i = 0; ; i++) {{ m[i] = sprintf("%10485760s", i); system("sleep 0.5") }} }}'
+"#,
+        state = state.display()
+    );
+    let t_hog = Instant::now();
+    c.apply(&hog);
+    let first = poll(Duration::from_secs(60), "the hog Running", || {
+        c.pods(NS)
+            .into_iter()
+            .find(|p| p["metadata"]["labels"]["app"] == "hog" && phase(p) == "Running")
+    });
+    let hog_uid = uid(&first).to_owned();
+    let hog_name = first["metadata"]["name"].as_str().unwrap().to_owned();
+    println!(
+        "cluster: hog {hog_name} Running after {:.1} s",
+        t_hog.elapsed().as_secs_f64()
+    );
+
+    let evicted = poll(Duration::from_secs(120), "the hog Failed/Evicted", || {
+        let p = c.pods(NS).into_iter().find(|p| uid(p) == hog_uid)?;
+        (phase(&p) == "Failed").then_some(p)
+    });
+    println!(
+        "cluster: hog evicted {:.1} s after it was applied",
+        t_hog.elapsed().as_secs_f64()
+    );
+    assert_eq!(evicted["status"]["reason"], "Evicted", "{evicted:#}");
+    let dt = condition(&evicted, "DisruptionTarget").expect("DisruptionTarget condition");
+    assert_eq!(dt["status"], "True");
+
+    // criguard's node condition and taint while the pressure lasts.
+    let n = c.json(&["get", "node", node]);
+    let cond = condition(&n, "CriguardMemoryPressure").expect("CriguardMemoryPressure on the node");
+    assert_eq!(cond["status"], "True", "{cond:#}");
+    let taints = n["spec"]["taints"].as_array().cloned().unwrap_or_default();
+    assert!(
+        taints
+            .iter()
+            .any(|t| t["key"] == "criguard.io/memory-pressure" && t["effect"] == "NoSchedule"),
+        "taints: {taints:?}"
+    );
+
+    // criguard made exactly this eviction, of the hog, and the kernel none.
+    let report = c.evictions(node);
+    assert_eq!(report.evictions.len(), 1, "{report:#?}");
+    let e = &report.evictions[0];
+    assert_eq!(e.uid, hog_uid);
+    assert_eq!(e.signal, "allocatableMemory.available");
+    assert!(!e.dry_run);
+    assert!(report.kernel_oom_kills.is_empty(), "{report:#?}");
+    println!(
+        "cluster: criguard evicted {} at available {} MiB (threshold {}), usage {} MiB",
+        e.pod,
+        e.available >> 20,
+        e.threshold,
+        e.usage >> 20
+    );
+
+    // One Warning Evicted event on the pod, from criguard.
+    let events = poll(Duration::from_secs(20), "the Evicted event", || {
+        let list = c.json(&[
+            "-n",
+            NS,
+            "get",
+            "events",
+            &format!("--field-selector=involvedObject.uid={hog_uid},reason=Evicted"),
+        ]);
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        (!items.is_empty()).then_some(items)
+    });
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(events[0]["type"], "Warning");
+    assert_eq!(
+        events[0]["source"]["component"], "criguard",
+        "{:#}",
+        events[0]
+    );
+
+    // The replacement is created and stays unscheduled while the taint holds.
+    let replacement = poll(
+        Duration::from_secs(30),
+        "the replacement pod, unschedulable",
+        || {
+            let p = c
+                .pods(NS)
+                .into_iter()
+                .find(|p| p["metadata"]["labels"]["app"] == "hog" && uid(p) != hog_uid)?;
+            let sched = condition(&p, "PodScheduled")?;
+            (sched["status"] == "False" && sched["reason"] == "Unschedulable").then_some(p)
+        },
+    );
+    assert!(replacement["spec"]["nodeName"].is_null(), "{replacement:#}");
+    let new_uid = uid(&replacement).to_owned();
+
+    // The taint goes after the transition period; the replacement then runs,
+    // and the evicted pod never ran again meanwhile.
+    let t_taint = Instant::now();
+    poll(
+        Duration::from_secs(150),
+        "the replacement Running after the taint goes",
+        || {
+            let pods = c.pods(NS);
+            if let Some(old) = pods.iter().find(|p| uid(p) == hog_uid) {
+                assert_eq!(phase(old), "Failed", "the evicted pod came back: {old:#}");
+            }
+            let taints = c.json(&["get", "node", node])["spec"]["taints"].clone();
+            let tainted = taints
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["key"] == "criguard.io/memory-pressure"));
+            let p = pods.iter().find(|p| uid(p) == new_uid)?;
+            if phase(p) == "Running" {
+                assert!(!tainted, "the replacement runs on a tainted node");
+                return Some(());
+            }
+            None
+        },
+    );
+    println!(
+        "cluster: replacement Running {:.1} s after it was first seen unschedulable",
+        t_taint.elapsed().as_secs_f64()
+    );
+    let n = c.json(&["get", "node", node]);
+    let cond =
+        condition(&n, "CriguardMemoryPressure").expect("CriguardMemoryPressure after the pressure");
+    assert_eq!(cond["status"], "False", "{cond:#}");
+    let m = c.model(node);
+    assert!(
+        !m.iter()
+            .any(|p| p.uid == hog_uid && format!("{:?}", p.state) == "Ready"),
+        "criguard's model has the evicted pod's sandbox ready again"
+    );
+
+    // Still one eviction, no kernel OOM kill in the kubepods cgroup.
+    let report = c.evictions(node);
+    assert_eq!(report.evictions.len(), 1, "{report:#?}");
+    assert!(report.kernel_oom_kills.is_empty(), "{report:#?}");
+    let kubepods = std::fs::read_to_string(c.node_dir(node).join("kubepods")).unwrap();
+    let oom = std::fs::read_to_string(format!(
+        "/sys/fs/cgroup/memory{}/memory.oom_control",
+        kubepods.trim()
+    ));
+    if let Ok(oom) = oom {
+        let kills = oom
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .unwrap_or("0");
+        assert_eq!(
+            kills.trim(),
+            "0",
+            "kernel OOM kills in the kubepods cgroup:\n{oom}"
+        );
+    }
+
+    // The kubelet evicted nothing itself.
+    let kubelet_log = std::fs::read_to_string(c.node_dir(node).join("kubelet.log")).unwrap();
+    for line in kubelet_log.lines() {
+        assert!(
+            !line.contains("Eviction manager: attempting to reclaim")
+                && !line.contains("Eviction manager: pod is evicted"),
+            "the kubelet evicted: {line}"
+        );
+    }
+
+    // criguard's requests in the audit log: allowed, with its User-Agent.
+    let audit = std::fs::read_to_string(c.dir.join("audit.log")).unwrap();
+    let ours: Vec<Value> = audit
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["user"]["username"] == CRIGUARD_USER)
+        .collect();
+    let verbs = |verb: &str, sub: &str| {
+        ours.iter()
+            .filter(|e| {
+                e["verb"] == verb && e["objectRef"]["subresource"].as_str().unwrap_or("") == sub
+            })
+            .count()
+    };
+    assert!(
+        verbs("patch", "status") >= 1,
+        "no status patch by criguard in the audit log"
+    );
+    assert!(
+        verbs("create", "") >= 1,
+        "no create (event) by criguard in the audit log"
+    );
+    for e in &ours {
+        let code = e["responseStatus"]["code"].as_i64().unwrap_or(0);
+        assert_ne!(code, 403, "criguard was refused: {e:#}");
+        let agent = e["userAgent"].as_str().unwrap_or("");
+        assert!(
+            agent.starts_with("criguard/v"),
+            "criguard's User-Agent: {agent:?}"
+        );
+    }
+    println!(
+        "cluster: {} audited requests by criguard, none refused, User-Agent {}",
+        ours.len(),
+        ours[0]["userAgent"]
+    );
+
+    // Figures.
+    let metrics = c.metrics(node);
+    let kill_sum = metric(&metrics, "criguard_pressure_to_kill_seconds_sum").unwrap_or(f64::NAN);
+    let kill_count = metric(&metrics, "criguard_pressure_to_kill_seconds_count").unwrap_or(0.0);
+    let action_sum =
+        metric(&metrics, "criguard_pressure_to_action_seconds_sum").unwrap_or(f64::NAN);
+    println!(
+        "cluster: pressure → kill {:.3} s over {kill_count} kill(s); pressure → StopPodSandbox {:.3} s",
+        kill_sum, action_sum
+    );
+    assert_eq!(kill_count, 1.0, "one grace-0 kill");
+    println!("cluster: RSS KiB {:?}", c.rss());
+    println!("cluster: test ran {:.1} s", t_test.elapsed().as_secs_f64());
+}
