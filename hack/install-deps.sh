@@ -11,7 +11,10 @@ missing=()
 
 # Plain commands that must be on PATH (protoc: build.rs generates the admin
 # API from proto/).
-for cmd in containerd runc ctr protoc skopeo systemd-socket-activate go socat; do
+# docker-registry: a private OCI registry on loopback for real pulls
+# (hack/registry.sh); openssl: the cluster tier's certificates; ip: the
+# CNI bridges of tests/critest.rs.
+for cmd in containerd runc ctr protoc skopeo systemd-socket-activate go socat docker-registry openssl ip curl; do
     if ! command -v "$cmd" >/dev/null 2>&1; then
         missing+=("$cmd")
     fi
@@ -23,6 +26,12 @@ done
 if [[ ! -x /bin/busybox ]] ||
     [[ "$(dpkg-query -W -f='${Status}' busybox-static 2>/dev/null || true)" != "install ok installed" ]]; then
     missing+=("busybox-static")
+fi
+
+# Pod networks (bridge, host-local, portmap, loopback) for critest and the
+# cluster tier.
+if [[ ! -x /usr/lib/cni/bridge ]]; then
+    missing+=("containernetworking-plugins")
 fi
 
 # The real clients the proxy is tested with (hack/clients.sh builds them):
@@ -45,10 +54,11 @@ if ((${#missing[@]} > 0)); then
     apt-get update
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         containerd runc busybox-static protobuf-compiler skopeo systemd ca-certificates \
-        golang-go golang-google-grpc-dev socat python3-venv
+        golang-go golang-google-grpc-dev socat python3-venv docker-registry openssl iproute2 curl \
+        containernetworking-plugins
 else
     echo "install-deps: containerd, runc, ctr, busybox-static, protoc, skopeo, systemd-socket-activate," \
-        "go, grpc-go, socat, python3-venv present" >&2
+        "go, grpc-go, socat, python3-venv, docker-registry, openssl, ip, curl, CNI plugins present" >&2
 fi
 
 # cargo is not ours to install: say so clearly instead of failing later.
