@@ -409,9 +409,8 @@ async fn critest_passes_and_fails_the_same_specs_through_criguard() {
     let count =
         |o: &BTreeMap<String, Outcome>, s: &str| o.values().filter(|x| x.state == s).count();
     eprintln!(
-        "critest {} on containerd {:?}: direct {} passed / {} failed / {} skipped; \
+        "critest v1.37.0 on containerd {:?}: direct {} passed / {} failed / {} skipped; \
          through criguard {} / {} / {}",
-        "v1.37.0",
         direct.version,
         count(&a, "passed"),
         count(&a, "failed"),
