@@ -5,9 +5,14 @@
 //! The report must match what the kubelet writes for a node-pressure
 //! eviction, in the kubelet's order: the pod's status before its container
 //! is stopped, then the event; criguard's node condition and taint while the
-//! pressure lasts; the pod deleted if the kubelet writes Running back. And
-//! an API that is slow, refuses, or cannot be reached never delays an
-//! eviction past the bound.
+//! pressure lasts; criguard's status written again when the kubelet writes
+//! Running back or blanks reason and message, and the pod deleted only when
+//! that keeps being undone. A criguard SIGKILLed and restarted carries on:
+//! the condition and taint stay for the transition period from the last
+//! pressure, the watch on the evicted pod resumes, the eviction is still
+//! listed. Every request carries criguard's User-Agent. And an API that is
+//! slow, refuses, or cannot be reached never delays an eviction past the
+//! bound.
 
 mod common;
 
@@ -60,6 +65,29 @@ fn taint_keys(node: &Value) -> Vec<String> {
         .flatten()
         .map(|t| t["key"].as_str().unwrap().to_owned())
         .collect()
+}
+
+/// Every request criguard made carried its own User-Agent.
+fn assert_user_agent(api: &ApiServer) {
+    let want = criguard::kube::user_agent();
+    assert!(want.starts_with("criguard/v0.1.0 (linux/"), "{want}");
+    let requests = api.requests();
+    assert!(!requests.is_empty());
+    for r in &requests {
+        assert_eq!(r.user_agent, want, "{} {}", r.method, r.path);
+    }
+}
+
+/// Polls until pod `name` shows criguard's status again: Failed, Evicted,
+/// `message`.
+async fn reasserted(api: &ApiServer, name: &str, message: &str, what: &str) -> Value {
+    common::poll_until(Duration::from_secs(10), what, || async {
+        api.get("pods", "default", name).filter(|p| {
+            let s = &p["status"];
+            s["phase"] == "Failed" && s["reason"] == "Evicted" && s["message"] == message
+        })
+    })
+    .await
 }
 
 /// Whether a pod status patch for `name` arrived.
@@ -279,23 +307,45 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
         .collect();
     assert_eq!(node_patches, [409, 200], "conflict, read again, retried");
 
-    // 3. The kubelet's status manager writes Running back: criguard deletes the pod.
+    // 3. The kubelet's status manager writes its cached Running back:
+    // criguard writes its status again (the pod stays, as with the kubelet
+    // alone); then the kubelet's own first Failed blanks reason and
+    // message: written again too.
     assert_eq!(
         api.patch_pod_status("default", "hog", json!({"status": {"phase": "Running"}})),
         200
     );
-    common::poll_until(Duration::from_secs(10), "the pod deleted", || async {
-        api.get("pods", "default", "hog").is_none().then_some(())
-    })
+    let pod = reasserted(&api, "hog", &e.message, "criguard's status after Running").await;
+    assert_eq!(condition_types(&pod).last().unwrap(), "DisruptionTarget");
+    assert_eq!(
+        api.patch_pod_status(
+            "default",
+            "hog",
+            json!({"status": {"phase": "Failed", "reason": null, "message": null}})
+        ),
+        200
+    );
+    reasserted(
+        &api,
+        "hog",
+        &e.message,
+        "criguard's status after a blank reason",
+    )
     .await;
-    let delete = api
-        .requests()
-        .into_iter()
-        .find(|r| r.method == "DELETE")
-        .unwrap();
-    assert_eq!(delete.path, "/api/v1/namespaces/default/pods/hog");
-    assert_eq!(delete.body["gracePeriodSeconds"], 0);
-    assert_eq!(delete.body["preconditions"]["uid"], hog.uid.as_str());
+    let patches = status_patches(&api, "hog");
+    assert_eq!(patches.len(), 3, "the first write and two again");
+    assert!(
+        patches
+            .iter()
+            .all(|p| p.body["metadata"]["uid"] == hog.uid.as_str()),
+        "each with the UID precondition"
+    );
+    assert_eq!(
+        patches[2].body["status"]["conditions"][0]["lastTransitionTime"],
+        patches[0].body["status"]["conditions"][0]["lastTransitionTime"],
+        "the condition's transition time is the eviction's"
+    );
+    assert!(api.requests().iter().all(|r| r.method != "DELETE"));
 
     // Pressure over: the condition and the taint go, everything else stays.
     common::poll_until(
@@ -321,8 +371,13 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
     let m = parse(&scrape(port));
     let pods = |o| value(&m, "criguard_kube_evicted_pods_total", &[("outcome", o)]);
     assert_eq!(
-        (pods("written"), pods("reverted"), pods("deleted")),
-        (Some(1.0), Some(1.0), Some(1.0))
+        (
+            pods("written"),
+            pods("reverted"),
+            pods("reasserted"),
+            pods("deleted")
+        ),
+        (Some(1.0), Some(2.0), Some(2.0), None)
     );
     let writes = |w, o| {
         value(
@@ -331,13 +386,14 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
             &[("write", w), ("outcome", o)],
         )
     };
-    assert_eq!(writes("pod_status", "ok"), Some(1.0));
+    assert_eq!(writes("pod_status", "ok"), Some(3.0));
     assert_eq!(writes("event", "ok"), Some(1.0));
     assert_eq!(writes("node_taints", "failed"), Some(1.0));
     assert!(
         writes("node_taints", "ok") >= Some(2.0),
         "set, then removed"
     );
+    assert_user_agent(&api);
     common::pods::remove_pods(
         &mut guard.clients().rt,
         guard.pods().await.into_iter().map(|p| p.sandbox_id),
@@ -491,6 +547,224 @@ async fn a_slow_refusing_or_unreachable_api_delays_no_eviction_past_the_bound() 
             "{what}: {ms} ms: the eviction waited for the API"
         );
     }
+    common::pods::remove_pods(
+        &mut guard.clients().rt,
+        guard.pods().await.into_iter().map(|p| p.sandbox_id),
+    )
+    .await;
+}
+
+/// Now, ms since the epoch.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_undone_past_the_bound_gets_the_pod_deleted_as_the_last_resort() {
+    use criguard::kube::reassert::MAX_REASSERTS;
+    let api = ApiServer::start().await;
+    api.put("nodes", "", api_node());
+    let sc = Pressure::new(320);
+    let state = tempfile::tempdir().unwrap();
+    let kubeconfig = api.kubeconfig(state.path());
+    let hog = sc.hog("stubborn", 60, 200);
+    api.put("pods", "default", api_pod(&hog));
+    // Something writes Running back 200 ms after each of criguard's status
+    // writes, however often criguard writes.
+    api.keep_undoing(
+        "default",
+        "stubborn",
+        json!({"status": {"phase": "Running"}}),
+        Duration::from_millis(200),
+    );
+    let port = free_port();
+    let (metrics, kc) = (
+        format!("--metrics-address=127.0.0.1:{port}"),
+        format!("--kubeconfig={}", kubeconfig.display()),
+    );
+    let node = format!("--node-name={NODE}");
+    let args = [
+        "--eviction-hard=allocatableMemory.available<64Mi",
+        "--eviction-pressure-transition-period=2s",
+        &metrics,
+        &kc,
+        &node,
+    ];
+    let guard = sc.criguard(state.path(), &args).await;
+    let (_, container) = sc.run(&guard, &hog).await;
+    sc.grow(&container).await;
+    let e = guard
+        .first_evictions(Duration::from_secs(60), "the eviction")
+        .await
+        .remove(0);
+    assert_eq!(e.uid, hog.uid);
+    common::poll_until(
+        Duration::from_secs(60),
+        "the pod deleted as the last resort",
+        || async {
+            api.get("pods", "default", "stubborn")
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    let patches = status_patches(&api, "stubborn");
+    assert_eq!(
+        patches.len() as u32,
+        1 + MAX_REASSERTS,
+        "the first write and every write again"
+    );
+    let delete = api
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "DELETE")
+        .unwrap();
+    assert_eq!(delete.path, "/api/v1/namespaces/default/pods/stubborn");
+    assert_eq!(delete.body["gracePeriodSeconds"], 0);
+    assert_eq!(delete.body["preconditions"]["uid"], hog.uid.as_str());
+    let took = delete.at.duration_since(patches[0].at).unwrap();
+    eprintln!(
+        "status undone after each write: {} writes again, then deleted {took:?} after the first write",
+        MAX_REASSERTS
+    );
+    assert!(took < Duration::from_secs(40), "{took:?}");
+    let m = parse(&scrape(port));
+    let pods = |o| value(&m, "criguard_kube_evicted_pods_total", &[("outcome", o)]);
+    let max = f64::from(MAX_REASSERTS);
+    assert_eq!(
+        (
+            pods("written"),
+            pods("reverted"),
+            pods("reasserted"),
+            pods("deleted"),
+            pods("settled")
+        ),
+        (Some(1.0), Some(max + 1.0), Some(max), Some(1.0), None)
+    );
+    assert_user_agent(&api);
+    common::pods::remove_pods(
+        &mut guard.clients().rt,
+        guard.pods().await.into_iter().map(|p| p.sandbox_id),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_criguard_keeps_the_pressure_the_watch_and_the_evictions() {
+    const PERIOD_S: u64 = 20;
+    let api = ApiServer::start().await;
+    api.put("nodes", "", api_node());
+    let sc = Pressure::new(320);
+    let state = tempfile::tempdir().unwrap();
+    let kubeconfig = api.kubeconfig(state.path());
+    let hog = sc.hog("kept", 60, 200);
+    api.put("pods", "default", api_pod(&hog));
+    let kc = format!("--kubeconfig={}", kubeconfig.display());
+    let node = format!("--node-name={NODE}");
+    let period = format!("--eviction-pressure-transition-period={PERIOD_S}s");
+    let start = || async {
+        let args = [
+            "--eviction-hard=allocatableMemory.available<64Mi",
+            period.as_str(),
+            kc.as_str(),
+            node.as_str(),
+        ];
+        sc.criguard(state.path(), &args).await
+    };
+    let has_taint = |n: &Value| taint_keys(n).contains(&"criguard.io/memory-pressure".to_owned());
+    let guard = start().await;
+    let (_, container) = sc.run(&guard, &hog).await;
+    sc.grow(&container).await;
+    let e = guard
+        .first_evictions(Duration::from_secs(60), "the eviction")
+        .await
+        .remove(0);
+    assert_eq!(e.uid, hog.uid);
+    common::poll_until(Duration::from_secs(15), "criguard's taint", || async {
+        api.get("nodes", "", NODE).filter(has_taint)
+    })
+    .await;
+    reasserted(&api, "kept", &e.message, "criguard's status").await;
+
+    // SIGKILL within the transition period, restarted at once.
+    let killed = now_ms();
+    guard.signal_and_wait(libc::SIGKILL);
+    let guard = start().await;
+    let listed = guard.evictions().await;
+    assert_eq!(listed.len(), 1, "{listed:#?}");
+    assert_eq!(
+        (listed[0].uid.as_str(), listed[0].at_unix_ms),
+        (hog.uid.as_str(), e.at_unix_ms),
+        "the same eviction, still listed"
+    );
+    // The watch on the evicted pod resumed: the kubelet's status manager
+    // writes Running back and the new criguard writes its status again.
+    assert_eq!(
+        api.patch_pod_status("default", "kept", json!({"status": {"phase": "Running"}})),
+        200
+    );
+    reasserted(
+        &api,
+        "kept",
+        &e.message,
+        "criguard's status after the restart",
+    )
+    .await;
+
+    // A second SIGKILL and restart, well inside the period.
+    tokio::time::sleep_until(
+        (std::time::Instant::now()
+            + Duration::from_millis((e.at_unix_ms + PERIOD_S * 1000 / 2).saturating_sub(now_ms())))
+        .into(),
+    )
+    .await;
+    let second_kill = now_ms();
+    guard.signal_and_wait(libc::SIGKILL);
+    let guard = start().await;
+    assert_eq!(guard.evictions().await.len(), 1);
+
+    // The condition and the taint stay until the period has passed since
+    // the last pressure (the eviction ended it), then go.
+    let gone_at = common::poll_until(
+        Duration::from_secs(PERIOD_S + 20),
+        "criguard's taint removed",
+        || async {
+            let n = api.get("nodes", "", NODE)?;
+            (!has_taint(&n)).then(now_ms)
+        },
+    )
+    .await;
+    common::poll_until(
+        Duration::from_secs(10),
+        "criguard's condition removed",
+        || async {
+            api.get("nodes", "", NODE)
+                .filter(|n| condition_types(n) == ["Ready", "MemoryPressure"])
+        },
+    )
+    .await;
+    let since = |t: u64| t as i64 - e.at_unix_ms as i64;
+    eprintln!(
+        "after the eviction: SIGKILLs at {} and {} ms, taint removed at {} ms (transition period {PERIOD_S} s)",
+        since(killed),
+        since(second_kill),
+        since(gone_at)
+    );
+    let end = e.at_unix_ms + PERIOD_S * 1000;
+    assert!(
+        gone_at + 500 >= end,
+        "taint removed {} ms before the period ended",
+        end - gone_at
+    );
+    assert!(
+        gone_at <= end + 8000,
+        "taint removed {} ms after the period ended",
+        gone_at - end
+    );
+    assert_user_agent(&api);
     common::pods::remove_pods(
         &mut guard.clients().rt,
         guard.pods().await.into_iter().map(|p| p.sandbox_id),

@@ -47,8 +47,9 @@ pub const MAX_REASSERTS: u32 = 8;
 pub const REASSERT_WINDOW: Duration = Duration::from_secs(120);
 /// The wait before the first write again; it doubles each time.
 pub const FIRST_WAIT: Duration = Duration::from_millis(200);
-/// The longest wait between two writes again.
-pub const LONGEST_WAIT: Duration = Duration::from_secs(30);
+/// The longest wait between two writes again: with [`MAX_REASSERTS`] the
+/// writes span about 21 s, two of the status manager's 10 s reconciles.
+pub const LONGEST_WAIT: Duration = Duration::from_secs(5);
 
 /// What the watch saw of the evicted pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,7 +121,7 @@ impl Reasserts {
     }
 
     /// The status was seen undone at `now`: write it again after a wait
-    /// (200 ms, doubling, at most 30 s), or delete the pod once
+    /// (200 ms, doubling, at most 5 s), or delete the pod once
     /// [`MAX_REASSERTS`] writes were undone or [`REASSERT_WINDOW`] passed
     /// since the first undo.
     pub fn on_undo(&mut self, now: Instant) -> Next {
@@ -209,9 +210,9 @@ mod tests {
                 ms(800),
                 ms(1600),
                 ms(3200),
-                ms(6400),
-                ms(12800),
-                ms(25600),
+                ms(5000),
+                ms(5000),
+                ms(5000),
                 Next::Delete
             ]
         );

@@ -17,8 +17,10 @@
 //! AlreadyExists on a taken name); watches by `metadata.name` field selector
 //! from a resourceVersion, replaying every change since; bearer-token
 //! authentication (401) and a verb/resource authorization table (403 with
-//! the RBAC message). Faults for tests: a delay before every answer, denied
-//! verbs, and a hook run when a pod status patch arrives.
+//! the RBAC message). Each request's `User-Agent` is recorded. Faults for
+//! tests: a delay before every answer, denied verbs, a hook run when a pod
+//! status patch arrives, and a kubelet that keeps undoing every status
+//! patch of a pod a little later ([`ApiServer::keep_undoing`]).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -60,6 +62,17 @@ pub struct Request {
     pub body: Value,
     /// The HTTP status answered.
     pub status: u16,
+    /// `user-agent`, if any.
+    pub user_agent: String,
+}
+
+/// A stand-in kubelet that undoes every status patch of one pod.
+#[derive(Clone)]
+struct Undoer {
+    ns: String,
+    name: String,
+    patch: Value,
+    after: Duration,
 }
 
 /// Runs when a pod status patch arrives, before it is applied.
@@ -72,6 +85,7 @@ pub struct ApiServer {
     state: Arc<Mutex<State>>,
     changed: broadcast::Sender<()>,
     hook: Arc<Mutex<Option<Hook>>>,
+    undoer: Arc<Mutex<Option<Undoer>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -112,17 +126,18 @@ impl ApiServer {
         let state = Arc::new(Mutex::new(State::default()));
         let (changed, _) = broadcast::channel(256);
         let hook: Arc<Mutex<Option<Hook>>> = Arc::default();
-        let (st, ch, hk) = (state.clone(), changed.clone(), hook.clone());
+        let undoer: Arc<Mutex<Option<Undoer>>> = Arc::default();
+        let (st, ch, hk, un) = (state.clone(), changed.clone(), hook.clone(), undoer.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (st, ch, hk) = (st.clone(), ch.clone(), hk.clone());
+                let (st, ch, hk, un) = (st.clone(), ch.clone(), hk.clone(), un.clone());
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
-                        let (st, ch, hk) = (st.clone(), ch.clone(), hk.clone());
-                        async move { Ok::<_, Infallible>(handle(st, ch, hk, req).await) }
+                        let (st, ch, hk, un) = (st.clone(), ch.clone(), hk.clone(), un.clone());
+                        async move { Ok::<_, Infallible>(handle(st, ch, hk, un, req).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
@@ -135,6 +150,7 @@ impl ApiServer {
             state,
             changed,
             hook,
+            undoer,
             task,
         }
     }
@@ -228,6 +244,19 @@ impl ApiServer {
     pub fn on_pod_status_patch(&self, hook: Hook) {
         *self.hook.lock().unwrap() = Some(hook);
     }
+
+    /// From now on, `after` each status patch of pod `ns/name` that a
+    /// client sends, applies `patch` to its status (a kubelet whose status
+    /// manager keeps writing its own status back).
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn keep_undoing(&self, ns: &str, name: &str, patch: Value, after: Duration) {
+        *self.undoer.lock().unwrap() = Some(Undoer {
+            ns: ns.into(),
+            name: name.into(),
+            patch,
+            after,
+        });
+    }
 }
 
 impl Drop for ApiServer {
@@ -252,6 +281,7 @@ async fn handle(
     state: Arc<Mutex<State>>,
     changed: broadcast::Sender<()>,
     hook: Arc<Mutex<Option<Hook>>>,
+    undoer: Arc<Mutex<Option<Undoer>>>,
     req: hyper::Request<Incoming>,
 ) -> Answer {
     let method = req.method().as_str().to_owned();
@@ -264,7 +294,11 @@ async fn handle(
             .unwrap_or("")
             .to_owned()
     };
-    let (ctype, auth) = (header("content-type"), header("authorization"));
+    let (ctype, auth, user_agent) = (
+        header("content-type"),
+        header("authorization"),
+        header("user-agent"),
+    );
     let bytes = req
         .into_body()
         .collect()
@@ -282,6 +316,7 @@ async fn handle(
         content_type: ctype.clone(),
         body: body.clone(),
         status: 0,
+        user_agent,
     };
     let Some((ns, resource, name, sub)) = route(&path) else {
         return answer(
@@ -380,6 +415,27 @@ async fn handle(
     };
     if result.0 < 300 {
         let _ = changed.send(());
+        let undo = undoer.lock().unwrap().clone().filter(|u| {
+            verb == "patch"
+                && resource == "pods"
+                && sub.as_deref() == Some("status")
+                && u.ns == ns
+                && name.as_deref() == Some(u.name.as_str())
+        });
+        if let Some(u) = undo {
+            let (state, changed) = (state.clone(), changed.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(u.after).await;
+                let key = ("pods".to_owned(), u.ns, u.name);
+                state.lock().unwrap().patch(
+                    key,
+                    Some("status"),
+                    "application/strategic-merge-patch+json",
+                    &u.patch,
+                );
+                let _ = changed.send(());
+            });
+        }
     }
     answer(&state, record, result)
 }
