@@ -104,6 +104,11 @@ fn a_listen_path_that_is_not_a_socket_is_refused_by_name() {
         stderr.contains(path.to_str().unwrap()) && stderr.contains("not a socket"),
         "{stderr}"
     );
+    // stderr is a pipe here, as under systemd: plain text, no colour codes.
+    assert!(
+        !stderr.contains('\x1b'),
+        "colour codes in a log that is not a terminal: {stderr:?}"
+    );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep me");
 }
 

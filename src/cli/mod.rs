@@ -104,12 +104,15 @@ pub fn parse_seconds(s: &str) -> Result<Duration, String> {
         .map_err(|_| format!("{s:?} is not a whole number of seconds like 10s"))
 }
 
-/// Logs to stderr, filtered by `CRIGUARD_LOG` (default `info`).
+/// Logs to stderr, filtered by `CRIGUARD_LOG` (default `info`); colour
+/// codes only when stderr is a terminal (never in the journal or a file).
 pub fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("CRIGUARD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
