@@ -88,13 +88,18 @@ struct PressureMemory {
     last: BTreeMap<Condition, u64>,
     /// Changed since the last save.
     dirty: bool,
+    /// Whether the last step found a threshold met.
+    met: bool,
+    /// The pressure just ended: the last observations are final, save them.
+    ended: bool,
     saved_at: Option<Instant>,
     saved_held: BTreeSet<Condition>,
     saved_evictions: usize,
 }
 
 /// The pressure memory is saved at most this often while only the times
-/// advance (a change in the conditions held, or an eviction, saves at once).
+/// advance (a change in the conditions held, an eviction, or the end of
+/// the pressure, whose last observations are then final, saves at once).
 const PRESSURE_SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a disk eviction's reclaim counts as on its way: containerd
@@ -232,14 +237,20 @@ impl EvictionManager {
     /// holds then (the remembered ones from before a restart included).
     fn remember_pressure(&mut self, obs: &Observations) -> BTreeSet<Condition> {
         let at = wall_ms(obs.at);
+        let mut met = false;
         for t in self.config.hard.iter().chain(&self.config.soft) {
             if self.state.met_since(t).is_some() {
+                met = true;
                 let c = t.signal.condition();
                 if self.pressure.last.insert(c, at) != Some(at) {
                     self.pressure.dirty = true;
                 }
             }
         }
+        if self.pressure.met && !met && self.pressure.dirty {
+            self.pressure.ended = true;
+        }
+        self.pressure.met = met;
         evicted::held(
             &self.pressure.last,
             at,
@@ -269,7 +280,8 @@ impl EvictionManager {
             let st = self.status.read().unwrap_or_else(|e| e.into_inner());
             let held = st.conditions.clone();
             let urgent = held != self.pressure.saved_held
-                || st.evictions.len() != self.pressure.saved_evictions;
+                || st.evictions.len() != self.pressure.saved_evictions
+                || self.pressure.ended;
             let due = self.pressure.dirty
                 && self
                     .pressure
@@ -285,6 +297,7 @@ impl EvictionManager {
         match saved {
             Ok(Ok(())) => {
                 self.pressure.dirty = false;
+                self.pressure.ended = false;
                 self.pressure.saved_at = Some(Instant::now());
                 self.pressure.saved_held = held;
                 self.pressure.saved_evictions = evictions;
