@@ -15,14 +15,23 @@
 #       Build the machine once (hack/vm/image/build.sh) into
 #       target/vm/images/<hash of hack/vm/image/>, or reuse it; print its
 #       directory. Older images are removed.
-#   hack/vm.sh run [--timeout SECS] [--share DIR]... [--env KEY=VALUE]... -- CMD [ARG...]
+#   hack/vm.sh run [--timeout SECS] [--share DIR]... [--share-rw DIR]...
+#                  [--forward GUESTIP:PORT=HOSTIP:PORT]... [--env KEY=VALUE]... -- CMD [ARG...]
 #       Boot the machine (root disk copy-on-write: the image never changes),
 #       run CMD in the repository once the system is up, power off. The
 #       repository and each --share DIR are mounted read-only at the same
-#       paths as here, so binaries built here run there unchanged. CMD's
-#       output streams to stdout; the exit status is CMD's (124: timed out,
-#       125: the VM failed before CMD ended). Results, the console and the
-#       guest's journal stay in target/vm/runs/<id>/ (the last 5 runs).
+#       paths as here, so binaries built here run there unchanged; each
+#       --share-rw DIR is mounted read-write at its path (a channel both
+#       sides write to while the VM runs). CMD's output streams to stdout;
+#       the exit status is CMD's (124: timed out, 125: the VM failed before
+#       CMD ended). Results, the console and the guest's journal stay in
+#       target/vm/runs/<id>/ (the last 5 runs).
+#       Without --forward the VM has no network device. Each --forward gives
+#       it one: QEMU's user network with restrict=on (no packet leaves QEMU,
+#       nothing reaches the guest from outside), the guest at $GUEST_ADDR,
+#       and a guestfwd by which a TCP connection to GUESTIP:PORT (in
+#       10.0.2.0/24, not .2, .3 or .15) is relayed to HOSTIP:PORT on this
+#       machine, one socat per connection.
 #   hack/vm.sh test [FILTER...]
 #       Build tests/vm.rs and criguard, then run the VM scenarios (all, or
 #       those matching FILTER) inside the machine.
@@ -43,6 +52,9 @@ KEEP_RUNS=5
 # The guest's writes (images, containers, the pressure scenario's files)
 # stay well under this.
 MIN_FREE_MIB=2048
+# The guest's address on QEMU's user network (slirp's own DHCP address),
+# set by hack/vm/guest.sh when the kernel command line has criguard.net=.
+GUEST_ADDR=10.0.2.15/24
 
 log() { echo "vm.sh: $*" >&2; }
 die() {
@@ -159,13 +171,32 @@ print(s.recv(65536).decode(errors="replace"))
 PY
 }
 
+# guestfwd SPEC: QEMU's guestfwd= value for --forward GUESTIP:PORT=HOSTIP:PORT
+# (each connection the guest opens to GUESTIP:PORT runs a socat to HOSTIP:PORT).
+guestfwd() {
+    local ip='(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])' port='([1-9][0-9]{0,4})'
+    local re="^(10\.0\.2\.$ip):$port=($ip\.$ip\.$ip\.$ip):$port\$"
+    if [[ ! "$1" =~ $re ]]; then
+        log "ERROR: --forward wants GUESTIP:PORT=HOSTIP:PORT with GUESTIP in 10.0.2.0/24, got '$1'"
+        return 1
+    fi
+    local gip="${BASH_REMATCH[1]}" gport="${BASH_REMATCH[3]}" hip="${BASH_REMATCH[4]}" hport="${BASH_REMATCH[9]}"
+    case "${gip##*.}" in
+        2 | 3 | 15) log "ERROR: --forward: $gip is QEMU's gateway, DNS or the guest itself"; return 1 ;;
+    esac
+    ((gport <= 65535 && hport <= 65535)) || { log "ERROR: --forward: port out of range in '$1'"; return 1; }
+    echo "tcp:$gip:$gport-cmd:socat - TCP:$hip:$hport"
+}
+
 do_run() {
     local timeout=900 image run out status t0 boot_s cmd_s free_mib
-    local -a shares=("$REPO") envs=() cmd=()
+    local -a shares=("$REPO") rw_shares=() forwards=() envs=() cmd=()
     while (($#)); do
         case "$1" in
             --timeout) timeout="$2"; shift 2 ;;
             --share) shares+=("$(readlink -f "$2")"); shift 2 ;;
+            --share-rw) rw_shares+=("$(readlink -f "$2")"); shift 2 ;;
+            --forward) forwards+=("$2"); shift 2 ;;
             --env) envs+=("$2"); shift 2 ;;
             --) shift; cmd=("$@"); break ;;
             *) usage ;;
@@ -209,10 +240,31 @@ do_run() {
         i=$((i + 1))
     done
     qemu_shares+=(-virtfs "local,path=$out,mount_tag=out,security_model=none")
+    local -a cmdline_rw=()
+    i=0
+    for s in "${rw_shares[@]+"${rw_shares[@]}"}"; do
+        [[ -d "$s" ]] || die "share $s is not a directory"
+        [[ "$s" != *[[:space:],:]* ]] || die "share path must not contain spaces, commas or colons: $s"
+        qemu_shares+=(-virtfs "local,path=$s,mount_tag=w$i,security_model=none")
+        cmdline_rw+=("w$i:$s")
+        i=$((i + 1))
+    done
 
     local append="console=ttyS0 root=/dev/vda rw quiet panic=-1"
     append+=" systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all psi=1"
     append+=" criguard.shares=$(IFS=,; echo "${cmdline_shares[*]}")"
+    ((${#cmdline_rw[@]} == 0)) || append+=" criguard.shares_rw=$(IFS=,; echo "${cmdline_rw[*]}")"
+
+    local -a qemu_net=(-nic none)
+    if ((${#forwards[@]})); then
+        command -v socat >/dev/null 2>&1 || die "--forward needs socat on this machine (apt-get install socat)"
+        local netdev="user,id=n0,restrict=on" f
+        for f in "${forwards[@]}"; do
+            netdev+=",guestfwd=$(guestfwd "$f")" || exit 1
+        done
+        qemu_net=(-netdev "$netdev" -device virtio-net-pci,netdev=n0)
+        append+=" criguard.net=$GUEST_ADDR"
+    fi
 
     free_mib="$(df -Pm "$out" | awk 'NR == 2 { print $4 }')"
     ((free_mib >= MIN_FREE_MIB)) ||
@@ -228,7 +280,7 @@ do_run() {
     qemu-img create -q -f qcow2 -F raw -b "$image/root.img" "$out/root.qcow2"
     qemu-system-x86_64 -accel "$ACCEL" -cpu max -m "$MEM" -smp "$CPUS" \
         -display none -monitor "unix:$out/monitor.sock,server=on,wait=off" \
-        -serial "file:$out/console.log" -nic none -no-reboot \
+        -serial "file:$out/console.log" "${qemu_net[@]}" -no-reboot \
         -kernel "$image/vmlinuz" -initrd "$image/initrd.img" -append "$append" \
         -drive "file=$out/root.qcow2,if=virtio,format=qcow2,werror=report,rerror=report" \
         "${qemu_shares[@]}" </dev/null >"$out/qemu.log" 2>&1 &

@@ -22,9 +22,11 @@ FREE_MIB="${CRIGUARD_VM_FREE_MIB:-1536}"
 SUITE=bookworm
 # Modules loaded by the initrd, in this order (their dependencies first,
 # from modules.dep): the virtio disk, ext4 (crc32c is asked for by name at
-# mount time, so it is loaded explicitly), 9p over virtio, and overlay for
-# containerd's snapshotter (no modules in the root: they stay loaded).
-MODULES=(virtio_pci virtio_blk crc32c_generic ext4 9pnet_virtio 9p overlay)
+# mount time, so it is loaded explicitly), 9p over virtio, overlay for
+# containerd's snapshotter, and virtio-net for the cluster tier's VM node
+# (`hack/vm.sh run --forward`; no NIC otherwise). No modules in the root:
+# they stay loaded.
+MODULES=(virtio_pci virtio_blk crc32c_generic ext4 9pnet_virtio 9p overlay virtio_net)
 
 log() { echo "vm/image/build.sh: $*" >&2; }
 die() {
