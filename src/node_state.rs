@@ -51,7 +51,7 @@ pub struct NodeStatus {
     pub conditions: BTreeSet<Condition>,
     /// The pods criguard evicted: never admitted again (kept across restarts).
     pub evicted: EvictedPods,
-    /// Every eviction since start.
+    /// The latest evictions from before a restart (at most 256), then every one since.
     pub evictions: Vec<Eviction>,
     /// The last observations (none before the first round).
     pub observations: Option<Observations>,
