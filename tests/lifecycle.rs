@@ -4,8 +4,9 @@
 mod common;
 
 use std::collections::HashMap;
+use std::time::Duration;
 
-use common::containerd::{Clients, CriguardProcess, PrivateContainerd, unique};
+use common::containerd::{Clients, ContainerdVersion, CriguardProcess, PrivateContainerd, unique};
 use common::pods::{BUSYBOX, CgroupRoot};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
@@ -42,9 +43,12 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
     let vreq = cri::VersionRequest {
         version: "v1".into(),
     };
-    assert_eq!(
-        d.version(vreq.clone()).await.unwrap().into_inner(),
-        p.version(vreq).await.unwrap().into_inner()
+    let version = p.version(vreq.clone()).await.unwrap().into_inner();
+    assert_eq!(d.version(vreq).await.unwrap().into_inner(), version);
+    assert!(
+        ctrd.version.matches(&version.runtime_version),
+        "{:?} selected, runtime says {version:?}",
+        ctrd.version
     );
     let status = p
         .status(cri::StatusRequest { verbose: false })
@@ -67,14 +71,28 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
         runtime_ready.is_some_and(|c| c.status),
         "containerd must report RuntimeReady"
     );
-    // containerd 1.6 does not implement RuntimeConfig: the error must be the same.
+    // RuntimeConfig: containerd 1.6 does not implement it (the error must
+    // be the same); 2.x answers with its cgroup driver (cgroupfs here),
+    // which must pass through unchanged.
     match (
+        ctrd.version,
         d.runtime_config(cri::RuntimeConfigRequest {}).await,
         p.runtime_config(cri::RuntimeConfigRequest {}).await,
     ) {
-        (Ok(a), Ok(b)) => assert_eq!(a.into_inner(), b.into_inner()),
-        (Err(a), Err(b)) => assert_same_error(a, b),
-        (a, b) => panic!("direct {a:?} but through criguard {b:?}"),
+        (ContainerdVersion::V1_6, Err(a), Err(b)) => {
+            assert_eq!(a.code(), tonic::Code::Unimplemented, "{a:?}");
+            assert_same_error(a, b)
+        }
+        (ContainerdVersion::V2, Ok(a), Ok(b)) => {
+            let b = b.into_inner();
+            assert_eq!(a.into_inner(), b);
+            assert_eq!(
+                b.linux.map(|l| l.cgroup_driver),
+                Some(cri::CgroupDriver::Cgroupfs as i32),
+                "hack/containerd.sh sets SystemdCgroup = false"
+            );
+        }
+        (v, a, b) => panic!("{v:?}: RuntimeConfig direct {a:?} but through criguard {b:?}"),
     }
 
     // Images.
@@ -287,20 +305,98 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
         d.container_status(missing.clone()).await.unwrap_err(),
         p.container_status(missing).await.unwrap_err(),
     );
-    // containerd 1.6 has no GetContainerEvents: both sides must fail alike
-    // (streaming itself is proven against a recording upstream).
-    let ev = |c: &mut k8s_cri::v1::runtime_service_client::RuntimeServiceClient<_>| {
+    // GetContainerEvents. containerd 1.6 does not serve it: both sides
+    // must fail alike. 2.x does: events that found no subscriber are kept
+    // (five minutes) for the next one to subscribe, later ones go to every
+    // live subscriber. So the direct stream is opened first and events
+    // made (a throwaway container created and removed, again) until it
+    // answers, then the same for the stream through criguard: the first
+    // event through criguard must be one the direct stream carried too,
+    // unchanged, of a throwaway container of this pod (streaming in
+    // general is proven against a recording upstream).
+    let ev = |c: &k8s_cri::v1::runtime_service_client::RuntimeServiceClient<_>| {
         let mut c = c.clone();
-        async move {
-            c.get_container_events(cri::GetEventsRequest {})
-                .await
-                .map(|_| ())
-        }
+        async move { c.get_container_events(cri::GetEventsRequest {}).await }
     };
-    match (ev(&mut d).await, ev(&mut p).await) {
-        (Err(a), Err(b)) => assert_same_error(a, b),
-        (Ok(()), Ok(())) => {}
-        (a, b) => panic!("GetContainerEvents: direct {a:?}, through criguard {b:?}"),
+    match ctrd.version {
+        ContainerdVersion::V1_6 => match (ev(&d).await, ev(&p).await) {
+            (Err(a), Err(b)) => {
+                assert_eq!(a.code(), tonic::Code::Unimplemented, "{a:?}");
+                assert_same_error(a, b)
+            }
+            (a, b) => panic!(
+                "1.6 GetContainerEvents: direct {:?}, through criguard {:?}",
+                a.map(|_| ()),
+                b.map(|_| ())
+            ),
+        },
+        ContainerdVersion::V2 => {
+            let mut throwaway: Vec<String> = Vec::new();
+            let mut streams = Vec::new();
+            for (side, c) in [("direct", d.clone()), ("criguard", p.clone())] {
+                let opened = tokio::spawn(ev(&c));
+                let end = std::time::Instant::now() + Duration::from_secs(30);
+                while !opened.is_finished() {
+                    assert!(
+                        std::time::Instant::now() < end,
+                        "2.x: no container event on the {side} stream within 30 s"
+                    );
+                    let mut config = pod.container_config(0);
+                    if let Some(m) = config.metadata.as_mut() {
+                        m.attempt = 100 + throwaway.len() as u32;
+                    }
+                    let id = p
+                        .create_container(cri::CreateContainerRequest {
+                            pod_sandbox_id: sandbox_id.clone(),
+                            config: Some(config),
+                            sandbox_config: Some(sandbox_config.clone()),
+                        })
+                        .await
+                        .unwrap()
+                        .into_inner()
+                        .container_id;
+                    p.remove_container(cri::RemoveContainerRequest {
+                        container_id: id.clone(),
+                    })
+                    .await
+                    .unwrap();
+                    throwaway.push(id);
+                }
+                streams.push(
+                    opened
+                        .await
+                        .unwrap()
+                        .unwrap_or_else(|e| panic!("2.x GetContainerEvents {side}: {e:?}"))
+                        .into_inner(),
+                );
+            }
+            let mut via = streams.pop().unwrap();
+            let mut direct = streams.pop().unwrap();
+            let first = tokio::time::timeout(Duration::from_secs(10), via.message())
+                .await
+                .expect("criguard: headers but no event")
+                .unwrap()
+                .expect("criguard: stream ended");
+            assert!(throwaway.contains(&first.container_id), "{first:?}");
+            assert_eq!(
+                first.pod_sandbox_status.as_ref().map(|s| s.id.as_str()),
+                Some(sandbox_id.as_str())
+            );
+            let mut seen = Vec::new();
+            loop {
+                let e = tokio::time::timeout(Duration::from_secs(10), direct.message())
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("the direct stream lacks {first:?}; it carried {seen:?}")
+                    })
+                    .unwrap()
+                    .expect("direct: stream ended");
+                if e == first {
+                    break;
+                }
+                seen.push(e);
+            }
+        }
     }
 
     // Teardown, the kubelet's order.

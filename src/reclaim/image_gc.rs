@@ -12,9 +12,13 @@
 //! instead of trusting the runtime's (compressed) image sizes.
 //!
 //! "Used" means referenced by any container the runtime lists, running or
-//! not, or created through criguard since the last collection; the sandbox
-//! image (containerd's `sandboxImage`) and images the runtime marks pinned
-//! are never removed.
+//! not, or created through criguard since the last collection; images the
+//! runtime marks pinned (CRI `Image.pinned`, which the kubelet honours too)
+//! and the sandbox image are never removed. containerd 2.x pins its sandbox
+//! image (`pinned_images.sandbox`) and no longer names it in its verbose
+//! Status; containerd 1.6 pins nothing, and names it there
+//! (`config.sandboxImage`), which is read only when no listed image is
+//! pinned.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -254,7 +258,11 @@ impl ImageGc {
             .await?
             .into_inner()
             .containers;
-        let sandbox_image = sandbox_image(&mut rt).await;
+        let sandbox_image = if needs_sandbox_lookup(&images) {
+            sandbox_image(&mut rt).await
+        } else {
+            None
+        };
         let mut refs: Vec<String> = Vec::new();
         for c in &containers {
             refs.push(c.image_ref.clone());
@@ -351,6 +359,21 @@ fn measured(path: &Path, before: Option<crate::signals::node::FsStats>) -> u64 {
     }
 }
 
+/// Must the sandbox image be looked up in the verbose Status? Only when
+/// the runtime pins none of `images`: a runtime that pins (containerd 1.7
+/// and 2.x) pins its sandbox image, and 2.x no longer names it in Status.
+fn needs_sandbox_lookup(images: &[cri::Image]) -> bool {
+    !images.iter().any(|i| i.pinned)
+}
+
+/// The sandbox (pause) image named in a verbose Status answer's `config`
+/// (containerd 1.6: `sandboxImage`); `None` when absent (containerd 2.x,
+/// whose `config` holds the runtime settings only) or unreadable.
+fn sandbox_image_in(info: &std::collections::HashMap<String, String>) -> Option<String> {
+    let config: serde_json::Value = serde_json::from_str(info.get("config")?).ok()?;
+    Some(config.get("sandboxImage")?.as_str()?.to_owned())
+}
+
 /// containerd's configured sandbox (pause) image, from its verbose status.
 async fn sandbox_image(
     rt: &mut cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
@@ -361,8 +384,7 @@ async fn sandbox_image(
         .ok()?
         .into_inner()
         .info;
-    let config: serde_json::Value = serde_json::from_str(info.get("config")?).ok()?;
-    Some(config.get("sandboxImage")?.as_str()?.to_owned())
+    sandbox_image_in(&info)
 }
 
 fn load_times(path: &Path) -> ImageTimes {
@@ -387,6 +409,48 @@ fn save_times(path: &Path, times: &ImageTimes) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sandbox_image_is_read_from_16s_status_and_absent_from_2s() {
+        let info = |config: &str| {
+            std::collections::HashMap::from([("config".to_owned(), config.to_owned())])
+        };
+        // containerd 1.6.20's verbose Status (abridged).
+        let v16 = info(
+            r#"{"containerd":{"snapshotter":"overlayfs"},"sandboxImage":"registry.k8s.io/pause:3.9","rootDir":"/r"}"#,
+        );
+        assert_eq!(
+            sandbox_image_in(&v16).as_deref(),
+            Some("registry.k8s.io/pause:3.9")
+        );
+        // containerd 2.3's: runtime settings only.
+        let v2 = info(
+            r#"{"containerd":{"defaultRuntimeName":"runc"},"containerdRootDir":"/r","rootDir":"/r/io.containerd.grpc.v1.cri"}"#,
+        );
+        assert_eq!(sandbox_image_in(&v2), None);
+        assert_eq!(sandbox_image_in(&info("not json")), None);
+        assert_eq!(sandbox_image_in(&Default::default()), None);
+    }
+
+    #[test]
+    fn the_status_lookup_is_skipped_once_the_runtime_pins_images() {
+        let image = |id: &str, pinned: bool| cri::Image {
+            id: id.into(),
+            pinned,
+            ..Default::default()
+        };
+        // 1.6: nothing pinned, the pause image must be found in Status.
+        assert!(needs_sandbox_lookup(&[
+            image("a", false),
+            image("b", false)
+        ]));
+        assert!(needs_sandbox_lookup(&[]));
+        // 2.x: the pause image is pinned.
+        assert!(!needs_sandbox_lookup(&[
+            image("a", false),
+            image("pause", true)
+        ]));
+    }
 
     #[test]
     fn references_normalise_like_docker() {

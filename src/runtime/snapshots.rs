@@ -10,9 +10,12 @@
 //!
 //! The CRI plugin names a container's snapshot after the container id, in
 //! namespace `k8s.io`, with the snapshotter from its configuration
-//! (`plugins."io.containerd.grpc.v1.cri".containerd.snapshotter`, default
-//! `overlayfs`). A writable layer never moves while its snapshot exists, so
-//! [`Snapshots::upperdir`] asks once per container and caches the answer.
+//! (containerd 1.6: `plugins."io.containerd.grpc.v1.cri".containerd.snapshotter`;
+//! 2.x: `plugins."io.containerd.cri.v1.images".snapshotter`; default
+//! `overlayfs` in both, its snapshots under
+//! `<root>/io.containerd.snapshotter.v1.overlayfs`). A writable layer never
+//! moves while its snapshot exists, so [`Snapshots::upperdir`] asks once per
+//! container and caches the answer.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -11,7 +11,7 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 
 use crate::common::clients::{Answer, Call, Client, Kind};
-use crate::common::containerd::{CriguardProcess, PrivateContainerd, unique};
+use crate::common::containerd::{ContainerdVersion, CriguardProcess, PrivateContainerd, unique};
 use crate::common::pods::{BUSYBOX, CgroupRoot, mem_total};
 use crate::decoded::{Decoded, Meta, decode, replace};
 use criguard::kubelet::{ContainerSpec, PodSpec};
@@ -33,10 +33,10 @@ pub async fn matches_direct(kind: Kind) {
     let direct = Client::connect(&kind, &ctrd.socket).await;
     let proxied = Client::connect(&kind, &crate::through(&guard, &ctrd.socket)).await;
     let log_root = ctrd.dir.join("pods");
-    let a = Run::new((&direct, "direct"), (&proxied, "criguard"))
+    let a = Run::new(ctrd.version, (&direct, "direct"), (&proxied, "criguard"))
         .lifecycle(&root, &log_root)
         .await;
-    let b = Run::new((&proxied, "criguard"), (&direct, "direct"))
+    let b = Run::new(ctrd.version, (&proxied, "criguard"), (&direct, "direct"))
         .lifecycle(&root, &log_root)
         .await;
     assert_eq!(a.len(), b.len());
@@ -50,6 +50,8 @@ pub async fn matches_direct(kind: Kind) {
 
 /// Mutations go through `via`; reads go through `via` and `peer` and must agree.
 struct Run<'a> {
+    /// The containerd both paths lead to.
+    version: ContainerdVersion,
     via: (&'a Client, &'static str),
     peer: (&'a Client, &'static str),
     answers: Vec<(String, Answer)>,
@@ -58,8 +60,13 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn new(via: (&'a Client, &'static str), peer: (&'a Client, &'static str)) -> Self {
+    fn new(
+        version: ContainerdVersion,
+        via: (&'a Client, &'static str),
+        peer: (&'a Client, &'static str),
+    ) -> Self {
         Self {
+            version,
             via,
             peer,
             answers: Vec::new(),
@@ -268,7 +275,56 @@ impl<'a> Run<'a> {
         assert_eq!(err.code, tonic::Code::NotFound as i32, "{err:?}");
         let mut events = Call::unary(&format!("{RT}GetContainerEvents"), vec![]);
         events.stream = true;
-        self.both(events).await;
+        match self.version {
+            // Unimplemented, the same answer both ways.
+            ContainerdVersion::V1_6 => {
+                let a = self.both(events).await;
+                assert_eq!(a.code, tonic::Code::Unimplemented as i32, "{a:?}");
+            }
+            // Served. containerd 2.x hands the events that found no
+            // subscriber (kept five minutes) to the next one to subscribe
+            // and the later ones to every live subscriber (tests/lifecycle.rs
+            // checks that fan-out through criguard). A first call takes
+            // the queued ones (not always all: a subscription that ended
+            // stays listed until the next event, which may go into its
+            // dead buffer instead); then, with nothing happening, each
+            // path must hold its stream open until the deadline and end it
+            // there with no event. Who ends it (the client's or the
+            // server's timer; grpc-go resets the stream) decides code and
+            // message: timing, not the path.
+            ContainerdVersion::V2 => {
+                let deadline = std::time::Duration::from_secs(2);
+                events.timeout = Some(deadline);
+                let drained = self.via.0.call(events.clone()).await;
+                assert!(
+                    [
+                        tonic::Code::DeadlineExceeded as i32,
+                        tonic::Code::Cancelled as i32
+                    ]
+                    .contains(&drained.code),
+                    "the first stream must end by its deadline: {drained:?}"
+                );
+                for (client, side) in [self.via, self.peer] {
+                    let t0 = std::time::Instant::now();
+                    let a = client.call(events.clone()).await;
+                    let held = t0.elapsed();
+                    assert!(
+                        [
+                            tonic::Code::DeadlineExceeded as i32,
+                            tonic::Code::Cancelled as i32
+                        ]
+                        .contains(&a.code),
+                        "{:?} {side}: the stream must end by its deadline: {a:?}",
+                        client.kind
+                    );
+                    assert!(
+                        held + std::time::Duration::from_millis(100) >= deadline,
+                        "{side}: ended after {held:?}, before its {deadline:?} deadline: {a:?}"
+                    );
+                    assert!(a.msgs.is_empty(), "{side}: nothing happened: {a:?}");
+                }
+            }
+        }
 
         // Teardown, the kubelet's order.
         let stop = cri::StopContainerRequest {

@@ -28,12 +28,100 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{n}-{nanos:x}", std::process::id())
 }
 
+/// Which containerd `hack/containerd.sh` runs: `CRIGUARD_CONTAINERD` unset
+/// or `1.6` is Debian's 1.6, `2` the 2.x build of `hack/k8s/build.sh`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContainerdVersion {
+    /// containerd 1.6 (config `version = 2`, one CRI plugin).
+    V1_6,
+    /// containerd 2.x (config `version = 3`, the CRI split in three plugins).
+    V2,
+}
+
+impl ContainerdVersion {
+    /// The one `CRIGUARD_CONTAINERD` selects; panics naming a bad value.
+    pub fn selected() -> Self {
+        match std::env::var("CRIGUARD_CONTAINERD").as_deref() {
+            Err(_) | Ok("1.6") => Self::V1_6,
+            Ok("2") => Self::V2,
+            Ok(other) => panic!("CRIGUARD_CONTAINERD must be 1.6 or 2, got {other:?}"),
+        }
+    }
+
+    /// The version the instance in `dir` runs, from the layout of the
+    /// config `hack/containerd.sh` wrote there (`version = 3` is 2.x).
+    fn of_config(dir: &Path) -> Self {
+        let config = std::fs::read_to_string(dir.join("config.toml")).unwrap_or_default();
+        if config
+            .lines()
+            .any(|l| matches!(l.replace(' ', "").as_str(), "version=3" | "version=4"))
+        {
+            Self::V2
+        } else {
+            Self::V1_6
+        }
+    }
+
+    /// Does `runtime_version` (CRI Version's `runtime_version`) belong to
+    /// this containerd? 1.6 reports e.g. `1.6.20~ds1`, 2.x `v2.3.7`.
+    pub fn matches(self, runtime_version: &str) -> bool {
+        let v = runtime_version.trim_start_matches('v');
+        match self {
+            Self::V1_6 => v.starts_with("1.6."),
+            Self::V2 => v.starts_with("2."),
+        }
+    }
+
+    /// The config section of the CRI runtime settings (runc options,
+    /// `restrict_oom_score_adj`, CNI under `.cni`, runtimes under
+    /// `.containerd.runtimes`).
+    pub fn cri_runtime_section(self) -> &'static str {
+        match self {
+            Self::V1_6 => r#"plugins."io.containerd.grpc.v1.cri""#,
+            Self::V2 => r#"plugins."io.containerd.cri.v1.runtime""#,
+        }
+    }
+
+    /// The config section of the CRI image settings (the CRI snapshotter
+    /// is `snapshotter` here in 2.x, `containerd.snapshotter` under the
+    /// runtime section in 1.6).
+    pub fn cri_images_section(self) -> &'static str {
+        match self {
+            Self::V1_6 => r#"plugins."io.containerd.grpc.v1.cri""#,
+            Self::V2 => r#"plugins."io.containerd.cri.v1.images""#,
+        }
+    }
+
+    /// `[section]` and `key = value` lines for `CRIGUARD_CONTAINERD_EXTRA_TOML`
+    /// setting `key` of the CRI runtime (`images == false`) or image
+    /// settings to `value` (TOML), in this version's layout. `sub` is a
+    /// sub-table below it, e.g. `containerd.runtimes.runc.options`.
+    pub fn cri_toml(self, images: bool, sub: &str, key: &str, value: &str) -> String {
+        let base = if images {
+            self.cri_images_section()
+        } else {
+            self.cri_runtime_section()
+        };
+        let section = if sub.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}.{sub}")
+        };
+        format!("[{section}]\n{key} = {value}\n")
+    }
+}
+
 /// A containerd with its own root, state and socket under a temp directory.
 pub struct PrivateContainerd {
     /// Everything of this instance lives here; `stop --purge` removes it.
     pub dir: PathBuf,
     /// Its gRPC (and CRI) socket.
     pub socket: PathBuf,
+    /// Which containerd runs (what `CRIGUARD_CONTAINERD` selected).
+    pub version: ContainerdVersion,
+    /// TOML merged into its config (`CRIGUARD_CONTAINERD_EXTRA_TOML`),
+    /// kept for [`Self::restart_daemon`].
+    extra_toml: Option<String>,
     /// Set `CRIGUARD_KEEP=1` to leave it running for a post-mortem.
     keep: bool,
 }
@@ -41,7 +129,15 @@ pub struct PrivateContainerd {
 impl PrivateContainerd {
     /// Starts one; panics with containerd's log if it does not come up.
     pub fn start() -> Self {
-        Self::start_in(Self::new_dir())
+        Self::start_in(Self::new_dir(), None)
+    }
+
+    /// [`Self::start`] with `toml` merged into the generated config
+    /// (`CRIGUARD_CONTAINERD_EXTRA_TOML`); section names differ between
+    /// versions: build them with [`ContainerdVersion::cri_toml`] for
+    /// [`ContainerdVersion::selected`].
+    pub fn start_with_toml(toml: &str) -> Self {
+        Self::start_in(Self::new_dir(), Some(toml.to_owned()))
     }
 
     /// Starts one whose root (its imagefs: content store and snapshots)
@@ -61,7 +157,7 @@ impl PrivateContainerd {
             .status()
             .expect("run mount");
         assert!(ok.success(), "mount tmpfs on {}", root.display());
-        Self::start_in(dir)
+        Self::start_in(dir, None)
     }
 
     fn new_dir() -> PathBuf {
@@ -81,18 +177,29 @@ impl PrivateContainerd {
         self.dir.join("root")
     }
 
-    fn start_in(dir: PathBuf) -> Self {
-        let out = Command::new(repo().join("hack/containerd.sh"))
-            .arg("start")
-            .arg(&dir)
-            .stderr(Stdio::inherit())
+    /// `hack/containerd.sh start DIR` with the caller's environment
+    /// (`CRIGUARD_CONTAINERD` included) and `extra_toml`, if any.
+    fn start_command(dir: &Path, extra_toml: Option<&str>) -> Command {
+        let mut cmd = Command::new(repo().join("hack/containerd.sh"));
+        cmd.arg("start").arg(dir).stderr(Stdio::inherit());
+        if let Some(toml) = extra_toml {
+            cmd.env("CRIGUARD_CONTAINERD_EXTRA_TOML", toml);
+        }
+        cmd
+    }
+
+    fn start_in(dir: PathBuf, extra_toml: Option<String>) -> Self {
+        let wanted = ContainerdVersion::selected();
+        let out = Self::start_command(&dir, extra_toml.as_deref())
             .output()
             .expect("run hack/containerd.sh");
         let keep = std::env::var_os("CRIGUARD_KEEP").is_some();
         let me = Self {
             socket: dir.join("containerd.sock"),
+            version: ContainerdVersion::of_config(&dir),
             dir,
             keep,
+            extra_toml,
         };
         if !out.status.success() {
             panic!(
@@ -100,6 +207,12 @@ impl PrivateContainerd {
                 std::fs::read_to_string(me.dir.join("containerd.log")).unwrap_or_default()
             );
         }
+        assert_eq!(
+            me.version,
+            wanted,
+            "CRIGUARD_CONTAINERD selected {wanted:?} but {} has another config",
+            me.dir.display()
+        );
         me
     }
 
@@ -140,10 +253,14 @@ impl PrivateContainerd {
     /// Starts this instance's containerd again after [`Self::kill_daemon`]
     /// (same directory: it finds its shims and containers).
     pub fn restart_daemon(&self) {
-        let out = Command::new(repo().join("hack/containerd.sh"))
-            .arg("start")
-            .arg(&self.dir)
-            .stderr(Stdio::inherit())
+        let out = Self::start_command(&self.dir, self.extra_toml.as_deref())
+            .env(
+                "CRIGUARD_CONTAINERD",
+                match self.version {
+                    ContainerdVersion::V1_6 => "1.6",
+                    ContainerdVersion::V2 => "2",
+                },
+            )
             .output()
             .expect("run hack/containerd.sh");
         assert!(
