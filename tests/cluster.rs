@@ -415,16 +415,20 @@ spec:
     )
 }
 
-/// The evicted pod `old` runs nothing: no container running in the API and
-/// no ready sandbox of its UID in `node`'s criguard.
-fn never_runs_again(c: &Cluster, node: &str, old: &Value) {
+/// The evicted pod `old` runs nothing: no ready sandbox of its UID in
+/// `node`'s criguard, and no container start in the API after `started`
+/// (the container's start before the eviction). The kubelet's status
+/// manager may write its cached status back, "running" since `started`,
+/// until it sees the Failed phase: stale, not a new start.
+fn never_runs_again(c: &Cluster, node: &str, old: &Value, started: &Value) {
     let statuses = old["status"]["containerStatuses"]
         .as_array()
         .cloned()
         .unwrap_or_default();
     for st in &statuses {
+        let running = &st["state"]["running"];
         assert!(
-            st["state"]["running"].is_null(),
+            running.is_null() || running["startedAt"] == *started,
             "the evicted pod runs again: {old:#}"
         );
     }
@@ -577,6 +581,7 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
             .find(|p| p["metadata"]["labels"]["app"] == "hog" && phase(p) == "Running")
     });
     let hog_uid = uid(&first).to_owned();
+    let started = first["status"]["containerStatuses"][0]["state"]["running"]["startedAt"].clone();
     let hog_name = first["metadata"]["name"].as_str().unwrap().to_owned();
     println!(
         "cluster: hog {hog_name} Running after {:.1} s",
@@ -673,7 +678,7 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         || {
             let pods = c.pods(NS);
             if let Some(old) = pods.iter().find(|p| uid(p) == hog_uid) {
-                never_runs_again(&c, node, old);
+                never_runs_again(&c, node, old, &started);
                 not_failed_seen += usize::from(phase(old) != "Failed");
             }
             let taints = c.json(&["get", "node", node])["spec"]["taints"].clone();
@@ -707,7 +712,7 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
             let pods = c.pods(NS);
             let old = pods.iter().find(|p| uid(p) == hog_uid);
             if let Some(old) = old {
-                never_runs_again(&c, node, old);
+                never_runs_again(&c, node, old, &started);
             }
             old.is_none_or(|p| phase(p) == "Failed").then_some(())
         },
