@@ -310,6 +310,16 @@ fn bytes(q: &str) -> i64 {
     q.parse().unwrap()
 }
 
+/// Milliseconds since midnight (UTC) of a klog line ("I1125 16:46:05.204186 …").
+fn klog_ms_of_day(line: &str) -> Option<i64> {
+    let time = line.split_whitespace().nth(1)?;
+    let mut parts = time.split(':');
+    let h: i64 = parts.next()?.parse().ok()?;
+    let m: i64 = parts.next()?.parse().ok()?;
+    let sec: f64 = parts.next()?.parse().ok()?;
+    Some((h * 3600 + m * 60) * 1000 + (sec * 1000.0) as i64)
+}
+
 /// A test pod: busybox `sleep`, host network, never pulled.
 fn pod_yaml(
     name: &str,
@@ -891,6 +901,13 @@ fn kubelet_alone_evicts_the_memory_hog_when_criguard_dry_runs() {
         decided.at_unix_ms,
         decided.available >> 20
     );
+    if let Some(ms) = evicted_line.as_deref().and_then(klog_ms_of_day) {
+        let crossed = (decided.at_unix_ms % 86_400_000) as i64;
+        println!(
+            "cluster (kubelet alone): threshold crossed (criguard's dry-run decision) → the kubelet's eviction: {:.3} s",
+            (ms - crossed) as f64 / 1000.0
+        );
+    }
     let events = c.json(&["-n", NS, "get", "events", "--field-selector=reason=Evicted"]);
     for e in events["items"].as_array().cloned().unwrap_or_default() {
         println!(
