@@ -222,9 +222,60 @@ pub struct EvictionLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TriggerLabels {
     /// `tick` (housekeeping), `deadline` (a grace or transition period
-    /// ran out), or the memory event: `memcg_threshold`, `psi` or
-    /// `memory_events`.
+    /// ran out), `reload` (a reloaded configuration taken up), or the
+    /// memory event: `memcg_threshold`, `psi` or `memory_events`.
     pub trigger: &'static str,
+}
+
+label_values! {
+    /// What became of a reload (SIGHUP).
+    pub enum ReloadOutcome {
+        /// The new configuration was valid and now runs.
+        Applied => "applied",
+        /// The new configuration was refused; the running one stays.
+        Refused => "refused",
+    }
+}
+
+/// Labels of a reload.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// `applied` or `refused`.
+    pub outcome: ReloadOutcome,
+}
+
+/// Metrics of the configuration: whether criguard runs one it accepted
+/// (0: failing open, relaying only) and what became of each reload.
+#[derive(Clone, Debug)]
+pub struct ConfigMetrics {
+    /// 1 while criguard runs a configuration it accepted, 0 while it fails
+    /// open (relaying every call unchanged, guarding nothing).
+    pub valid: Gauge<i64, AtomicI64>,
+    /// Reloads (SIGHUP), by outcome.
+    pub reloads: Family<ReloadLabels, Counter>,
+}
+
+impl ConfigMetrics {
+    fn new(registry: &mut Registry) -> Self {
+        let m = Self {
+            valid: Gauge::default(),
+            reloads: Family::default(),
+        };
+        registry.register(
+            "criguard_config_valid",
+            "1 while criguard runs a configuration it accepted; 0 while it fails open: every CRI call relayed unchanged, no eviction, GC, patch, refusal or API report",
+            m.valid.clone(),
+        );
+        registry.register(
+            "criguard_config_reloads",
+            "Configuration reloads (SIGHUP), by outcome: applied, or refused (the running configuration stays)",
+            m.reloads.clone(),
+        );
+        for outcome in [ReloadOutcome::Applied, ReloadOutcome::Refused] {
+            let _ = m.reloads.get_or_create(&ReloadLabels { outcome });
+        }
+        m
+    }
 }
 
 /// Metrics of the eviction manager and admission.
@@ -481,6 +532,8 @@ pub struct Metrics {
     pub kube: KubeMetrics,
     /// containerd task events' and kernel OOM kills'.
     pub events: TaskEventMetrics,
+    /// The configuration's: valid or not, reloads.
+    pub config: ConfigMetrics,
 }
 
 impl Metrics {
@@ -498,7 +551,9 @@ impl Metrics {
         let reclaim = ReclaimMetrics::new(&mut registry);
         let kube = KubeMetrics::new(&mut registry);
         let events = TaskEventMetrics::new(&mut registry);
+        let config = ConfigMetrics::new(&mut registry);
         Self {
+            config,
             events,
             kube,
             registry: Arc::new(registry),

@@ -60,8 +60,8 @@ impl Served {
             status: status.clone(),
             usage: usage.clone(),
             ranker: criguard::reclaim::rank::Ranker::new(model.clone(), sources, Some(usage)),
-            rank_signals: vec![],
             oom_kills: Default::default(),
+            config: tokio::sync::watch::channel(admin::ConfigStatus::default()).1,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(admin::serve(listener, state, async {

@@ -299,10 +299,58 @@ fn every_invalid_form_exits_2_naming_key_and_value() {
     }
 }
 
+/// Runs `criguard serve ARGS` (on sockets in `dir`, with no runtime
+/// behind it) until `criguard status` answers; its exit code and text,
+/// with criguard still running (then stopped).
+fn serve_status(dir: &std::path::Path, args: &[&str]) -> (i32, String) {
+    let listen = dir.join("criguard.sock");
+    let admin = dir.join("admin.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_criguard"))
+        .arg("serve")
+        .arg("--listen")
+        .arg(&listen)
+        .arg("--admin-socket")
+        .arg(&admin)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--runtime-endpoint")
+        .arg(format!("unix://{}", dir.join("no-runtime.sock").display()))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let answer = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            panic!("{args:?}: criguard exited ({s}) instead of failing open: {err}");
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
+            .arg("status")
+            .arg("--admin-socket")
+            .arg(&admin)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !text.is_empty() {
+            break (out.status.code().unwrap_or(-1), text);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{args:?}: criguard status never answered"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(listen.exists(), "{args:?}: the CRI socket is served");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    answer
+}
+
 #[test]
-fn serve_refuses_bad_psi_settings_before_starting_naming_the_flag() {
-    let dir = tempfile::tempdir().unwrap();
-    let listen = dir.path().join("criguard.sock");
+fn serve_fails_open_on_bad_psi_settings_naming_the_flag() {
     let cases: &[(&str, &[&str])] = &[
         (
             "--memory-psi-window=30s",
@@ -312,19 +360,13 @@ fn serve_refuses_bad_psi_settings_before_starting_naming_the_flag() {
         ("--memory-psi-stall=lots", &["--memory-psi-stall", "lots"]),
     ];
     for (arg, needles) in cases {
-        let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
-            .arg("serve")
-            .arg("--listen")
-            .arg(&listen)
-            .arg(arg)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{arg}: {err}");
+        let dir = tempfile::tempdir().unwrap();
+        let (code, text) = serve_status(dir.path(), &[arg, "--metrics-address", "none"]);
+        assert_eq!(code, 2, "{arg}: {text}");
+        assert!(text.contains("INVALID"), "{arg}: {text}");
         for n in *needles {
-            assert!(err.contains(n), "{arg}: {err:?} lacks {n:?}");
+            assert!(text.contains(n), "{arg}: {text:?} lacks {n:?}");
         }
-        assert!(!listen.exists(), "{arg}: nothing may start");
     }
 }
 
@@ -581,44 +623,36 @@ fn socket_activation_refuses_an_fd_3_that_is_not_a_listening_unix_stream_socket(
 }
 
 #[test]
-fn serve_refuses_a_bad_runtime_endpoint_or_metrics_address_with_exit_2() {
+fn serve_refuses_a_bad_runtime_endpoint_with_exit_2_and_fails_open_on_a_bad_metrics_address() {
+    // A relay essential: nothing to relay to, exit 2 before anything starts.
     let dir = tempfile::tempdir().unwrap();
     let listen = dir.path().join("criguard.sock");
-    let cases: &[(&[&str], &[&str])] = &[
-        (
-            &["--runtime-endpoint", "tcp://127.0.0.1:1234"],
-            &["--runtime-endpoint", "tcp://127.0.0.1:1234"],
-        ),
-        (
-            &["--metrics-address", "localhost:nine"],
-            &["--metrics-address", "localhost:nine"],
-        ),
-        // TEST-NET-1: never an address of this machine.
-        (
-            &["--metrics-address", "192.0.2.1:9809"],
-            &["--metrics-address", "192.0.2.1:9809"],
-        ),
-    ];
-    for (args, needles) in cases {
-        let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
-            .arg("serve")
-            .arg("--listen")
-            .arg(&listen)
-            .arg("--admin-socket")
-            .arg(dir.path().join("admin.sock"))
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .args(*args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        for n in *needles {
-            assert!(err.contains(n), "{args:?}: {err:?} lacks {n:?}");
-        }
+    let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
+        .arg("serve")
+        .arg("--listen")
+        .arg(&listen)
+        .arg("--admin-socket")
+        .arg(dir.path().join("admin.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .args(["--runtime-endpoint", "tcp://127.0.0.1:1234"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    for n in ["--runtime-endpoint", "tcp://127.0.0.1:1234"] {
+        assert!(err.contains(n), "{err:?} lacks {n:?}");
+    }
+    assert!(!listen.exists(), "the socket is never made");
+    // The metrics address is not: criguard relays and says what is wrong.
+    for addr in ["localhost:nine", "192.0.2.1:9809"] {
+        // TEST-NET-1 (192.0.2.1): never an address of this machine.
+        let dir = tempfile::tempdir().unwrap();
+        let (code, text) = serve_status(dir.path(), &["--metrics-address", addr]);
+        assert_eq!(code, 2, "{addr}: {text}");
         assert!(
-            !listen.exists(),
-            "{args:?}: the socket is removed or never made"
+            text.contains("INVALID") && text.contains("--metrics-address") && text.contains(addr),
+            "{addr}: {text}"
         );
     }
 }

@@ -19,15 +19,17 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use super::config::ConfigStatus;
 use super::pb;
 use super::pb::admin_server::{Admin, AdminServer};
 use crate::accept::Acceptor;
-use crate::config::Signal;
+use crate::config::{Signal, Threshold};
 use crate::model::{NodeModel, Pod, sync};
 use crate::node_state::NodeStatus;
 use crate::reclaim::oom_kills::OomKills;
 use crate::reclaim::rank::Ranker;
 use crate::runtime::Upstream;
+use crate::signal::Ranking;
 use crate::signals::usage::UsageReader;
 
 /// How long open admin connections may finish after criguard is told to stop.
@@ -44,12 +46,25 @@ pub struct AdminState {
     pub status: Arc<RwLock<NodeStatus>>,
     /// Per-pod usage, read on request.
     pub usage: UsageReader,
-    /// Eviction orders, read on request.
+    /// Eviction orders, read on request (told the thresholds in effect
+    /// at each request).
     pub ranker: Ranker,
-    /// The signals `Rank` ranks for.
-    pub rank_signals: Vec<Signal>,
     /// Kernel OOM kills recorded from containerd's events.
     pub oom_kills: OomKills,
+    /// The configuration's state, as `serve` last published it (the
+    /// thresholds `Rank` uses among it).
+    pub config: watch::Receiver<ConfigStatus>,
+}
+
+/// The signals `Rank` orders pods for: one memory signal, pid, and each
+/// disk signal that has a threshold among `thresholds`.
+pub fn rank_signals(thresholds: &[Threshold]) -> Vec<Signal> {
+    let mut with: Vec<Signal> = thresholds.iter().map(|t| t.signal).collect();
+    with.sort();
+    with.dedup();
+    let mut out = vec![Signal::MemoryAvailable, Signal::PidAvailable];
+    out.extend(with.into_iter().filter(|s| s.ranking() == Ranking::Disk));
+    out
 }
 
 impl AdminState {
@@ -118,7 +133,10 @@ impl Admin for Service {
         _: Request<pb::RankRequest>,
     ) -> Result<Response<pb::RankResponse>, Status> {
         self.state.sync("Rank").await;
-        let (entries, not_ranked) = self.state.ranker.report(&self.state.rank_signals).await;
+        let thresholds = self.state.config.borrow().thresholds.clone();
+        let signals = rank_signals(&thresholds);
+        let ranker = self.state.ranker.clone().with_thresholds(thresholds);
+        let (entries, not_ranked) = ranker.report(&signals).await;
         Ok(Response::new(pb::RankResponse {
             entries: entries.iter().map(Into::into).collect(),
             not_ranked: not_ranked.iter().map(Into::into).collect(),
@@ -139,6 +157,13 @@ impl Admin for Service {
         _: Request<pb::ConditionsRequest>,
     ) -> Result<Response<pb::ConditionsResponse>, Status> {
         Ok(Response::new((&*self.state.status()).into()))
+    }
+
+    async fn status(
+        &self,
+        _: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        Ok(Response::new((&*self.state.config.borrow()).into()))
     }
 
     type WatchEvictionsStream = EvictionStream;

@@ -186,29 +186,29 @@ pub struct ServeCmd {
     pub kube: KubeArgs,
 }
 
-/// The runtime endpoint and the metrics address (`None`: no metrics).
-pub type Endpoints = (runtime::RuntimeEndpoint, Option<std::net::SocketAddr>);
-
 impl ServeCmd {
-    /// `--runtime-endpoint` and `--metrics-address`, parsed, or the
-    /// configuration error naming the flag.
-    pub fn endpoints(&self) -> Result<Endpoints, config::ConfigError> {
-        let endpoint = runtime::RuntimeEndpoint::parse(&self.runtime_endpoint).map_err(|e| {
-            config::ConfigError {
-                key: "--runtime-endpoint".into(),
-                value: self.runtime_endpoint.clone(),
-                rule: e.to_string(),
-            }
-        })?;
-        let metrics = match self.metrics_address.as_str() {
-            "none" => None,
-            addr => Some(addr.parse().map_err(|_| config::ConfigError {
+    /// `--runtime-endpoint`, parsed, or the configuration error naming the
+    /// flag. A relay essential: without it there is nothing to relay to.
+    pub fn runtime_endpoint(&self) -> Result<runtime::RuntimeEndpoint, config::ConfigError> {
+        runtime::RuntimeEndpoint::parse(&self.runtime_endpoint).map_err(|e| config::ConfigError {
+            key: "--runtime-endpoint".into(),
+            value: self.runtime_endpoint.clone(),
+            rule: e.to_string(),
+        })
+    }
+
+    /// `--metrics-address` (`None`: no metrics), or the configuration error
+    /// naming the flag. Not a relay essential: a bad one makes criguard
+    /// fail open without metrics.
+    pub fn metrics_address(&self) -> Result<Option<std::net::SocketAddr>, config::ConfigError> {
+        match self.metrics_address.as_str() {
+            "none" => Ok(None),
+            addr => addr.parse().map(Some).map_err(|_| config::ConfigError {
                 key: "--metrics-address".into(),
                 value: addr.into(),
                 rule: "expected IP:port (e.g. 127.0.0.1:9809) or none".into(),
-            })?),
-        };
-        Ok((endpoint, metrics))
+            }),
+        }
     }
 }
 

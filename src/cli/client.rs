@@ -1,5 +1,5 @@
 //! The commands that read a running criguard through its admin socket
-//! (`pods`, `evictions`, `rank`, `usage`), and `signals`, which reads the
+//! (`status`, `pods`, `evictions`, `rank`, `usage`), and `signals`, which reads the
 //! node itself. Each prints a table, or JSON with `--json`; errors go to
 //! stderr with exit 1.
 
@@ -28,6 +28,27 @@ pub fn run(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode
             eprintln!("criguard: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `criguard status`: the configuration a running criguard runs with, or
+/// why it fails open. Exit 2 (as `check-config`) while it fails open.
+pub fn status(admin_socket: PathBuf, json: bool) -> ExitCode {
+    let mut failing_open = false;
+    let code = run(async {
+        let s = admin::get_status(&admin_socket).await?;
+        failing_open = !s.valid();
+        if json {
+            println!("{}", serde_json::to_string_pretty(&s)?);
+        } else {
+            print!("{}", s.text());
+        }
+        Ok(())
+    });
+    if failing_open {
+        ExitCode::from(super::EXIT_CONFIG)
+    } else {
+        code
     }
 }
 

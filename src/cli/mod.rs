@@ -46,6 +46,16 @@ pub enum Command {
         #[command(flatten)]
         node: NodeArgs,
     },
+    /// Print the configuration a running criguard runs with, or why it
+    /// fails open (relaying only); exit 2 while it fails open.
+    Status {
+        /// criguard's admin socket.
+        #[arg(long, default_value = DEFAULT_ADMIN)]
+        admin_socket: PathBuf,
+        /// JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the evictions a running criguard made and the kernel OOM kills in pods it saw.
     Evictions {
         /// criguard's admin socket.
@@ -91,7 +101,9 @@ pub enum Command {
     Version,
 }
 
-/// Exit code for a configuration error: systemd's RestartPreventExitStatus=2.
+/// Exit code for a configuration error: systemd's RestartPreventExitStatus=2
+/// (`serve`: a bad relay essential only; `check-config`: any error;
+/// `status`: criguard fails open).
 pub const EXIT_CONFIG: u8 = 2;
 
 pub const DEFAULT_ADMIN: &str = "/run/criguard/admin.sock";

@@ -56,6 +56,7 @@ pub fn positive(key: &str, v: &str) -> Result<Duration, config::ConfigError> {
 }
 
 /// Every validated setting `serve` runs with.
+#[derive(Clone, Debug)]
 pub struct Settings {
     pub eviction: config::EvictionConfig,
     /// `--dry-run` or the file's `dryRun`.
@@ -113,6 +114,38 @@ impl Settings {
             c.max_per_pod_container,
             c.max_containers,
             criguard::quantity::format_duration(*period),
+        )
+    }
+}
+
+/// The guardian's settings as `serve` runs them: what the configuration
+/// file and the flags say (`--dry-run` included), and the memory-event
+/// settings. Loaded at start and again at each reload; a [`config::ConfigError`]
+/// makes `serve` fail open (at start) or refuse the reload.
+#[derive(Clone, Debug)]
+pub struct Guardian {
+    /// File and flags, validated.
+    pub settings: Settings,
+    /// Memory events' PSI trigger (`None`: `--memory-events=false`).
+    pub psi: Option<criguard::signals::events::v2::PsiSettings>,
+}
+
+impl Guardian {
+    /// Loads the guardian's settings from `cmd` (the file is read again).
+    pub fn load(cmd: &super::args::ServeCmd) -> Result<Self, config::ConfigError> {
+        let mut settings = Settings::load(&cmd.eviction, &cmd.gc, &cmd.kube)?;
+        settings.dry_run |= cmd.dry_run;
+        let psi = cmd.events.load()?;
+        Ok(Self { settings, psi })
+    }
+
+    /// The settings, one per line, as `check-config` prints them, and
+    /// whether memory events are on.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}memoryEvents: {}\n",
+            self.settings.describe(),
+            self.psi.is_some()
         )
     }
 }

@@ -118,7 +118,7 @@ pub struct EvictionConfig {
 }
 
 /// A configuration error: which key, which value, which rule.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub struct ConfigError {
     /// The key (file key or flag name).
     pub key: String,

@@ -105,6 +105,7 @@ pub struct Observer {
     status: Option<Arc<RwLock<NodeStatus>>>,
     refusals: Option<Family<RefusalLabels, Counter>>,
     image_uses: Option<ImageUses>,
+    guarding: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Observer {
@@ -115,7 +116,18 @@ impl Observer {
             status: None,
             refusals: None,
             image_uses: None,
+            guarding: None,
         }
+    }
+
+    /// The same observer, changing requests (the `oom_score_adj` patch,
+    /// admission refusals) only while `guarding` is true; while it is
+    /// false every request is forwarded unchanged and the model is still
+    /// kept current. `serve` clears it while it fails open on a
+    /// configuration it cannot accept.
+    pub fn with_guarding(mut self, guarding: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        self.guarding = Some(guarding);
+        self
     }
 
     /// The same observer, telling image GC of each container created.
@@ -186,6 +198,11 @@ impl Observer {
 
     /// Looks at a request message before it is forwarded.
     pub fn on_request(&self, method: Method, msg: &[u8]) -> RequestPlan {
+        let off =
+            |g: &Arc<std::sync::atomic::AtomicBool>| !g.load(std::sync::atomic::Ordering::Acquire);
+        if self.guarding.as_ref().is_some_and(off) {
+            return RequestPlan::default();
+        }
         match method {
             Method::RunPodSandbox => RequestPlan {
                 patch: None,

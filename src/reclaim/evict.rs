@@ -79,6 +79,20 @@ pub struct EvictionManager {
     store: Option<EvictedStore>,
     report: Option<KubeReport>,
     pressure: PressureMemory,
+    reloads: Option<tokio::sync::watch::Receiver<Arc<Reloadable>>>,
+}
+
+/// What a configuration reload changes in a running manager: everything
+/// else (the state machine's timers, the pressure memory, the evicted
+/// pods, the model) is kept.
+#[derive(Clone, Debug)]
+pub struct Reloadable {
+    /// Thresholds, grace and transition periods, housekeeping interval.
+    pub config: EvictionConfig,
+    /// Decide and log evictions, stop nothing.
+    pub dry_run: bool,
+    /// The node-level collectors, with their current policies.
+    pub node_reclaim: Option<(ContainerGc, ImageGc)>,
 }
 
 /// When each condition's threshold was last observed met (ms since the
@@ -131,6 +145,26 @@ impl EvictionManager {
             store: None,
             report: None,
             pressure: PressureMemory::default(),
+            reloads: None,
+        }
+    }
+
+    /// The same manager, taking each new value of `reloads` (a reloaded
+    /// configuration) between rounds, and running a round at once with it.
+    /// The state machine keeps its timers across the change (a threshold
+    /// met under the old configuration and still met keeps its grace
+    /// timer), as do the pressure memory and the evicted pods.
+    pub fn with_reloads(mut self, reloads: tokio::sync::watch::Receiver<Arc<Reloadable>>) -> Self {
+        self.reloads = Some(reloads);
+        self
+    }
+
+    /// Takes up a reloaded configuration.
+    fn reload(&mut self, r: &Reloadable) {
+        self.config = r.config.clone();
+        self.dry_run = r.dry_run;
+        if r.node_reclaim.is_some() {
+            self.node_reclaim = r.node_reclaim.clone();
         }
     }
 
@@ -325,6 +359,17 @@ impl EvictionManager {
         loop {
             let trigger = tokio::select! {
                 _ = tick.tick() => "tick",
+                r = next_reload(&mut self.reloads) => {
+                    let every = self.config.housekeeping_interval;
+                    self.reload(&r);
+                    if self.config.housekeeping_interval != every {
+                        tick = tokio::time::interval(self.config.housekeeping_interval);
+                        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        tick.reset();
+                    }
+                    tracing::info!(dry_run = self.dry_run, "eviction manager: reloaded configuration taken up; observing now");
+                    "reload"
+                }
                 () = until(deadline) => "deadline",
                 ev = next_event(&mut events) => {
                     tracing::debug!(watch = %ev.watch, detail = %ev.detail, "memory event: observing now");
@@ -666,6 +711,20 @@ async fn until(deadline: Option<std::time::Instant>) {
 }
 
 /// The next memory event, or never when there are no events.
+/// The next reloaded configuration; pending forever without reloads (or
+/// once their sender is gone).
+async fn next_reload(
+    reloads: &mut Option<tokio::sync::watch::Receiver<Arc<Reloadable>>>,
+) -> Arc<Reloadable> {
+    if let Some(rx) = reloads.as_mut() {
+        match rx.changed().await {
+            Ok(()) => return rx.borrow_and_update().clone(),
+            Err(_) => *reloads = None,
+        }
+    }
+    std::future::pending().await
+}
+
 async fn next_event(events: &mut Option<MemoryEvents>) -> MemoryEvent {
     match events {
         Some(e) => e.next().await,

@@ -1,15 +1,37 @@
 //! `criguard serve`: the proxy and criguard's own loops, composed.
 //!
-//! [`main`] validates the configuration first (a bad one exits 2 before
-//! anything starts, as does one found while starting: the socket systemd
-//! passed, the runtime endpoint, a metrics address that is not this
-//! machine's) and runs [`serve`] on a current-thread runtime. `serve` binds
-//! the sockets ([`servers`]), starts rebuilding the node model from the
-//! runtime ([`runtime`]), starts the eviction and garbage-collection loops
-//! ([`reclaim`]), the `oom_score_adj` adjuster ([`adjuster`]), containerd's
-//! task events, the admin and metrics servers, and relays CRI calls on a
-//! thread of its own until SIGTERM; then it stops the relay, the loops, and
-//! removes its sockets.
+//! criguard must never make the node less stable than containerd alone,
+//! so a configuration it cannot accept does not stop it: it **fails
+//! open**. The settings split in two:
+//!
+//! - **relay essentials**, without which there is nothing to relay: the
+//!   CRI socket (`--listen`, or the socket systemd passes), the runtime
+//!   (`--runtime-endpoint`) and the admin socket (`--admin-socket`), and
+//!   the command line's own shape (an unknown flag, a value clap cannot
+//!   parse). A bad one exits 2 before anything starts
+//!   (systemd's `RestartPreventExitStatus=2`);
+//! - **guardian settings**, everything else: the configuration file, the
+//!   eviction, GC, dry-run, memory-event and API-report flags, the
+//!   kubeconfig, `--metrics-address`. A bad one leaves criguard relaying
+//!   every call unchanged, with no eviction, GC, patch, refusal or API
+//!   report ([`guard`]), and saying so: an error line naming the key and
+//!   value at start and every minute, `criguard_config_valid 0`, and the
+//!   admin API's `Status` (`criguard status`).
+//!
+//! SIGHUP (`systemctl reload criguard`) reads the file and the kubeconfig
+//! again with the same command line (flags still override the file): a
+//! valid configuration takes effect at once, without dropping a connection
+//! or forgetting the model, the evicted pods or the pressure memory, and
+//! starts the guardian if criguard was failing open; an invalid one is
+//! refused, logged and counted, and the running configuration stays.
+//!
+//! [`main`] checks the relay essentials, loads the guardian's settings and
+//! runs [`serve`] on a current-thread runtime. `serve` binds the sockets
+//! ([`servers`]), starts rebuilding the node model from the runtime
+//! ([`runtime`]), containerd's task events, the admin and metrics servers,
+//! the guardian when the settings are valid ([`guard`]), and relays CRI
+//! calls on a thread of its own until SIGTERM; then it stops the relay,
+//! the loops, and removes its sockets.
 //!
 //! Calls are relayed at once, the rebuild going on meanwhile: only the
 //! calls criguard observes (`cri::observe`) wait for it, and the loops that
@@ -18,50 +40,57 @@
 //! never keeps the kubelet's other calls waiting.
 
 mod adjuster;
+mod guard;
 mod reclaim;
 mod runtime;
 mod servers;
 
 use std::future::Future;
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
-use criguard::signals::events::{MemoryEvents, v2::PsiSettings};
-use criguard::{admin, config, listen};
+use criguard::admin::ConfigStatus;
+use criguard::config::ConfigError;
+use criguard::metrics::{ReloadLabels, ReloadOutcome};
+use criguard::{admin, listen};
+use tokio::sync::watch;
 
 use crate::cli::EXIT_CONFIG;
-use crate::cli::args::{Endpoints, ServeCmd};
-use crate::cli::settings::Settings;
+use crate::cli::args::ServeCmd;
+use crate::cli::settings::Guardian;
 
-/// Runs `criguard serve` to its end; the exit code: 2 for a configuration
-/// error (systemd's `RestartPreventExitStatus=2`), 1 for any other failure.
+/// How often a failing-open criguard repeats its complaint in the log; the
+/// environment variable `CRIGUARD_CONFIG_COMPLAINT_PERIOD` (e.g. `200ms`)
+/// changes it, for tests.
+pub const COMPLAINT_PERIOD: Duration = Duration::from_secs(60);
+
+/// Runs `criguard serve` to its end; the exit code: 2 for a bad relay
+/// essential (systemd's `RestartPreventExitStatus=2`), 1 for any other
+/// failure to start. A bad guardian setting does not stop it: it fails open.
 pub fn main(cmd: ServeCmd) -> ExitCode {
-    // Refused before anything starts, with the exit code systemd
-    // does not restart on.
-    let loaded =
-        Settings::load(&cmd.eviction, &cmd.gc, &cmd.kube).and_then(|s| Ok((s, cmd.events.load()?)));
-    let (mut settings, psi) = match loaded {
-        Ok(c) => c,
-        Err(err) => {
-            eprintln!("criguard: invalid configuration: {err}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
-    settings.dry_run |= cmd.dry_run;
-    tracing::info!(config = %settings.describe().replace('\n', "; "), memory_events = psi.is_some(), "configuration");
-    // The socket unit and the endpoints are configuration too.
-    let checked = listen::from_systemd()
+    // The relay essentials, refused before anything starts with the exit
+    // code systemd does not restart on.
+    let essentials = listen::from_systemd()
         .map_err(anyhow::Error::from)
-        .and_then(|a| Ok((a, cmd.endpoints()?)));
-    let (activated, endpoints) = match checked {
+        .and_then(|a| Ok((a, cmd.runtime_endpoint()?)));
+    let (activated, endpoint) = match essentials {
         Ok(c) => c,
         Err(err) => {
             eprintln!("criguard: invalid configuration: {err}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    let metrics_address = cmd.metrics_address();
+    let loaded = load(&cmd, metrics_address.as_ref().err());
+    match &loaded {
+        Ok(g) => {
+            tracing::info!(config = %g.describe().replace('\n', "; "), "configuration")
+        }
+        Err(e) => complain(e, "at start"),
+    }
     match criguard::limits::raise_nofile() {
         Ok(n) => tracing::info!(before = n.before, now = n.after, "open-file limit"),
         Err(err) => tracing::warn!(%err, "cannot raise the open-file limit"),
@@ -74,22 +103,49 @@ pub fn main(cmd: ServeCmd) -> ExitCode {
             .enable_all()
             .build()
             .context("start tokio runtime")?;
-        rt.block_on(serve(activated, endpoints, cmd, settings, psi))
+        let metrics = metrics_address.as_ref().ok().copied().flatten();
+        rt.block_on(serve(activated, endpoint, cmd, loaded, metrics))
     };
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err:#}");
             eprintln!("criguard: {err:#}");
-            // A configuration error found while starting (an
-            // address that is not this machine's) is still one.
-            if err.downcast_ref::<config::ConfigError>().is_some() {
-                ExitCode::from(EXIT_CONFIG)
-            } else {
-                ExitCode::FAILURE
-            }
+            ExitCode::FAILURE
         }
     }
+}
+
+/// The guardian's settings from the file and the flags, or the first
+/// error, naming its key and value; `metrics_error` (the metrics address
+/// refused, which the flags keep until a restart) comes first.
+fn load(cmd: &ServeCmd, metrics_error: Option<&ConfigError>) -> Result<Guardian, ConfigError> {
+    match metrics_error {
+        Some(e) => Err(e.clone()),
+        None => Guardian::load(cmd),
+    }
+}
+
+/// Logs that criguard fails open on `err` (`when`: at start, or again).
+fn complain(err: &ConfigError, when: &str) {
+    tracing::error!(
+        key = %err.key,
+        value = %err.value,
+        rule = %err.rule,
+        when,
+        "invalid configuration: {err}; failing open: every CRI call is relayed unchanged, \
+         with no eviction, garbage collection, oom_score_adj patch, admission refusal or API \
+         report, until a valid configuration is loaded (fix it, then systemctl reload criguard)"
+    );
+}
+
+/// The complaint's period: `CRIGUARD_CONFIG_COMPLAINT_PERIOD` or [`COMPLAINT_PERIOD`].
+fn complaint_period() -> Duration {
+    std::env::var("CRIGUARD_CONFIG_COMPLAINT_PERIOD")
+        .ok()
+        .and_then(|v| criguard::quantity::parse_duration(&v).ok())
+        .filter(|d| !d.is_zero())
+        .unwrap_or(COMPLAINT_PERIOD)
 }
 
 /// What every loop waits on to learn that criguard is stopping.
@@ -106,37 +162,37 @@ impl Stopping {
     }
 }
 
-/// Runs the proxy and its loops; `settings` and `psi` (memory events on)
-/// are the validated forms of `cmd`'s settings.
+/// Runs the proxy and its loops; `loaded` is the guardian's settings or
+/// why criguard fails open; `metrics_address` where metrics are served
+/// (`None`: not at all).
 async fn serve(
     activated: Option<std::os::unix::net::UnixListener>,
-    (endpoint, metrics_address): Endpoints,
+    endpoint: criguard::runtime::RuntimeEndpoint,
     cmd: ServeCmd,
-    settings: Settings,
-    psi: Option<PsiSettings>,
+    loaded: Result<Guardian, ConfigError>,
+    metrics_address: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<()> {
-    let Settings {
-        eviction,
-        container_gc: gc,
-        image_gc,
-        dry_run,
-        kube,
-    } = settings;
-    let ServeCmd {
-        listen: listen_path,
-        drain,
-        admin_socket,
-        snapshotter,
-        sync_interval,
-        dynamic_oom_score_adj,
-        oom_adjust_interval,
-        node: node_args,
-        state_dir,
-        ..
-    } = cmd;
-    let sources = node_args.sources()?;
-    let listeners =
-        servers::Listeners::bind(metrics_address, activated, &listen_path, &admin_socket).await?;
+    use tokio::signal::unix::{SignalKind, signal};
+    // First of all: a SIGHUP's default action would end criguard.
+    let mut hangup = signal(SignalKind::hangup()).context("install the SIGHUP handler")?;
+    // A metrics address that does not parse, or is not this machine's,
+    // fails open too; it stays refused until a restart (the flag cannot
+    // change meanwhile).
+    let (metrics_listener, metrics_error) = match servers::bind_metrics(metrics_address).await? {
+        Ok(l) => (l, cmd.metrics_address().err()),
+        Err(e) => {
+            complain(&e, "at start");
+            (None, Some(e))
+        }
+    };
+    let loaded = match (loaded, &metrics_error) {
+        (Ok(_), Some(e)) => Err(e.clone()),
+        (l, _) => l,
+    };
+    let listen_path = cmd.listen.clone();
+    let admin_socket = cmd.admin_socket.clone();
+    let sources = cmd.node.sources()?;
+    let listeners = servers::Listeners::bind(activated, &listen_path, &admin_socket).await?;
     let metrics = criguard::metrics::Metrics::new();
     let upstream = criguard::runtime::Upstream::new(endpoint);
     let node = criguard::model::NodeModel::new(sources.memory_capacity as i64);
@@ -144,28 +200,30 @@ async fn serve(
     let (rebuild_task, ready) = runtime::rebuild(&node, &upstream);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopping = Stopping(stop_rx);
-    let evicted_store = criguard::reclaim::evicted::EvictedStore::new(&state_dir);
+    let evicted_store = criguard::reclaim::evicted::EvictedStore::new(&cmd.state_dir);
     let status = Arc::new(RwLock::new(evicted_store.initial_status()));
-    let report = match &kube {
-        Some(k) => Some(
-            criguard::kube::KubeReport::start(k, metrics.kube.clone(), Some(&state_dir))
-                .await
-                .context("Kubernetes API report")?,
-        ),
-        None => None,
-    };
     let parts = reclaim::Parts::new(
         &upstream,
-        &node_args,
-        &snapshotter,
-        &state_dir,
-        (gc.0, image_gc.0),
+        &cmd.node,
+        &cmd.snapshotter,
+        &cmd.state_dir,
         &metrics,
     );
     let ranks = Arc::new(std::sync::Mutex::new(
         criguard::policy::oom_kill::RankHistory::default(),
     ));
     let oom_kills = criguard::reclaim::oom_kills::OomKills::default();
+    let guarding = Arc::new(AtomicBool::new(false));
+    let (config_tx, config_rx) = watch::channel(ConfigStatus {
+        version: env!("CARGO_PKG_VERSION").into(),
+        config_file: cmd
+            .eviction
+            .config
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        ..Default::default()
+    });
     let admin_state = admin::AdminState {
         model: node.clone(),
         upstream: upstream.clone(),
@@ -175,35 +233,43 @@ async fn serve(
             node.clone(),
             sources.clone(),
             Some(parts.usage.clone()),
-        )
-        .with_thresholds(
-            eviction
-                .hard
-                .iter()
-                .chain(&eviction.soft)
-                .cloned()
-                .collect(),
         ),
-        rank_signals: servers::rank_signals(&eviction),
         oom_kills: oom_kills.clone(),
+        config: config_rx,
     };
-    let events = psi.map(|psi| MemoryEvents::new(sources.clone(), &eviction, psi));
-    let manager = parts
-        .eviction_manager(eviction, sources, &node, &upstream, &status, dry_run)
-        .with_metrics(metrics.eviction.clone())
-        .with_evicted_store(evicted_store);
-    let manager = match report {
-        Some(r) => manager.with_report(r),
-        None => manager,
+    let image_uses = parts.image_uses.clone();
+    let mut guard = guard::Guard::new(guard::Handles {
+        node: node.clone(),
+        status: status.clone(),
+        sources,
+        parts,
+        metrics: metrics.clone(),
+        ready: ready.clone(),
+        stopping: stopping.clone(),
+        ranks: ranks.clone(),
+        cgroup_root: cmd.node.cgroup_root.clone(),
+        oom: (cmd.dynamic_oom_score_adj, cmd.oom_adjust_interval),
+        state_dir: cmd.state_dir.clone(),
+        guarding: guarding.clone(),
+    });
+    let started = match loaded {
+        Ok(g) => guard.apply(&g).await.map(|_| g),
+        Err(e) => Err(e),
     };
-    let evict_task = tokio::spawn(after_ready(
-        ready.clone(),
-        stopping.wait(),
-        manager.run(events, stopping.wait()),
-    ));
+    match &started {
+        Ok(g) => publish(&config_tx, Ok(g), &[], false),
+        Err(e) => {
+            // The API report failing to start is logged here; the others
+            // were at once.
+            if e.key == "kubeconfig" {
+                complain(e, "at start");
+            }
+            publish(&config_tx, Err(e), &[], false);
+        }
+    }
     let admin_task = tokio::spawn(admin::serve(listeners.admin, admin_state, stopping.wait()));
     let metrics_task = tokio::spawn(servers::metrics(
-        listeners.metrics,
+        metrics_listener,
         metrics.clone(),
         stopping.wait(),
     ));
@@ -211,46 +277,27 @@ async fn serve(
         runtime::task_events(
             &node,
             &upstream,
-            &node_args.cgroup_root,
+            &cmd.node.cgroup_root,
             &ranks,
             oom_kills,
             &metrics,
         )
         .run(stopping.wait()),
     );
-    // The adjuster ranks every round (the kernel OOM kills are matched
-    // against it); it writes scores only with --dynamic-oom-score-adj.
-    let adjuster = adjuster::build(
-        &node,
-        &node_args.cgroup_root,
-        &metrics,
-        ranks,
-        dynamic_oom_score_adj,
-    );
-    let oom_task = tokio::spawn(after_ready(
-        ready.clone(),
-        stopping.wait(),
-        adjuster::run(adjuster, oom_adjust_interval, stopping.clone()),
-    ));
-    let image_gc_task = tokio::spawn(reclaim::image_gc_loop(
-        parts.images.clone(),
-        image_gc.1,
-        stopping.clone(),
-    ));
-    let gc_task = tokio::spawn(reclaim::container_gc_loop(
-        parts.collector.clone(),
-        gc.1,
-        stopping.clone(),
-    ));
     let sync_task = tokio::spawn(after_ready(
         ready.clone(),
         stopping.wait(),
         runtime::sync_loop(
             node.clone(),
             upstream.clone(),
-            sync_interval,
+            cmd.sync_interval,
             stopping.clone(),
         ),
+    ));
+    let complaint_task = tokio::spawn(complaints(
+        config_tx.subscribe(),
+        complaint_period(),
+        stopping.clone(),
     ));
 
     tracing::info!(runtime = %upstream.endpoint(), "forwarding CRI calls");
@@ -258,12 +305,21 @@ async fn serve(
         listeners.cri,
         &upstream,
         (node, ready),
-        status,
-        parts.image_uses,
+        (status, guarding),
+        image_uses,
         &metrics,
-        drain,
+        cmd.drain,
     )?;
-    shutdown_signal().await;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            _ = hangup.recv() => {
+                reload(&cmd, &mut guard, &config_tx, &metrics, metrics_error.as_ref()).await;
+            }
+        }
+    }
     rebuild_task.abort();
     proxy.stop().await;
     let _ = stop_tx.send(true);
@@ -271,15 +327,111 @@ async fn serve(
         admin_task,
         sync_task,
         events_task,
-        oom_task,
         metrics_task,
-        evict_task,
-        gc_task,
-        image_gc_task
+        complaint_task
     );
+    guard.join().await?;
     servers::remove_sockets(listeners.owned_path.as_deref(), &admin_socket)?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// SIGHUP: loads the configuration again and puts it in effect, or refuses
+/// it (the running one stays); counted, logged and published either way.
+async fn reload(
+    cmd: &ServeCmd,
+    guard: &mut guard::Guard,
+    config: &watch::Sender<ConfigStatus>,
+    metrics: &criguard::metrics::Metrics,
+    metrics_error: Option<&ConfigError>,
+) {
+    tracing::info!("SIGHUP: reloading the configuration");
+    let loaded = load(cmd, metrics_error);
+    let was_running = guard.running();
+    let applied = match loaded {
+        Ok(g) => guard.apply(&g).await.map(|restart| (g, restart)),
+        Err(e) => Err(e),
+    };
+    let outcome = match applied {
+        Ok((g, restart)) => {
+            for r in &restart {
+                tracing::warn!(setting = %r, "reloaded configuration: this setting changed but takes effect only after a restart (systemctl restart criguard); the running value stays");
+            }
+            tracing::info!(config = %g.describe().replace('\n', "; "), left_fail_open = !was_running, "reloaded configuration applied");
+            publish(config, Ok(&g), &restart, true);
+            ReloadOutcome::Applied
+        }
+        Err(e) => {
+            tracing::error!(key = %e.key, value = %e.value, rule = %e.rule, "reloaded configuration refused: {e}; the running configuration stays");
+            config.send_modify(|s| {
+                s.reloads_refused += 1;
+                s.last_reload_error = Some(e);
+            });
+            ReloadOutcome::Refused
+        }
+    };
+    metrics
+        .config
+        .reloads
+        .get_or_create(&ReloadLabels { outcome })
+        .inc();
+}
+
+/// Publishes the configuration in effect (`Ok`) or why criguard fails
+/// open (`Err`) for the admin API; `reloaded`: a reload applied it.
+fn publish(
+    config: &watch::Sender<ConfigStatus>,
+    state: Result<&Guardian, &ConfigError>,
+    needs_restart: &[String],
+    reloaded: bool,
+) {
+    config.send_modify(|s| match state {
+        Ok(g) => {
+            s.reloads_applied += u64::from(reloaded);
+            s.error = None;
+            s.settings = g.describe();
+            s.thresholds = g
+                .settings
+                .eviction
+                .hard
+                .iter()
+                .chain(&g.settings.eviction.soft)
+                .cloned()
+                .collect();
+            s.last_reload_error = None;
+            s.needs_restart = needs_restart.to_vec();
+        }
+        Err(e) => s.error = Some(e.clone()),
+    });
+}
+
+/// While criguard fails open, repeats the complaint every `period`.
+async fn complaints(config: watch::Receiver<ConfigStatus>, period: Duration, stopping: Stopping) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once: the start already complained.
+    tick.tick().await;
+    periodic_on(&mut tick, stopping.wait(), || {
+        if let Some(e) = &config.borrow().error {
+            complain(e, "still");
+        }
+    })
+    .await;
+}
+
+/// Runs `f` at each tick of `tick` until `stopped` resolves.
+async fn periodic_on(
+    tick: &mut tokio::time::Interval,
+    stopped: impl Future<Output = ()>,
+    mut f: impl FnMut(),
+) {
+    tokio::pin!(stopped);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => f(),
+            () = &mut stopped => return,
+        }
+    }
 }
 
 /// Runs `run` once the node model is rebuilt (`ready` true, or its sender

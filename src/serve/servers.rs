@@ -1,7 +1,6 @@
 //! The sockets `serve` listens on and what serves them: the CRI socket
 //! (bound here, or passed by systemd) relayed by the proxy thread, the
-//! admin socket, and the metrics port. The metrics port is bound first, so
-//! that a refused address leaves no socket behind.
+//! admin socket, and the metrics port.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -9,19 +8,16 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
-use criguard::config::{self, Signal};
+use criguard::config;
 use criguard::cri;
 use criguard::listen;
 use criguard::metrics::Metrics;
 use criguard::model::NodeModel;
 use criguard::node_state::{ImageUses, NodeStatus};
 use criguard::runtime::Upstream;
-use criguard::signal::Ranking;
 
 /// The bound sockets.
 pub struct Listeners {
-    /// The metrics port (`None`: `--metrics-address none`).
-    pub metrics: Option<tokio::net::TcpListener>,
     /// The CRI socket.
     pub cri: tokio::net::UnixListener,
     /// The CRI socket's path when criguard created it (removed at the end;
@@ -32,35 +28,14 @@ pub struct Listeners {
 }
 
 impl Listeners {
-    /// Binds the metrics address, then the CRI socket (`activated`: the
-    /// one systemd passed; else `listen_path`), then the admin socket. A
-    /// metrics address that is not this machine's is a configuration error.
+    /// Binds the CRI socket (`activated`: the one systemd passed; else
+    /// `listen_path`), then the admin socket. Both are relay essentials:
+    /// criguard does not run without them.
     pub async fn bind(
-        metrics_address: Option<std::net::SocketAddr>,
         activated: Option<std::os::unix::net::UnixListener>,
         listen_path: &Path,
         admin_socket: &Path,
     ) -> anyhow::Result<Self> {
-        let metrics = match metrics_address {
-            None => None,
-            Some(sock) => {
-                // First of the sockets, so that a refusal leaves none behind.
-                let l = tokio::net::TcpListener::bind(sock).await.map_err(|e| {
-                    if e.kind() == std::io::ErrorKind::AddrNotAvailable {
-                        // Not an address of this machine: configuration.
-                        anyhow::Error::from(config::ConfigError {
-                            key: "--metrics-address".into(),
-                            value: sock.to_string(),
-                            rule: format!("cannot bind: {e}"),
-                        })
-                    } else {
-                        anyhow::anyhow!("--metrics-address {sock}: bind: {e}")
-                    }
-                })?;
-                tracing::info!(address = %l.local_addr()?, "serving metrics");
-                Some(l)
-            }
-        };
         let (cri, owned_path) = match activated {
             Some(l) => {
                 tracing::info!("listening on the socket passed by systemd");
@@ -76,11 +51,36 @@ impl Listeners {
         };
         let admin = listen::bind(admin_socket)?;
         Ok(Self {
-            metrics,
             cri,
             owned_path,
             admin,
         })
+    }
+}
+
+/// Binds the metrics port (`None`: no metrics). `Ok(Err(_))`: an address
+/// that is not this machine's, a configuration error (criguard then fails
+/// open without metrics); `Err(_)`: any other failure.
+pub async fn bind_metrics(
+    address: Option<std::net::SocketAddr>,
+) -> anyhow::Result<Result<Option<tokio::net::TcpListener>, config::ConfigError>> {
+    let Some(sock) = address else {
+        return Ok(Ok(None));
+    };
+    match tokio::net::TcpListener::bind(sock).await {
+        Ok(l) => {
+            tracing::info!(address = %l.local_addr()?, "serving metrics");
+            Ok(Ok(Some(l)))
+        }
+        // Not an address of this machine: configuration.
+        Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => {
+            Ok(Err(config::ConfigError {
+                key: "--metrics-address".into(),
+                value: sock.to_string(),
+                rule: format!("cannot bind: {e}"),
+            }))
+        }
+        Err(e) => Err(anyhow::anyhow!("--metrics-address {sock}: bind: {e}")),
     }
 }
 
@@ -95,26 +95,16 @@ pub async fn metrics(
     }
 }
 
-/// The signals `criguard rank` orders pods for: one memory signal, pid,
-/// and each disk signal that has a threshold.
-pub fn rank_signals(c: &config::EvictionConfig) -> Vec<Signal> {
-    let mut with: Vec<Signal> = c.hard.iter().chain(&c.soft).map(|t| t.signal).collect();
-    with.sort();
-    with.dedup();
-    let mut out = vec![Signal::MemoryAvailable, Signal::PidAvailable];
-    out.extend(with.into_iter().filter(|s| s.ranking() == Ranking::Disk));
-    out
-}
-
 /// Starts relaying CRI calls from `listener` to the runtime on the proxy's
 /// own thread, observing them into the node model (admission against
 /// `status`, image uses into `image_uses`); observed calls wait for the
 /// model's readiness (rebuilt), every other call is relayed at once.
+/// Requests are changed (patched, refused) only while `guarding` is true.
 pub fn start_proxy(
     listener: tokio::net::UnixListener,
     upstream: &Upstream,
     (node, ready): (Arc<RwLock<NodeModel>>, tokio::sync::watch::Receiver<bool>),
-    status: Arc<RwLock<NodeStatus>>,
+    (status, guarding): (Arc<RwLock<NodeStatus>>, Arc<std::sync::atomic::AtomicBool>),
     image_uses: ImageUses,
     metrics: &Metrics,
     drain: Duration,
@@ -123,7 +113,8 @@ pub fn start_proxy(
         .with_observer(
             cri::observe::Observer::new(node)
                 .with_admission(status, metrics.eviction.admission_refusals.clone())
-                .with_image_uses(image_uses),
+                .with_image_uses(image_uses)
+                .with_guarding(guarding),
         )
         .with_metrics(metrics.cri.clone())
         .with_ready(ready);

@@ -1,0 +1,178 @@
+//! The configuration's state as the admin API serves it (`Status`,
+//! `criguard status`): whether criguard runs a configuration it accepted
+//! or fails open on one it could not, what runs, and what the reloads did.
+//! `serve` publishes a [`ConfigStatus`] on a watch channel whenever this
+//! changes; the server answers from the latest value.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::client::{ClientError, connect};
+use super::pb;
+use crate::config::{ConfigError, Threshold};
+
+/// The configuration's state.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConfigStatus {
+    /// criguard's version.
+    pub version: String,
+    /// Why criguard fails open (`None`: it runs an accepted configuration).
+    /// While it fails open, every CRI call is relayed unchanged and nothing
+    /// is evicted, collected, patched, refused or reported.
+    pub error: Option<ConfigError>,
+    /// The settings in effect, one per line, as `check-config` prints them
+    /// (empty while failing open).
+    pub settings: String,
+    /// The configuration file (empty: none).
+    pub config_file: String,
+    /// Reloads applied since start.
+    pub reloads_applied: u64,
+    /// Reloads refused since start.
+    pub reloads_refused: u64,
+    /// Why the last reload was refused, until one is applied.
+    pub last_reload_error: Option<ConfigError>,
+    /// Settings that differ from the running ones but need a restart.
+    pub needs_restart: Vec<String>,
+    /// The thresholds in effect, for `Rank` (not served).
+    #[serde(skip)]
+    pub thresholds: Vec<Threshold>,
+}
+
+impl ConfigStatus {
+    /// Whether criguard runs a configuration it accepted.
+    pub fn valid(&self) -> bool {
+        self.error.is_none()
+    }
+
+    /// What `criguard status` prints.
+    pub fn text(&self) -> String {
+        let mut out = format!("criguard {}\n", self.version);
+        let file = if self.config_file.is_empty() {
+            "(none)"
+        } else {
+            &self.config_file
+        };
+        out.push_str(&format!("configuration file: {file}\n"));
+        match &self.error {
+            Some(e) => out.push_str(&format!(
+                "configuration: INVALID: {e}\n\
+                 failing open: every CRI call relayed unchanged; no eviction, garbage collection, \
+                 oom_score_adj patch, admission refusal or API report until a valid configuration \
+                 is loaded (systemctl reload criguard)\n"
+            )),
+            None => out.push_str("configuration: valid\n"),
+        }
+        out.push_str(&format!(
+            "reloads: {} applied, {} refused\n",
+            self.reloads_applied, self.reloads_refused
+        ));
+        if let Some(e) = &self.last_reload_error {
+            out.push_str(&format!(
+                "last reload refused (the running configuration stays): {e}\n"
+            ));
+        }
+        for n in &self.needs_restart {
+            out.push_str(&format!("needs a restart to take effect: {n}\n"));
+        }
+        out.push_str(&self.settings);
+        out
+    }
+}
+
+impl From<&ConfigError> for pb::ConfigError {
+    fn from(e: &ConfigError) -> Self {
+        Self {
+            key: e.key.clone(),
+            value: e.value.clone(),
+            rule: e.rule.clone(),
+        }
+    }
+}
+
+impl From<pb::ConfigError> for ConfigError {
+    fn from(e: pb::ConfigError) -> Self {
+        Self {
+            key: e.key,
+            value: e.value,
+            rule: e.rule,
+        }
+    }
+}
+
+impl From<&ConfigStatus> for pb::StatusResponse {
+    fn from(s: &ConfigStatus) -> Self {
+        Self {
+            version: s.version.clone(),
+            config_valid: s.valid(),
+            config_error: s.error.as_ref().map(Into::into),
+            settings: s.settings.clone(),
+            config_file: s.config_file.clone(),
+            reloads_applied: s.reloads_applied,
+            reloads_refused: s.reloads_refused,
+            last_reload_error: s.last_reload_error.as_ref().map(Into::into),
+            needs_restart: s.needs_restart.clone(),
+        }
+    }
+}
+
+impl From<pb::StatusResponse> for ConfigStatus {
+    fn from(r: pb::StatusResponse) -> Self {
+        Self {
+            version: r.version,
+            // A newer criguard that says "not valid" without an error is
+            // still not valid.
+            error: match (r.config_valid, r.config_error) {
+                (true, _) => None,
+                (false, e) => Some(e.map(Into::into).unwrap_or(ConfigError {
+                    key: "(unknown)".into(),
+                    value: String::new(),
+                    rule: "criguard reports its configuration invalid".into(),
+                })),
+            },
+            settings: r.settings,
+            config_file: r.config_file,
+            reloads_applied: r.reloads_applied,
+            reloads_refused: r.reloads_refused,
+            last_reload_error: r.last_reload_error.map(Into::into),
+            needs_restart: r.needs_restart,
+            thresholds: Vec::new(),
+        }
+    }
+}
+
+/// `Status`: the configuration's state in a running criguard.
+pub async fn get_status(socket: &Path) -> Result<ConfigStatus, ClientError> {
+    let r = connect(socket).await?.status(pb::StatusRequest {}).await?;
+    Ok(r.into_inner().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_invalid_configuration_survives_the_wire_and_is_named_in_the_text() {
+        let s = ConfigStatus {
+            version: "1.0".into(),
+            error: Some(ConfigError {
+                key: "evictionHard".into(),
+                value: "memory.available=lots".into(),
+                rule: "not a quantity".into(),
+            }),
+            config_file: "/etc/criguard/config.toml".into(),
+            reloads_refused: 2,
+            ..Default::default()
+        };
+        let back = ConfigStatus::from(pb::StatusResponse::from(&s));
+        assert_eq!(back, s);
+        let text = back.text();
+        assert!(
+            text.contains("INVALID: evictionHard: \"memory.available=lots\""),
+            "{text}"
+        );
+        assert!(text.contains("0 applied, 2 refused"), "{text}");
+        let valid = ConfigStatus::from(pb::StatusResponse::from(&ConfigStatus::default()));
+        assert!(valid.valid());
+    }
+}
