@@ -47,6 +47,13 @@
 #   CRIGUARD_CLUSTER_TIMEOUT=180        seconds to wait for each readiness
 #   CRIGUARD_BIN                        criguard binary (default target/debug/criguard)
 #
+# Outside DIR: the nodes' cgroups /criguard-<hash of DIR>-<node> in every
+# hierarchy (removed by down); containerd's shim sockets in /run/containerd/s
+# (hack/containerd.sh removes them); links in /var/log/containers (removed);
+# and what the kubelet hard-codes and every kubelet on the host shares, left
+# in place: /var/lib/kubelet/device-plugins/kubelet.sock and
+# /usr/libexec/kubernetes/kubelet-plugins.
+#
 # Networking: every address is 127.0.0.1; the nodes' containerds load a CNI
 # config whose only plugin is loopback, so the runtime reports NetworkReady,
 # and pods run with hostNetwork: true. No packet leaves the machine.
@@ -450,6 +457,13 @@ node_down() { # node_down NAME (kubelet, criguard, containerd, mounts, cgroups)
     fi
     unmount_under "$nd"
     remove_cgroup_root "/criguard-$TAG-$name"
+    # The kubelet links container logs into /var/log/containers whatever
+    # its podLogsDir; remove the links into this node.
+    local l
+    for l in /var/log/containers/*.log; do
+        [[ -L "$l" && "$(readlink "$l")" == "$nd/"* ]] && rm -f "$l"
+    done
+    return 0
 }
 
 # ---- commands -----------------------------------------------------------------
