@@ -262,7 +262,7 @@ do_run() {
         for f in "${forwards[@]}"; do
             netdev+=",guestfwd=$(guestfwd "$f")" || exit 1
         done
-        qemu_net=(-netdev "$netdev" -device virtio-net-pci,netdev=n0)
+        qemu_net=(-netdev "$netdev" -device "virtio-net-pci,netdev=n0")
         append+=" criguard.net=$GUEST_ADDR"
     fi
 

@@ -107,7 +107,9 @@ impl Cluster {
         cmd.arg(args[0])
             .arg(&self.dir)
             .args(&args[1..])
-            .env("CRIGUARD_BIN", env!("CARGO_BIN_EXE_criguard"));
+            .env("CRIGUARD_BIN", env!("CARGO_BIN_EXE_criguard"))
+            // A VM the test leaves behind (killed) powers off after this.
+            .env("CRIGUARD_VMNODE_LIFETIME", "1200");
         cmd
     }
 

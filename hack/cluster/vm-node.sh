@@ -137,8 +137,9 @@ do_up() {
     mkdir -p "$W/requests"
     chmod 0700 "$V"
     # The kubelet's client certificate, by the cluster's own PKI functions.
-    # shellcheck source=hack/cluster/pki.sh
+    # shellcheck disable=SC2034 # read by pki.sh's functions
     PKI_DIR="$DIR/pki"
+    # shellcheck source=hack/cluster/pki.sh
     source "$REPO_ROOT/hack/cluster/pki.sh"
     pki_cert "node-$NAME" "/O=system:nodes/CN=system:node:$NAME"
     kubeconfig "$W/kubelet.kubeconfig" "$(printf '    client-certificate-data: %s\n    client-key-data: %s' \
@@ -248,7 +249,9 @@ do_down() {
         while alive "$pid" && ((SECONDS < end)); do sleep 0.5; done
         if alive "$pid"; then
             # hack/vm.sh's own children (QEMU, its tail), then it.
-            for c in $(cat /proc/"$pid"/task/*/children 2>/dev/null); do kill -KILL "$c" 2>/dev/null || true; done
+            local -a kids=()
+            read -r -a kids <<<"$(cat /proc/"$pid"/task/*/children 2>/dev/null | tr '\n' ' ')"
+            for c in "${kids[@]+"${kids[@]}"}"; do kill -KILL "$c" 2>/dev/null || true; done
             kill -KILL "$pid" 2>/dev/null || true
         fi
     fi

@@ -60,13 +60,14 @@ wait_until() {
         sleep 0.25
     done
 }
+# shellcheck disable=SC2317 # called through wait_until
 tcp_open() { timeout 5 bash -c "exec 3<>/dev/tcp/${1%:*}/${1#*:}"; }
+# shellcheck disable=SC2317 # called through wait_until
 http_ok() { # http_ok HOST:PORT PATH: a 200 from a plain HTTP server
     timeout 5 bash -c "exec 3<>/dev/tcp/${1%:*}/${1#*:}; printf 'GET $2 HTTP/1.0\r\n\r\n' >&3; head -n1 <&3" 2>/dev/null |
         grep -q ' 200 '
 }
 ctr_() { "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" "$@"; }
-unit_active() { [[ "$(systemctl is-active "$1")" == active ]]; }
 
 mark setup-start
 log "node $NODE_NAME: containerd from $CONTAINERD_BIN, kubelet from $K8S_BIN, criguard $CRIGUARD_BIN"
@@ -231,7 +232,7 @@ while [[ ! -e "$W/done" ]]; do
     done
     sleep 0.25
 done
-mark done
+mark "done"
 log "done: stopping the kubelet"
 systemctl stop kubelet.service
 dump

@@ -42,7 +42,10 @@ done
 net="$(cmdline_arg criguard.net)"
 if [[ -n "$net" ]]; then
     # The first NIC (there is no udev: its kernel name, eth0).
-    nic="$(ls /sys/class/net | grep -vx lo | head -n1)"
+    nic=""
+    for d in /sys/class/net/*; do
+        [[ "${d##*/}" == lo ]] || { nic="${d##*/}"; break; }
+    done
     if [[ -z "$nic" ]]; then
         setup_errors+="criguard.net=$net but no network interface; "
     else
