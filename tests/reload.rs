@@ -404,3 +404,84 @@ async fn a_changed_threshold_takes_effect_at_the_reload_without_a_restart() {
         .unwrap_err();
     assert!(err.message().contains("MemoryPressure"), "{err:?}");
 }
+
+/// The node's condition of `ty` in the stand-in API, if any.
+fn node_condition(
+    api: &common::apiserver::ApiServer,
+    node: &str,
+    ty: &str,
+) -> Option<serde_json::Value> {
+    let n = api.get("nodes", "", node)?;
+    n["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == ty)
+        .cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_open_sets_the_node_condition_and_a_valid_reload_removes_it() {
+    const NODE: &str = "reload-node";
+    const TYPE: &str = "CriguardConfigInvalid";
+    let api = common::apiserver::ApiServer::start().await;
+    api.put(
+        "nodes",
+        "",
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+            "status": {"conditions": [
+                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ready"}]},
+        }),
+    );
+    let ctrd = PrivateContainerd::start();
+    let kubeconfig = api.kubeconfig(&ctrd.dir);
+    let api_keys = format!(
+        "kubeconfig = \"{}\"\nnodeName = \"{NODE}\"\nnodeTaints = false\n",
+        kubeconfig.display()
+    );
+    let served = Served::start(&ctrd, &format!("{api_keys}{BAD}")).await;
+    let c = common::poll_until(Duration::from_secs(20), "the condition set", || async {
+        node_condition(&api, NODE, TYPE)
+    })
+    .await;
+    assert_eq!(c["status"], "True", "{c}");
+    assert_eq!(c["reason"], "InvalidConfiguration", "{c}");
+    let message = c["message"].as_str().unwrap();
+    assert!(
+        message.contains("evictionHard") && message.contains("memory.available=lots"),
+        "{message}"
+    );
+    // Re-asserted with each complaint, keeping when it was first set.
+    let first = c["lastTransitionTime"].clone();
+    common::poll_until(
+        Duration::from_secs(20),
+        "the condition re-asserted",
+        || async {
+            let c = node_condition(&api, NODE, TYPE)?;
+            (c["lastHeartbeatTime"] != first).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        node_condition(&api, NODE, TYPE).unwrap()["lastTransitionTime"],
+        first
+    );
+    assert!(
+        node_condition(&api, NODE, "Ready").is_some(),
+        "other conditions stay"
+    );
+
+    served.write_config(&format!("{api_keys}{GOOD}"));
+    served.hangup();
+    served
+        .status_until("the reload applied", |s| s.reloads_applied == 1)
+        .await;
+    common::poll_until(Duration::from_secs(20), "the condition removed", || async {
+        node_condition(&api, NODE, TYPE).is_none().then_some(())
+    })
+    .await;
+    assert!(
+        node_condition(&api, NODE, "Ready").is_some(),
+        "other conditions stay"
+    );
+}

@@ -40,6 +40,40 @@ pub struct ConfigStatus {
 }
 
 impl ConfigStatus {
+    /// Running an accepted configuration (at start, or `reloaded`): its
+    /// settings text and thresholds, and the settings that changed but
+    /// need a restart; leaves fail-open mode and forgets an earlier refusal.
+    pub fn running(
+        &mut self,
+        settings: String,
+        thresholds: Vec<Threshold>,
+        needs_restart: Vec<String>,
+        reloaded: bool,
+    ) {
+        self.reloads_applied += u64::from(reloaded);
+        self.error = None;
+        self.last_reload_error = None;
+        self.settings = settings;
+        self.thresholds = thresholds;
+        self.needs_restart = needs_restart;
+    }
+
+    /// Failing open on `error` (at start: nothing else runs).
+    pub fn failing_open(&mut self, error: ConfigError) {
+        self.error = Some(error);
+    }
+
+    /// A reload refused for `error`: counted, and whatever ran before (a
+    /// configuration, or failing open) goes on; failing open, `error` is
+    /// now the reason (the file as it is now is what needs fixing).
+    pub fn refused(&mut self, error: ConfigError) {
+        self.reloads_refused += 1;
+        if self.error.is_some() {
+            self.error = Some(error.clone());
+        }
+        self.last_reload_error = Some(error);
+    }
+
     /// Whether criguard runs a configuration it accepted.
     pub fn valid(&self) -> bool {
         self.error.is_none()
@@ -150,6 +184,44 @@ pub async fn get_status(socket: &Path) -> Result<ConfigStatus, ClientError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn error(key: &str, value: &str) -> ConfigError {
+        ConfigError {
+            key: key.into(),
+            value: value.into(),
+            rule: "bad".into(),
+        }
+    }
+
+    #[test]
+    fn a_refused_reload_keeps_what_ran_and_an_applied_one_leaves_fail_open() {
+        let mut s = ConfigStatus::default();
+        s.failing_open(error("evictionHard", "memory.available=lots"));
+        s.refused(error("evictionSoft", "x"));
+        assert!(!s.valid(), "a refused reload does not end fail-open mode");
+        assert_eq!(
+            s.error.as_ref().unwrap().key,
+            "evictionSoft",
+            "the file's error now"
+        );
+        assert_eq!((s.reloads_applied, s.reloads_refused), (0, 1));
+        s.running(
+            "evictionHard: memory.available<1Mi\n".into(),
+            vec![],
+            vec![],
+            true,
+        );
+        assert!(s.valid());
+        assert_eq!(s.last_reload_error, None);
+        assert_eq!((s.reloads_applied, s.reloads_refused), (1, 1));
+        s.refused(error("housekeepingInterval", "0s"));
+        assert!(s.valid(), "the running configuration stays");
+        assert!(s.settings.contains("1Mi"));
+        assert!(s.text().contains("last reload refused"), "{}", s.text());
+        let mut start = ConfigStatus::default();
+        start.running(String::new(), vec![], vec![], false);
+        assert_eq!(start.reloads_applied, 0, "the start is not a reload");
+    }
 
     #[test]
     fn an_invalid_configuration_survives_the_wire_and_is_named_in_the_text() {

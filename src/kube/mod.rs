@@ -17,7 +17,9 @@
 //! The reports in progress are kept in the state directory ([`pending`]),
 //! so a restarted criguard resumes them. While a pressure condition holds
 //! the node carries criguard's own condition type and NoSchedule taint
-//! ([`node`]); both go when it ends. Every request carries criguard's own
+//! ([`node`]); both go when it ends. While criguard fails open on a
+//! configuration it cannot accept, the node carries `CriguardConfigInvalid`
+//! ([`config_condition`]). Every request carries criguard's own
 //! User-Agent ([`user_agent`]).
 //!
 //! Every write runs in the background and retries with backoff; nothing
@@ -25,6 +27,7 @@
 //! 403, 409) are logged and counted (`criguard_kube_*` metrics).
 
 pub mod body;
+pub mod config_condition;
 mod node;
 pub mod pending;
 mod pod;
@@ -163,6 +166,29 @@ fn user_agent_of(version: &str, os: &str, arch: &str, commit: &str) -> String {
     format!("criguard/v{version} ({os}/{arch}) criguard/{commit}")
 }
 
+/// A client for `settings`' API, with criguard's User-Agent (no request
+/// is made yet).
+pub(crate) async fn client(settings: &KubeSettings) -> Result<kube::Client, KubeError> {
+    let mut config = match &settings.source {
+        ApiSource::Kubeconfig(path) => {
+            let wrap = |source| KubeError::Kubeconfig {
+                path: path.clone(),
+                source,
+            };
+            let file = kube::config::Kubeconfig::read_from(path).map_err(wrap)?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .map_err(wrap)?
+        }
+        ApiSource::InCluster => kube::Config::incluster()?,
+    };
+    tracing::debug!(api = %config.cluster_url, node = %settings.node_name, "Kubernetes API client");
+    let agent = http::HeaderValue::from_str(&user_agent())
+        .unwrap_or_else(|_| http::HeaderValue::from_static("criguard"));
+    config.headers.push((http::header::USER_AGENT, agent));
+    Ok(kube::Client::try_from(config)?)
+}
+
 impl KubeReport {
     /// Builds the client (no request is made yet), starts the node
     /// reconciler and resumes the pod reports a previous run left in
@@ -173,24 +199,8 @@ impl KubeReport {
         metrics: KubeMetrics,
         state_dir: Option<&Path>,
     ) -> Result<Self, KubeError> {
-        let mut config = match &settings.source {
-            ApiSource::Kubeconfig(path) => {
-                let wrap = |source| KubeError::Kubeconfig {
-                    path: path.clone(),
-                    source,
-                };
-                let file = kube::config::Kubeconfig::read_from(path).map_err(wrap)?;
-                kube::Config::from_custom_kubeconfig(file, &Default::default())
-                    .await
-                    .map_err(wrap)?
-            }
-            ApiSource::InCluster => kube::Config::incluster()?,
-        };
-        tracing::info!(api = %config.cluster_url, node = %settings.node_name, bound = ?settings.status_timeout, taints = settings.taints, "reporting evictions to the Kubernetes API");
-        let agent = http::HeaderValue::from_str(&user_agent())
-            .unwrap_or_else(|_| http::HeaderValue::from_static("criguard"));
-        config.headers.push((http::header::USER_AGENT, agent));
-        let client = kube::Client::try_from(config)?;
+        let client = client(settings).await?;
+        tracing::info!(node = %settings.node_name, bound = ?settings.status_timeout, taints = settings.taints, "reporting evictions to the Kubernetes API");
         let (tx, rx) = watch::channel(None);
         let (pending, resume) =
             pending::Pending::load(state_dir, std::time::SystemTime::now(), pod::WATCH_FOR);

@@ -362,6 +362,9 @@ impl EvictionManager {
                 r = next_reload(&mut self.reloads) => {
                     let every = self.config.housekeeping_interval;
                     self.reload(&r);
+                    if let Some(ev) = events.as_mut() {
+                        ev.retarget(&self.config);
+                    }
                     if self.config.housekeeping_interval != every {
                         tick = tokio::time::interval(self.config.housekeeping_interval);
                         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

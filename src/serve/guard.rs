@@ -83,6 +83,28 @@ struct Running {
     psi: Option<criguard::signals::events::v2::PsiSettings>,
 }
 
+/// What differs between the running guardian (its API report's settings
+/// `kube`, its memory events' `psi`) and `g` but can only change with a
+/// restart: the report owns a client, its node reconciler and the pod
+/// reports in progress; the memory events' PSI trigger is armed once.
+fn needs_restart(
+    kube: &Option<KubeSettings>,
+    psi: Option<criguard::signals::events::v2::PsiSettings>,
+    g: &Guardian,
+) -> Vec<String> {
+    let mut restart = Vec::new();
+    if *kube != g.settings.kube {
+        restart.push(
+            "the Kubernetes API report (kubeconfig, nodeName, kubeStatusTimeout, nodeTaints)"
+                .into(),
+        );
+    }
+    if psi != g.psi {
+        restart.push("--memory-events, --memory-psi-stall, --memory-psi-window".into());
+    }
+    restart
+}
+
 impl Guard {
     /// The guardian, off; the collectors' loops start now and wait for
     /// the first valid settings.
@@ -119,16 +141,7 @@ impl Guard {
                 Ok(Vec::new())
             }
             Some(r) => {
-                let mut restart = Vec::new();
-                if r.kube != settings.kube {
-                    restart.push(
-                        "the Kubernetes API report (kubeconfig, nodeName, kubeStatusTimeout, nodeTaints)"
-                            .to_owned(),
-                    );
-                }
-                if r.psi != g.psi {
-                    restart.push("--memory-events, --memory-psi-stall, --memory-psi-window".into());
-                }
+                let restart = needs_restart(&r.kube, r.psi, g);
                 let live = self
                     .handles
                     .parts
@@ -230,5 +243,58 @@ impl Guard {
             t.await.context("a guardian task failed")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::args::{EvictionArgs, KubeArgs};
+    use crate::cli::settings::GcArgs;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        eviction: EvictionArgs,
+        #[command(flatten)]
+        gc: GcArgs,
+        #[command(flatten)]
+        kube: KubeArgs,
+    }
+
+    fn guardian(args: &[&str]) -> Guardian {
+        let f = Flags::parse_from(std::iter::once("criguard").chain(args.iter().copied()));
+        Guardian {
+            settings: Settings::load(&f.eviction, &f.gc, &f.kube).unwrap(),
+            psi: None,
+        }
+    }
+
+    #[test]
+    fn thresholds_and_gc_reload_live_the_api_report_needs_a_restart() {
+        let running = guardian(&[]);
+        let changed = guardian(&[
+            "--eviction-hard=memory.available<1Gi",
+            "--image-gc-high-threshold=90",
+        ]);
+        assert!(needs_restart(&running.settings.kube, None, &changed).is_empty());
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n",
+        )
+        .unwrap();
+        let with_api = guardian(&[
+            &format!("--kubeconfig={}", kubeconfig.display()),
+            "--node-name=n1",
+        ]);
+        let r = needs_restart(&running.settings.kube, None, &with_api);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(r[0].contains("kubeconfig"), "{r:?}");
+        let psi = criguard::signals::events::v2::PsiSettings::default();
+        let r = needs_restart(&running.settings.kube, Some(psi), &running);
+        assert!(r[0].contains("--memory-psi"), "{r:?}");
     }
 }

@@ -224,6 +224,9 @@ async fn serve(
             .unwrap_or_default(),
         ..Default::default()
     });
+    // The node condition CriguardConfigInvalid, through the API report's
+    // own settings when those are valid.
+    let (notice_tx, notice_rx) = watch::channel(None);
     let admin_state = admin::AdminState {
         model: node.clone(),
         upstream: upstream.clone(),
@@ -257,7 +260,10 @@ async fn serve(
         Err(e) => Err(e),
     };
     match &started {
-        Ok(g) => publish(&config_tx, Ok(g), &[], false),
+        Ok(g) => {
+            publish(&config_tx, Ok(g), &[], false);
+            notice_tx.send_replace(g.settings.kube.clone().map(|k| (k, None)));
+        }
         Err(e) => {
             // The API report failing to start is logged here; the others
             // were at once.
@@ -265,8 +271,10 @@ async fn serve(
                 complain(e, "at start");
             }
             publish(&config_tx, Err(e), &[], false);
+            notice_tx.send_replace(notice_api(&cmd).map(|k| (k, Some(e.clone()))));
         }
     }
+    let notice_task = tokio::spawn(node_notice(notice_rx, complaint_period(), stopping.clone()));
     let admin_task = tokio::spawn(admin::serve(listeners.admin, admin_state, stopping.wait()));
     let metrics_task = tokio::spawn(servers::metrics(
         metrics_listener,
@@ -316,7 +324,8 @@ async fn serve(
         tokio::select! {
             () = &mut shutdown => break,
             _ = hangup.recv() => {
-                reload(&cmd, &mut guard, &config_tx, &metrics, metrics_error.as_ref()).await;
+                let channels = (&config_tx, &notice_tx);
+                reload(&cmd, &mut guard, channels, &metrics, metrics_error.as_ref()).await;
             }
         }
     }
@@ -328,7 +337,8 @@ async fn serve(
         sync_task,
         events_task,
         metrics_task,
-        complaint_task
+        complaint_task,
+        notice_task
     );
     guard.join().await?;
     servers::remove_sockets(listeners.owned_path.as_deref(), &admin_socket)?;
@@ -341,7 +351,7 @@ async fn serve(
 async fn reload(
     cmd: &ServeCmd,
     guard: &mut guard::Guard,
-    config: &watch::Sender<ConfigStatus>,
+    (config, notice): (&watch::Sender<ConfigStatus>, &watch::Sender<Notice>),
     metrics: &criguard::metrics::Metrics,
     metrics_error: Option<&ConfigError>,
 ) {
@@ -359,14 +369,21 @@ async fn reload(
             }
             tracing::info!(config = %g.describe().replace('\n', "; "), left_fail_open = !was_running, "reloaded configuration applied");
             publish(config, Ok(&g), &restart, true);
+            if !was_running {
+                // Leaving fail-open mode: the condition goes (through the
+                // API it was set through; the running report's cannot
+                // change until a restart).
+                let api = notice.borrow().as_ref().map(|(k, _)| k.clone());
+                notice.send_replace(api.or_else(|| g.settings.kube.clone()).map(|k| (k, None)));
+            }
             ReloadOutcome::Applied
         }
         Err(e) => {
             tracing::error!(key = %e.key, value = %e.value, rule = %e.rule, "reloaded configuration refused: {e}; the running configuration stays");
-            config.send_modify(|s| {
-                s.reloads_refused += 1;
-                s.last_reload_error = Some(e);
-            });
+            if !was_running {
+                notice.send_replace(notice_api(cmd).map(|k| (k, Some(e.clone()))));
+            }
+            config.send_modify(|s| s.refused(e));
             ReloadOutcome::Refused
         }
     };
@@ -387,22 +404,63 @@ fn publish(
 ) {
     config.send_modify(|s| match state {
         Ok(g) => {
-            s.reloads_applied += u64::from(reloaded);
-            s.error = None;
-            s.settings = g.describe();
-            s.thresholds = g
-                .settings
-                .eviction
-                .hard
-                .iter()
-                .chain(&g.settings.eviction.soft)
-                .cloned()
-                .collect();
-            s.last_reload_error = None;
-            s.needs_restart = needs_restart.to_vec();
+            let e = &g.settings.eviction;
+            let thresholds = e.hard.iter().chain(&e.soft).cloned().collect();
+            s.running(g.describe(), thresholds, needs_restart.to_vec(), reloaded);
         }
-        Err(e) => s.error = Some(e.clone()),
+        Err(e) => s.failing_open(e.clone()),
     });
+}
+
+/// What the node condition `CriguardConfigInvalid` reports, and through
+/// which API: `None`, no API; `Some((api, Some(e)))`, failing open on `e`;
+/// `Some((api, None))`, no condition.
+type Notice = Option<(criguard::kube::KubeSettings, Option<ConfigError>)>;
+
+/// The API report's settings as the file and flags give them, when those
+/// are valid on their own (the file may be invalid elsewhere; a file that
+/// does not parse leaves the flags alone), for the node condition.
+fn notice_api(cmd: &ServeCmd) -> Option<criguard::kube::KubeSettings> {
+    let file = cmd.eviction.file().unwrap_or_default();
+    let raw = file.kube.merge(cmd.kube.raw());
+    let k = raw.validate(&crate::cli::args::hostname()).ok()??;
+    criguard::kube::check(&k).ok()?;
+    Some(k)
+}
+
+/// Keeps the node condition `CriguardConfigInvalid` as the latest notice
+/// says: set while failing open (again every `period`, and after a failed
+/// write), removed once a configuration is accepted.
+async fn node_notice(mut notice: watch::Receiver<Notice>, period: Duration, stopping: Stopping) {
+    let stopped = stopping.wait();
+    tokio::pin!(stopped);
+    loop {
+        let n = notice.borrow_and_update().clone();
+        let mut again = false;
+        if let Some((api, invalid)) = &n {
+            again = invalid.is_some();
+            let reported = tokio::select! {
+                r = criguard::kube::config_condition::report(api, invalid.as_ref()) => r,
+                () = &mut stopped => return,
+            };
+            if let Err(err) = reported {
+                tracing::warn!(node = %api.node_name, %err, retry_in = ?period, "node condition {} not written", criguard::kube::config_condition::CONFIG_INVALID);
+                again = true;
+            }
+        }
+        let wait = async {
+            if again {
+                tokio::time::sleep(period).await
+            } else {
+                std::future::pending().await
+            }
+        };
+        tokio::select! {
+            () = wait => {}
+            changed = notice.changed() => if changed.is_err() { return },
+            () = &mut stopped => return,
+        }
+    }
 }
 
 /// While criguard fails open, repeats the complaint every `period`.

@@ -143,25 +143,35 @@ pub struct MemoryEvents {
     failing: BTreeSet<String>,
 }
 
+/// The thresholds of `config` that memory events watch.
+fn memory_thresholds(config: &EvictionConfig) -> Vec<Threshold> {
+    config
+        .hard
+        .iter()
+        .chain(&config.soft)
+        .filter(|t| signal_cgroup(t.signal, "").is_some())
+        .cloned()
+        .collect()
+}
+
 impl MemoryEvents {
     /// Events for the memory thresholds of `config` (nothing is armed until
     /// the first [`MemoryEvents::rearm`]); `psi` is used on cgroup v2.
     pub fn new(sources: NodeSources, config: &EvictionConfig, psi: PsiSettings) -> Self {
-        let thresholds = config
-            .hard
-            .iter()
-            .chain(&config.soft)
-            .filter(|t| signal_cgroup(t.signal, "").is_some())
-            .cloned()
-            .collect();
         Self {
             sources,
-            thresholds,
+            thresholds: memory_thresholds(config),
             psi,
             armed: Vec::new(),
             pending: VecDeque::new(),
             failing: BTreeSet::new(),
         }
+    }
+
+    /// Follows a reloaded `config`: the next [`MemoryEvents::rearm`] arms
+    /// its memory thresholds in place of the old ones.
+    pub fn retarget(&mut self, config: &EvictionConfig) {
+        self.thresholds = memory_thresholds(config);
     }
 
     /// The watches armed now.
