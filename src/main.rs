@@ -7,12 +7,10 @@ mod serve;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
-use cli::{Cli, Command, client};
+use cli::{Command, client};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let (cli, flag_error) = cli::parse();
     cli::init_logging(cli.log_format);
     match cli.command {
         Command::Version => {
@@ -30,6 +28,6 @@ fn main() -> ExitCode {
         Command::Pods { admin_socket, json } => client::run(client::pods(admin_socket, json)),
         Command::Rank { admin_socket, json } => client::run(client::rank(admin_socket, json)),
         Command::Usage { admin_socket, json } => client::run(client::usage(admin_socket, json)),
-        Command::Serve(cmd) => serve::main(*cmd),
+        Command::Serve(cmd) => serve::main(*cmd, flag_error),
     }
 }

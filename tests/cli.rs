@@ -623,6 +623,24 @@ fn socket_activation_refuses_an_fd_3_that_is_not_a_listening_unix_stream_socket(
 }
 
 #[test]
+fn serve_fails_open_on_a_flag_value_it_cannot_parse_and_refuses_an_unknown_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, text) = serve_status(
+        dir.path(),
+        &["--metrics-address", "none", "--node-taints=maybe"],
+    );
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("INVALID: --node-taints: \"maybe\""), "{text}");
+    // An unknown flag may be a misspelt relay essential: clap's exit 2.
+    let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
+        .args(["serve", "--lisen", "/nowhere.sock"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--lisen"));
+}
+
+#[test]
 fn serve_refuses_a_bad_runtime_endpoint_with_exit_2_and_fails_open_on_a_bad_metrics_address() {
     // A relay essential: nothing to relay to, exit 2 before anything starts.
     let dir = tempfile::tempdir().unwrap();

@@ -101,6 +101,75 @@ pub enum Command {
     Version,
 }
 
+/// Parses the command line. For `serve`, a flag whose value clap cannot
+/// parse (`--node-taints=maybe`, `--drain=soon`) is a guardian setting
+/// like any other: it is dropped (its default applies) and returned as the
+/// configuration error `serve` fails open on, the first one if several.
+/// Anything else clap refuses (an unknown flag, which may be a misspelt
+/// relay essential; a stray word) ends the process as clap does, exit 2.
+pub fn parse() -> (Cli, Option<criguard::config::ConfigError>) {
+    parse_from(std::env::args_os().collect())
+}
+
+/// [`parse`] of `args` (the program name first).
+pub fn parse_from(
+    mut args: Vec<std::ffi::OsString>,
+) -> (Cli, Option<criguard::config::ConfigError>) {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let mut first = None;
+    loop {
+        let err = match Cli::try_parse_from(&args) {
+            Ok(cli) => return (cli, first),
+            Err(e) => e,
+        };
+        let serve = args.iter().position(|a| a == "serve");
+        let value_error = matches!(
+            err.kind(),
+            ErrorKind::InvalidValue | ErrorKind::ValueValidation
+        );
+        let text = |k| match err.get(k) {
+            Some(ContextValue::String(s)) => Some(s.clone()),
+            _ => None,
+        };
+        let (Some(serve), true, Some(arg), Some(value)) = (
+            serve,
+            value_error,
+            text(ContextKind::InvalidArg),
+            text(ContextKind::InvalidValue),
+        ) else {
+            err.exit()
+        };
+        // `--drain <DRAIN>`: the flag's name is the first word.
+        let flag = arg.split_whitespace().next().unwrap_or(&arg).to_owned();
+        let joined = format!("{flag}={value}");
+        let at = (serve + 1..args.len()).find_map(|i| {
+            if args[i] == joined.as_str() {
+                Some((i, 1))
+            } else if args[i] == flag.as_str()
+                && args.get(i + 1).is_some_and(|v| v == value.as_str())
+            {
+                Some((i, 2))
+            } else {
+                None
+            }
+        });
+        let Some((i, n)) = at else { err.exit() };
+        args.drain(i..i + n);
+        let rule = err
+            .to_string()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("error: ")
+            .to_owned();
+        first.get_or_insert(criguard::config::ConfigError {
+            key: flag,
+            value,
+            rule,
+        });
+    }
+}
+
 /// Exit code for a configuration error: systemd's RestartPreventExitStatus=2
 /// (`serve`: a bad relay essential only; `check-config`: any error;
 /// `status`: criguard fails open).
@@ -144,5 +213,42 @@ pub fn check_config(c: &CheckConfigCmd) -> ExitCode {
             eprintln!("criguard: invalid configuration: {err}");
             ExitCode::from(EXIT_CONFIG)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> (Cli, Option<criguard::config::ConfigError>) {
+        parse_from(args.iter().map(Into::into).collect())
+    }
+
+    #[test]
+    fn a_serve_flag_value_clap_cannot_parse_is_dropped_and_named() {
+        let (cli, e) = parse(&[
+            "criguard",
+            "serve",
+            "--node-taints=maybe",
+            "--drain",
+            "soon",
+            "--listen",
+            "/x.sock",
+        ]);
+        let e = e.expect("the first bad value");
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str()),
+            ("--node-taints", "maybe")
+        );
+        assert!(e.rule.contains("maybe"), "{e}");
+        let Command::Serve(cmd) = cli.command else {
+            panic!("serve")
+        };
+        // Both dropped: their defaults apply; the essentials are kept.
+        assert_eq!(cmd.kube.node_taints, None);
+        assert_eq!(cmd.drain, Duration::from_secs(10));
+        assert_eq!(cmd.listen, PathBuf::from("/x.sock"));
+        let (_, none) = parse(&["criguard", "serve", "--drain=5s"]);
+        assert_eq!(none, None);
     }
 }

@@ -70,7 +70,20 @@ pub const COMPLAINT_PERIOD: Duration = Duration::from_secs(60);
 /// Runs `criguard serve` to its end; the exit code: 2 for a bad relay
 /// essential (systemd's `RestartPreventExitStatus=2`), 1 for any other
 /// failure to start. A bad guardian setting does not stop it: it fails open.
-pub fn main(cmd: ServeCmd) -> ExitCode {
+pub fn main(cmd: ServeCmd, flag_error: Option<ConfigError>) -> ExitCode {
+    // systemd runs ExecReload as soon as the unit is started (Type=simple):
+    // a SIGHUP before serve's own handler is installed must not end
+    // criguard (its default action). The configuration read below is then
+    // already the one the reload asked for.
+    // SAFETY: setting a signal's disposition to SIG_IGN runs no code of ours.
+    if let Err(err) = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGHUP,
+            nix::sys::signal::SigHandler::SigIgn,
+        )
+    } {
+        tracing::warn!(%err, "cannot ignore SIGHUP until its handler is installed");
+    }
     // The relay essentials, refused before anything starts with the exit
     // code systemd does not restart on.
     let essentials = listen::from_systemd()
@@ -83,8 +96,11 @@ pub fn main(cmd: ServeCmd) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    // A flag clap could not parse (dropped), else a bad metrics address:
+    // flags stay as they are until a restart, so this error does too.
     let metrics_address = cmd.metrics_address();
-    let loaded = load(&cmd, metrics_address.as_ref().err());
+    let flag_error = flag_error.or_else(|| metrics_address.as_ref().err().cloned());
+    let loaded = load(&cmd, flag_error.as_ref());
     match &loaded {
         Ok(g) => {
             tracing::info!(config = %g.describe().replace('\n', "; "), "configuration")
@@ -104,7 +120,13 @@ pub fn main(cmd: ServeCmd) -> ExitCode {
             .build()
             .context("start tokio runtime")?;
         let metrics = metrics_address.as_ref().ok().copied().flatten();
-        rt.block_on(serve(activated, endpoint, cmd, loaded, metrics))
+        rt.block_on(serve(
+            activated,
+            endpoint,
+            cmd,
+            (loaded, flag_error),
+            metrics,
+        ))
     };
     match run() {
         Ok(()) => ExitCode::SUCCESS,
@@ -117,10 +139,10 @@ pub fn main(cmd: ServeCmd) -> ExitCode {
 }
 
 /// The guardian's settings from the file and the flags, or the first
-/// error, naming its key and value; `metrics_error` (the metrics address
-/// refused, which the flags keep until a restart) comes first.
-fn load(cmd: &ServeCmd, metrics_error: Option<&ConfigError>) -> Result<Guardian, ConfigError> {
-    match metrics_error {
+/// error, naming its key and value; `flag_error` (a flag refused, which
+/// stays until a restart) comes first.
+fn load(cmd: &ServeCmd, flag_error: Option<&ConfigError>) -> Result<Guardian, ConfigError> {
+    match flag_error {
         Some(e) => Err(e.clone()),
         None => Guardian::load(cmd),
     }
@@ -163,13 +185,13 @@ impl Stopping {
 }
 
 /// Runs the proxy and its loops; `loaded` is the guardian's settings or
-/// why criguard fails open; `metrics_address` where metrics are served
-/// (`None`: not at all).
+/// why criguard fails open, with the flag error that stays until a restart
+/// (if any); `metrics_address` where metrics are served (`None`: not at all).
 async fn serve(
     activated: Option<std::os::unix::net::UnixListener>,
     endpoint: criguard::runtime::RuntimeEndpoint,
     cmd: ServeCmd,
-    loaded: Result<Guardian, ConfigError>,
+    (loaded, flag_error): (Result<Guardian, ConfigError>, Option<ConfigError>),
     metrics_address: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -178,14 +200,14 @@ async fn serve(
     // A metrics address that does not parse, or is not this machine's,
     // fails open too; it stays refused until a restart (the flag cannot
     // change meanwhile).
-    let (metrics_listener, metrics_error) = match servers::bind_metrics(metrics_address).await? {
-        Ok(l) => (l, cmd.metrics_address().err()),
+    let (metrics_listener, flag_error) = match servers::bind_metrics(metrics_address).await? {
+        Ok(l) => (l, flag_error),
         Err(e) => {
             complain(&e, "at start");
-            (None, Some(e))
+            (None, flag_error.or(Some(e)))
         }
     };
-    let loaded = match (loaded, &metrics_error) {
+    let loaded = match (loaded, &flag_error) {
         (Ok(_), Some(e)) => Err(e.clone()),
         (l, _) => l,
     };
@@ -325,7 +347,7 @@ async fn serve(
             () = &mut shutdown => break,
             _ = hangup.recv() => {
                 let channels = (&config_tx, &notice_tx);
-                reload(&cmd, &mut guard, channels, &metrics, metrics_error.as_ref()).await;
+                reload(&cmd, &mut guard, channels, &metrics, flag_error.as_ref()).await;
             }
         }
     }
@@ -353,10 +375,10 @@ async fn reload(
     guard: &mut guard::Guard,
     (config, notice): (&watch::Sender<ConfigStatus>, &watch::Sender<Notice>),
     metrics: &criguard::metrics::Metrics,
-    metrics_error: Option<&ConfigError>,
+    flag_error: Option<&ConfigError>,
 ) {
     tracing::info!("SIGHUP: reloading the configuration");
-    let loaded = load(cmd, metrics_error);
+    let loaded = load(cmd, flag_error);
     let was_running = guard.running();
     let applied = match loaded {
         Ok(g) => guard.apply(&g).await.map(|restart| (g, restart)),
