@@ -293,7 +293,7 @@ impl<'a> Run<'a> {
             // server's timer; grpc-go resets the stream) decides code and
             // message: timing, not the path.
             ContainerdVersion::V2 => {
-                let deadline = std::time::Duration::from_secs(2);
+                let deadline = std::time::Duration::from_secs(1);
                 events.timeout = Some(deadline);
                 let drained = self.via.0.call(events.clone()).await;
                 assert!(
