@@ -106,8 +106,21 @@ read_pid() {
     return 0
 }
 
+# free_port VAR: set VAR to a TCP port no socket on this machine uses (ss,
+# iproute2) and not handed out before by this run, from 20000-32767 (below
+# the kernel's ephemeral range).
+USED_PORTS=" "
 free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+    local p i
+    for i in $(seq 200); do
+        p=$((20000 + (RANDOM * 32768 + RANDOM) % 12768))
+        [[ "$USED_PORTS" == *" $p "* ]] && continue
+        [[ -z "$(ss -Htan "sport = :$p" 2>/dev/null)" ]] || continue
+        USED_PORTS+="$p "
+        printf -v "$1" '%s' "$p"
+        return 0
+    done
+    die "no free TCP port found"
 }
 
 # spawn NAME LOG CMD...: start CMD in its own session, output to LOG, pid
@@ -195,11 +208,11 @@ bins() {
 
 control_plane_up() {
     local etcd_port peer_port cm_port sched_port
-    etcd_port="$(free_port)"
-    peer_port="$(free_port)"
-    API_PORT="$(free_port)"
-    cm_port="$(free_port)"
-    sched_port="$(free_port)"
+    free_port etcd_port
+    free_port peer_port
+    free_port API_PORT
+    free_port cm_port
+    free_port sched_port
     mkdir -p "$DIR/logs" "$DIR/etcd"
     chmod 0700 "$DIR/etcd"
 
@@ -365,7 +378,7 @@ EOF
     CRIGUARD_CONTAINERD="${CRIGUARD_CONTAINERD:-2}" "$REPO_ROOT/hack/containerd.sh" start "$nd/containerd" >/dev/null
 
     # criguard in front of it.
-    mport="$(free_port)"
+    free_port mport
     echo "127.0.0.1:$mport" >"$nd/metrics-address"
     echo "$cg_root/kubepods" >"$nd/kubepods"
     make_cgroup_root "$cg_root"
@@ -393,8 +406,8 @@ EOF
     kube_res=$((256 << 20))
     sys_res=$((reserved - kube_res))
     ((sys_res > 0)) || die "CRIGUARD_CLUSTER_PODS_MEMORY too large for this machine"
-    kport="$(free_port)"
-    hport="$(free_port)"
+    free_port kport
+    free_port hport
     if [[ "$style" == path ]]; then
         endpoint="$nd/criguard.sock"
     else
