@@ -446,3 +446,37 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
         .into_inner();
     assert!(left.containers.is_empty(), "{left:?}");
 }
+
+/// `CRIGUARD_CONTAINERD_EXTRA_TOML` reaches the CRI plugin of whichever
+/// containerd runs, through the section names of its config layout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_toml_reaches_the_cri_runtime_settings_of_either_containerd() {
+    let version = ContainerdVersion::selected();
+    let toml = version.cri_toml(false, "", "max_container_log_line_size", "12345");
+    let ctrd = PrivateContainerd::start_with_toml(&toml);
+    assert_eq!(ctrd.version, version);
+    let config = std::fs::read_to_string(ctrd.dir.join("config.toml")).unwrap();
+    assert!(
+        config.contains(&format!("[{}]", version.cri_runtime_section())),
+        "{config}"
+    );
+    let Clients { rt: mut d, .. } = ctrd.direct();
+    let info = d
+        .status(cri::StatusRequest { verbose: true })
+        .await
+        .unwrap()
+        .into_inner()
+        .info;
+    let cri_config: serde_json::Value =
+        serde_json::from_str(info.get("config").expect("verbose Status has config")).unwrap();
+    // The same setting under another JSON name in each version.
+    let key = match version {
+        ContainerdVersion::V1_6 => "maxContainerLogSize",
+        ContainerdVersion::V2 => "maxContainerLogLineSize",
+    };
+    assert_eq!(
+        cri_config.get(key),
+        Some(&serde_json::json!(12345)),
+        "{key}: {cri_config}"
+    );
+}
