@@ -468,8 +468,10 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
         "guaranteed",
         "{requests: {cpu: 50m, memory: 64Mi}, limits: {cpu: 50m, memory: 64Mi}}",
     ));
-    // A BestEffort Deployment pod that grows 10 MiB every 0.5 s once; its
-    // replacement finds the marker on the node and only sleeps.
+    // A BestEffort Deployment pod that grows 10 MiB a second once; its
+    // replacement finds the marker on the node and only sleeps. Between
+    // criguard's threshold (250Mi available) and the kubelet's (100Mi) it
+    // grows for 15 s: under TCG criguard takes seconds to act.
     let hog = format!(
         r#"apiVersion: apps/v1
 kind: Deployment
@@ -496,7 +498,7 @@ spec:
         - |
           if [ -e /state/grown ]; then exec sleep 3600; fi
           touch /state/grown
-          exec awk 'BEGIN {{ for (i = 0; ; i++) {{ m[i] = sprintf("%10485760s", i); system("sleep 0.5") }} }}'
+          exec awk 'BEGIN {{ for (i = 0; ; i++) {{ m[i] = sprintf("%10485760s", i); system("sleep 1") }} }}'
 "#
     );
     poll(GUEST_DEADLINE, "the Guaranteed pod Running", || {
@@ -573,6 +575,13 @@ spec:
         e.threshold,
         e.usage >> 20
     );
+    let metrics = c.metrics();
+    let to_action: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("criguard_pressure_to_action_seconds_"))
+        .filter(|l| l.contains("_sum") || l.contains("_count"))
+        .collect();
+    println!("cluster-vm: {}", to_action.join("; "));
     let guaranteed = c
         .pods()
         .into_iter()

@@ -32,7 +32,7 @@
 # Environment:
 #   CRIGUARD_VMNODE_NAME=vm-node           the node's name
 #   CRIGUARD_VMNODE_PODS_MEMORY=512Mi      kubepods.slice's memory.max
-#   CRIGUARD_VMNODE_EVICTION=200Mi         criguard's allocatableMemory.available
+#   CRIGUARD_VMNODE_EVICTION=250Mi         criguard's allocatableMemory.available
 #   CRIGUARD_VMNODE_KUBELET_EVICTION=100Mi the kubelet's memory.available
 #   CRIGUARD_VMNODE_TRANSITION=30s         evictionPressureTransitionPeriod (both)
 #   CRIGUARD_VMNODE_TIMEOUT=900            seconds `up` waits for the node Ready
@@ -154,7 +154,7 @@ CONTAINERD_BIN=$containerd_bin
 K8S_BIN=$k8s_bin
 CRIGUARD_BIN=$criguard
 PODS_MEMORY=${CRIGUARD_VMNODE_PODS_MEMORY:-512Mi}
-CRIGUARD_EVICTION=${CRIGUARD_VMNODE_EVICTION:-200Mi}
+CRIGUARD_EVICTION=${CRIGUARD_VMNODE_EVICTION:-250Mi}
 KUBELET_EVICTION=${CRIGUARD_VMNODE_KUBELET_EVICTION:-100Mi}
 TRANSITION=${CRIGUARD_VMNODE_TRANSITION:-30s}
 LIFETIME=$LIFETIME
