@@ -306,6 +306,22 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
         .map(|r| r.status)
         .collect();
     assert_eq!(node_patches, [409, 200], "conflict, read again, retried");
+    // The taint is in place before the pod reads Failed (even through the
+    // conflict above): the replacement its ReplicaSet makes on seeing
+    // Failed must find the node tainted.
+    let taint_at = api
+        .requests()
+        .into_iter()
+        .find(|r| {
+            r.method == "PATCH" && r.path == format!("/api/v1/nodes/{NODE}") && r.status == 200
+        })
+        .unwrap()
+        .at;
+    assert!(
+        taint_at <= patch.at,
+        "taint written {:?} after the pod's Failed status",
+        taint_at.duration_since(patch.at).unwrap_or_default()
+    );
 
     // 3. The kubelet's status manager writes its cached Running back:
     // criguard writes its status again (the pod stays, as with the kubelet

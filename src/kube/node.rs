@@ -37,6 +37,7 @@ pub(super) async fn reconcile(
         if let Some(wanted) = wanted.filter(|w| applied.as_ref() != Some(w)) {
             match apply(&inner, &api, &wanted).await {
                 Ok(()) => {
+                    inner.applied.send_replace(Some(wanted.clone()));
                     applied = Some(wanted);
                     backoff = Backoff::new();
                 }
