@@ -4,7 +4,7 @@
 # capability, for what this host cannot show: criguard's units under
 # systemd, the systemd cgroup driver, v2 memory pressure, the kubelet's
 # negative oom_score_adj. Everything comes from Debian's packages; the guest
-# has no network. QEMU runs under TCG (this host's /dev/kvm cannot boot a
+# has no network (but the relays --forward asks for). QEMU runs under TCG (this host's /dev/kvm cannot boot a
 # Debian kernel), so the guest is several times slower than the host.
 #
 # Usage:
@@ -26,10 +26,10 @@
 #       the exit status is CMD's (124: timed out, 125: the VM failed before
 #       CMD ended). Results, the console and the guest's journal stay in
 #       target/vm/runs/<id>/ (the last 5 runs).
-#       Without --forward the VM has no network device. Each --forward gives
-#       it one: QEMU's user network with restrict=on (no packet leaves QEMU,
-#       nothing reaches the guest from outside), the guest at $GUEST_ADDR,
-#       and a guestfwd by which a TCP connection to GUESTIP:PORT (in
+#       Without --forward the VM has no network device. With it, one NIC on
+#       QEMU's user network with restrict=on (no packet leaves QEMU, nothing
+#       reaches the guest from outside), the guest at 10.0.2.15/24, and for
+#       each --forward a guestfwd: a TCP connection to GUESTIP:PORT (in
 #       10.0.2.0/24, not .2, .3 or .15) is relayed to HOSTIP:PORT on this
 #       machine, one socat per connection.
 #   hack/vm.sh test [FILTER...]
