@@ -676,9 +676,9 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
     );
 
     // The replacement: the ReplicaSet makes it as soon as the hog is Failed.
-    // It must not run while the taint holds: the scheduler leaves it
-    // Pending when the taint came first; bound before the taint landed,
-    // criguard's admission refuses its sandbox until the pressure ends.
+    // It must not run while the taint holds: criguard writes the taint
+    // before the Failed status, so the scheduler leaves it Pending,
+    // unschedulable, and never binds it to the tainted node.
     // When the kubelet writes the evicted pod's old Running status back,
     // the ReplicaSet sees two pods and deletes the replacement, then makes
     // another once criguard writes Failed again: any of them counts.
@@ -753,8 +753,12 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         replacements.len()
     );
     assert!(
-        unschedulable || bound_while_tainted,
-        "the replacement was never seen while the taint held"
+        unschedulable,
+        "the replacement was never seen unschedulable while the taint held"
+    );
+    assert!(
+        !bound_while_tainted,
+        "a replacement was bound to the node while criguard's taint held"
     );
     let n = c.json(&["get", "node", node]);
     // criguard's condition is gone (or False) with the pressure.
@@ -858,13 +862,20 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
             && e["objectRef"]["resource"] == "nodes"
             && e["objectRef"]["subresource"] == "status"
     });
-    if let (Some(s), Some(t), Some(n)) = (status_at, taint_at, condition_at) {
-        println!(
-            "cluster: criguard's writes relative to the pod's Failed status: node condition {:+} ms, taint {:+} ms",
-            n - s,
-            t - s
-        );
-    }
+    let (Some(s), Some(t), Some(n)) = (status_at, taint_at, condition_at) else {
+        panic!("criguard's status, taint or condition write missing from the audit log");
+    };
+    println!(
+        "cluster: criguard's writes relative to the pod's Failed status: node condition {:+} ms, taint {:+} ms",
+        n - s,
+        t - s
+    );
+    assert!(
+        t <= s && n <= s,
+        "criguard's taint ({:+} ms) and condition ({:+} ms) must reach the API before the pod's Failed status",
+        t - s,
+        n - s
+    );
     let kubelet_user = format!("system:node:{node}");
     let reverts = audit
         .lines()
