@@ -528,6 +528,10 @@ do_down() {
         log "$DIR does not exist; nothing to stop"
         return 0
     }
+    # The VM node (hack/cluster/vm-node.sh) first: its shares live under DIR.
+    if [[ -e "$DIR/vm-node/vm.pid" ]]; then
+        "$REPO_ROOT/hack/cluster/vm-node.sh" down "$DIR" || log "warning: vm-node.sh down failed"
+    fi
     if [[ -r "$DIR/nodes" ]]; then
         # Kubelets first, so none restarts a pod while the rest goes.
         while read -r name; do stop_pid "kubelet-$name"; done <"$DIR/nodes"
