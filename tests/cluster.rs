@@ -20,143 +20,56 @@
 //! On failure the test prints every component's log and the cluster's
 //! state. It needs root and the binaries of `hack/k8s/build.sh`.
 
+#[path = "common/cluster.rs"]
+mod cluster_support;
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use cluster_support::{
+    Cluster, assert_evicted, assert_one_memory_eviction, condition, fresh_dir, hog_yaml, phase,
+    pod_yaml, poll, uid,
+};
 use serde_json::Value;
 
 /// Namespace of the test's pods.
 const NS: &str = "criguard-test";
-/// The busybox image `hack/containerd.sh` imports.
-const BUSYBOX: &str = "docker.io/library/busybox:criguard";
 /// criguard's ServiceAccount, as the audit log names it.
 const CRIGUARD_USER: &str = "system:serviceaccount:kube-system:criguard";
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+/// `hack/cluster.sh up` with `env`, in `CRIGUARD_CLUSTER_DIR` if set (as
+/// `hack/cluster.sh test DIR` does), else in a fresh directory.
+fn cluster_up(env: &[(&str, &str)]) -> Cluster {
+    let dir = match std::env::var("CRIGUARD_CLUSTER_DIR") {
+        Ok(d) if !d.is_empty() => PathBuf::from(d),
+        _ => fresh_dir("cgc"),
+    };
+    Cluster::up(dir, env, "cluster")
 }
 
-/// Polls `check` every 250 ms until it gives `Some`, or panics after
-/// `deadline` naming `what`.
-fn poll<T>(deadline: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + deadline;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(
-            Instant::now() < end,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+/// The host nodes of `hack/cluster.sh up`: each one's directory, and its
+/// criguard's admin socket and metrics there.
+trait HostNodes {
+    /// `DIR/node-NAME`.
+    fn node_dir(&self, node: &str) -> PathBuf;
+    /// `criguard pods --json` of `node`'s criguard.
+    fn model(&self, node: &str) -> Vec<criguard::model::Pod>;
+    /// `criguard evictions --json` of `node`'s criguard.
+    fn evictions(&self, node: &str) -> criguard::admin::EvictionsReport;
+    /// `node`'s criguard metrics, as text.
+    fn metrics(&self, node: &str) -> String;
+    /// Resident memory of each process `up` started, KiB, by name.
+    fn rss(&self) -> BTreeMap<String, u64>;
 }
 
-/// A cluster brought up by `hack/cluster.sh up`; dropping it prints the
-/// logs if the test is failing, then brings it down.
-struct Cluster {
-    dir: PathBuf,
-    kubectl: PathBuf,
-    env: BTreeMap<String, String>,
-}
-
-impl Cluster {
-    /// `hack/cluster.sh up` in a fresh directory with `env` set.
-    fn up(env: &[(&str, &str)]) -> Self {
-        let dir = match std::env::var("CRIGUARD_CLUSTER_DIR") {
-            Ok(d) if !d.is_empty() => PathBuf::from(d),
-            _ => {
-                let nanos = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .subsec_nanos();
-                PathBuf::from(format!("/tmp/cgc-{}-{nanos:x}", std::process::id()))
-            }
-        };
-        let mut cluster = Cluster {
-            kubectl: dir.join("kubectl"),
-            dir,
-            env: BTreeMap::new(),
-        };
-        let t0 = Instant::now();
-        let status = Command::new(repo().join("hack/cluster.sh"))
-            .arg("up")
-            .arg(&cluster.dir)
-            .env("CRIGUARD_BIN", env!("CARGO_BIN_EXE_criguard"))
-            .envs(env.iter().copied())
-            .status()
-            .expect("run hack/cluster.sh up");
-        assert!(status.success(), "hack/cluster.sh up failed: {status}");
-        let text = std::fs::read_to_string(cluster.dir.join("cluster.env")).unwrap();
-        for line in text.lines() {
-            if let Some((k, v)) = line.split_once('=') {
-                cluster.env.insert(k.into(), v.trim_matches('"').into());
-            }
-        }
-        println!(
-            "cluster: up in {:.1} s (control plane {} ms, nodes Ready {} ms after)",
-            t0.elapsed().as_secs_f64(),
-            cluster.env["UP_CONTROL_PLANE_MS"],
-            cluster.env["UP_NODES_MS"]
-        );
-        cluster
-    }
-
+impl HostNodes for Cluster {
     fn node_dir(&self, node: &str) -> PathBuf {
         self.dir.join(format!("node-{node}"))
     }
 
-    /// kubectl with the admin kubeconfig; stdout, or the error.
-    fn try_kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
-        let mut cmd = Command::new(&self.kubectl);
-        cmd.args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let mut child = cmd.spawn().map_err(|e| format!("kubectl: {e}"))?;
-        let mut input = child.stdin.take().unwrap();
-        if let Some(s) = stdin {
-            input.write_all(s.as_bytes()).unwrap();
-        }
-        drop(input);
-        let out = child.wait_with_output().unwrap();
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(format!(
-                "kubectl {args:?}: {}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
-    }
-
-    fn kubectl(&self, args: &[&str]) -> String {
-        self.try_kubectl(args, None)
-            .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    fn apply(&self, yaml: &str) {
-        self.try_kubectl(&["apply", "-f", "-"], Some(yaml))
-            .unwrap_or_else(|e| panic!("{e}\n{yaml}"));
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let mut a = args.to_vec();
-        a.extend(["-o", "json"]);
-        serde_json::from_str(&self.kubectl(&a)).unwrap()
-    }
-
-    /// The test namespace's pods.
-    fn pods(&self, namespace: &str) -> Vec<Value> {
-        let list = self.json(&["-n", namespace, "get", "pods"]);
-        list["items"].as_array().cloned().unwrap_or_default()
-    }
-
-    /// `criguard pods --json` of `node`'s criguard.
     fn model(&self, node: &str) -> Vec<criguard::model::Pod> {
         let out = criguard_cmd(
             &["pods", "--json", "--admin-socket"],
@@ -165,7 +78,6 @@ impl Cluster {
         serde_json::from_str(&out).unwrap()
     }
 
-    /// `criguard evictions --json` of `node`'s criguard.
     fn evictions(&self, node: &str) -> criguard::admin::EvictionsReport {
         let out = criguard_cmd(
             &["evictions", "--json", "--admin-socket"],
@@ -174,13 +86,11 @@ impl Cluster {
         serde_json::from_str(&out).unwrap()
     }
 
-    /// `node`'s criguard metrics, as text.
     fn metrics(&self, node: &str) -> String {
         let addr = std::fs::read_to_string(self.node_dir(node).join("metrics-address")).unwrap();
         http_get(addr.trim(), "/metrics")
     }
 
-    /// Resident memory of each process `up` started, KiB, by name.
     fn rss(&self) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();
         let mut files: Vec<(String, PathBuf)> = std::fs::read_dir(self.dir.join("pids"))
@@ -213,56 +123,6 @@ impl Cluster {
             }
         }
         out
-    }
-
-    /// What a failing test shows: the cluster's objects, then the logs.
-    fn dump(&self) {
-        for args in [
-            &["get", "nodes", "-o", "wide"][..],
-            &["get", "pods", "-A", "-o", "wide"],
-            &["get", "events", "-A", "--sort-by=.lastTimestamp"],
-            &["describe", "nodes"],
-        ] {
-            eprintln!("===== kubectl {}", args.join(" "));
-            match self.try_kubectl(args, None) {
-                Ok(s) | Err(s) => eprintln!("{s}"),
-            }
-        }
-        let out = Command::new(repo().join("hack/cluster.sh"))
-            .args(["logs".as_ref(), self.dir.as_os_str()])
-            .env("CRIGUARD_CLUSTER_LOG_LINES", "80")
-            .output();
-        if let Ok(o) = out {
-            eprintln!("{}", String::from_utf8_lossy(&o.stdout));
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.dump();
-        }
-        if std::env::var("CRIGUARD_KEEP").is_ok_and(|v| v == "1") {
-            eprintln!(
-                "CRIGUARD_KEEP=1: the cluster stays up in {}; {}/kubectl; hack/cluster.sh down {} --purge",
-                self.dir.display(),
-                self.dir.display(),
-                self.dir.display()
-            );
-            return;
-        }
-        let mut cmd = Command::new(repo().join("hack/cluster.sh"));
-        cmd.arg("down").arg(&self.dir);
-        if !std::thread::panicking() {
-            cmd.arg("--purge");
-        } else {
-            eprintln!(
-                "the cluster's files stay in {} (hack/cluster.sh down --purge removes them)",
-                self.dir.display()
-            );
-        }
-        let _ = cmd.status();
     }
 }
 
@@ -329,57 +189,12 @@ fn audit_ms(ts: &str) -> Option<i64> {
     ))
 }
 
-/// A test pod: busybox `sleep`, host network, never pulled.
-fn pod_yaml(
-    name: &str,
-    node: &str,
-    resources: &str,
-    extra_spec: &str,
-    annotations: &str,
-) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: {NS}
-  annotations: {{{annotations}}}
-spec:
-  nodeSelector: {{kubernetes.io/hostname: {node}}}
-  hostNetwork: true
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 2
-{extra_spec}  containers:
-  - name: app
-    image: {BUSYBOX}
-    imagePullPolicy: Never
-    command: ["sleep", "3600"]
-    resources: {resources}
-"#
-    )
-}
-
-fn phase(p: &Value) -> &str {
-    p["status"]["phase"].as_str().unwrap_or("")
-}
-
-fn uid(p: &Value) -> &str {
-    p["metadata"]["uid"].as_str().unwrap_or("")
-}
-
 /// The UID the runtime knows the pod by: a static pod's own (its mirror
 /// pod's `kubernetes.io/config.mirror` annotation), else the API's.
 fn runtime_uid(p: &Value) -> &str {
     p["metadata"]["annotations"]["kubernetes.io/config.mirror"]
         .as_str()
         .unwrap_or_else(|| uid(p))
-}
-
-fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a Value> {
-    obj["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == kind)
 }
 
 /// Sum of the containers' memory requests in the API pod, bytes.
@@ -397,41 +212,11 @@ fn api_memory_request(p: &Value) -> i64 {
         .sum()
 }
 
-/// A Deployment (replicas 1, BestEffort, on `node`) whose pod grows by
-/// 10 MiB of anonymous memory every 0.5 s; its replacements find the marker
-/// it leaves on the node and only sleep.
-fn hog_yaml(c: &Cluster, node: &str) -> String {
+/// The memory hog on host node `node`: 10 MiB every 0.5 s, its marker in
+/// the node's directory.
+fn host_hog_yaml(c: &Cluster, node: &str) -> String {
     let state = c.node_dir(node).join("hog-state");
-    format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: hog, namespace: {NS}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: hog}}}}
-  template:
-    metadata: {{labels: {{app: hog}}}}
-    spec:
-      nodeSelector: {{kubernetes.io/hostname: {node}}}
-      hostNetwork: true
-      automountServiceAccountToken: false
-      terminationGracePeriodSeconds: 2
-      volumes: [{{name: state, hostPath: {{path: {state}, type: DirectoryOrCreate}}}}]
-      containers:
-      - name: hog
-        image: {BUSYBOX}
-        imagePullPolicy: Never
-        volumeMounts: [{{name: state, mountPath: /state}}]
-        command:
-        - sh
-        - -c
-        - |
-          if [ -e /state/grown ]; then exec sleep 3600; fi
-          touch /state/grown
-          exec awk 'BEGIN {{ for (i = 0; ; i++) {{ m[i] = sprintf("%10485760s", i); system("sleep 0.5") }} }}'
-"#,
-        state = state.display()
-    )
+    hog_yaml(NS, node, &state.display().to_string(), "0.5")
 }
 
 /// The evicted pod `old` runs nothing: no ready sandbox of its UID in
@@ -487,6 +272,7 @@ fn adopt(c: &Cluster, node: &str) {
     // The kubelet passes pod annotations to the runtime but not the
     // priority: criguard reads it from criguard.io/priority.
     c.apply(&pod_yaml(
+        NS,
         &format!("guaranteed-{node}"),
         node,
         "{requests: {cpu: 50m, memory: 32Mi}, limits: {cpu: 50m, memory: 32Mi}}",
@@ -494,21 +280,29 @@ fn adopt(c: &Cluster, node: &str) {
         "criguard.io/priority: \"1000\"",
     ));
     c.apply(&pod_yaml(
+        NS,
         &format!("burstable-{node}"),
         node,
         "{requests: {cpu: 10m, memory: 128Mi}, limits: {memory: 256Mi}}",
         "",
         "",
     ));
-    c.apply(&pod_yaml(&format!("besteffort-{node}"), node, "{}", "", ""));
+    c.apply(&pod_yaml(
+        NS,
+        &format!("besteffort-{node}"),
+        node,
+        "{}",
+        "",
+        "",
+    ));
     let static_pod = pod_yaml(
+        "kube-system",
         "static-critical",
         node,
         "{}",
         "  priorityClassName: system-node-critical\n",
         "criguard.io/priority: \"2000001000\"",
-    )
-    .replace(&format!("namespace: {NS}"), "namespace: kube-system");
+    );
     std::fs::write(
         c.node_dir(node).join("manifests/static-critical.yaml"),
         static_pod,
@@ -582,7 +376,7 @@ fn adopt(c: &Cluster, node: &str) {
 #[test]
 fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
     let t_test = Instant::now();
-    let c = Cluster::up(&[("CRIGUARD_CLUSTER_OLD_NODE", "1")]);
+    let c = cluster_up(&[("CRIGUARD_CLUSTER_OLD_NODE", "1")]);
     for node in c.env["NODES"].clone().split_whitespace() {
         adopt(&c, node);
     }
@@ -591,7 +385,7 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
     // --- one memory eviction ------------------------------------------------
     // A BestEffort Deployment pod that grows 10 MiB every 0.5 s once; its
     // replacement finds the marker on the node and only sleeps.
-    let hog = hog_yaml(&c, node);
+    let hog = host_hog_yaml(&c, node);
     let t_hog = Instant::now();
     c.apply(&hog);
     let first = poll(Duration::from_secs(60), "the hog Running", || {
@@ -615,9 +409,7 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         "cluster: hog evicted {:.1} s after it was applied",
         t_hog.elapsed().as_secs_f64()
     );
-    assert_eq!(evicted["status"]["reason"], "Evicted", "{evicted:#}");
-    let dt = condition(&evicted, "DisruptionTarget").expect("DisruptionTarget condition");
-    assert_eq!(dt["status"], "True");
+    assert_evicted(&evicted);
 
     // criguard's node condition and taint while the pressure lasts.
     let n = c.json(&["get", "node", node]);
@@ -641,19 +433,7 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
             (!r.evictions.is_empty()).then_some(r)
         },
     );
-    assert_eq!(report.evictions.len(), 1, "{report:#?}");
-    let e = &report.evictions[0];
-    assert_eq!(e.uid, hog_uid);
-    assert_eq!(e.signal, "allocatableMemory.available");
-    assert!(!e.dry_run);
-    assert!(report.kernel_oom_kills.is_empty(), "{report:#?}");
-    println!(
-        "cluster: criguard evicted {} at available {} MiB (threshold {}), usage {} MiB",
-        e.pod,
-        e.available >> 20,
-        e.threshold,
-        e.usage >> 20
-    );
+    assert_one_memory_eviction("cluster", &report, &hog_uid);
 
     // One Warning Evicted event on the pod, from criguard.
     let events = poll(Duration::from_secs(20), "the Evicted event", || {
@@ -913,14 +693,14 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
 #[ignore]
 fn kubelet_alone_evicts_the_memory_hog_when_criguard_dry_runs() {
     let t_test = Instant::now();
-    let c = Cluster::up(&[
+    let c = cluster_up(&[
         ("CRIGUARD_CLUSTER_DRY_RUN", "1"),
         ("CRIGUARD_CLUSTER_KUBELET_EVICTION", "250Mi"),
     ]);
     let node = "node-a";
     adopt(&c, node);
     let t_hog = Instant::now();
-    c.apply(&hog_yaml(&c, node));
+    c.apply(&host_hog_yaml(&c, node));
     let first = poll(Duration::from_secs(60), "the hog Running", || {
         c.pods(NS)
             .into_iter()

@@ -26,83 +26,71 @@
 //! journal are printed. Needs root, QEMU (`hack/vm.sh deps`), socat and the
 //! binaries of `hack/k8s/build.sh`.
 
+#[path = "common/cluster.rs"]
+mod cluster_support;
+
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use cluster_support::{
+    Cluster, assert_evicted, assert_one_memory_eviction, condition, fresh_dir, hog_yaml, phase,
+    pod_yaml, repo, uid,
+};
 
 /// Namespace of the test's pods.
 const NS: &str = "criguard-vm-test";
 /// The VM node's name (`CRIGUARD_VMNODE_NAME`'s default).
 const NODE: &str = "vm-node";
-/// The busybox image the guest imports.
-const BUSYBOX: &str = "docker.io/library/busybox:criguard";
 /// criguard's admin socket in the guest (systemd/criguard.service).
 const ADMIN: &str = "/run/criguard/admin.sock";
 /// Under TCG the guest is several times slower than the host: every wait on
 /// it gets this long.
 const GUEST_DEADLINE: Duration = Duration::from_secs(300);
+/// How often a wait on the guest looks again (kubectl and `vm-node.sh exec`
+/// cost the slow guest and the 2-core host alike).
+const EVERY: Duration = Duration::from_millis(500);
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+/// [`cluster_support::poll_every`] [`EVERY`].
+fn poll<T>(deadline: Duration, what: &str, check: impl FnMut() -> Option<T>) -> T {
+    cluster_support::poll_every(EVERY, deadline, what, check)
 }
 
-/// Polls `check` every 500 ms until it gives `Some`, or panics after
-/// `deadline` naming `what`.
-fn poll<T>(deadline: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + deadline;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(
-            Instant::now() < end,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-/// A cluster with the VM node; dropping it stops the VM, prints the logs if
-/// the test is failing, then brings the cluster down.
-struct Cluster {
+/// The VM node of the cluster in `dir` (`hack/cluster/vm-node.sh`); dropped
+/// before the [`Cluster`], it stops the VM and, if the test is failing,
+/// prints the VM's logs (the guest's journal included, once it has stopped).
+struct VmNode {
     dir: PathBuf,
-    kubectl: PathBuf,
-    vm_started: bool,
+    /// `vm-node/times.env`: milliseconds from `vm-node.sh up`'s start.
+    times: BTreeMap<String, u64>,
 }
 
-impl Cluster {
-    /// `hack/cluster.sh up` in a fresh directory.
-    fn up() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let dir = PathBuf::from(format!("/tmp/cgv-{}-{nanos:x}", std::process::id()));
-        let cluster = Cluster {
-            kubectl: dir.join("kubectl"),
-            dir,
-            vm_started: false,
+impl VmNode {
+    /// `hack/cluster/vm-node.sh up`: boots the VM node and waits until it is
+    /// Ready; stopped again if that fails.
+    fn up(cluster: &Cluster) -> Self {
+        let mut node = VmNode {
+            dir: cluster.dir.clone(),
+            times: BTreeMap::new(),
         };
-        let t0 = Instant::now();
-        let status = Command::new(repo().join("hack/cluster.sh"))
-            .arg("up")
-            .arg(&cluster.dir)
-            .env("CRIGUARD_BIN", env!("CARGO_BIN_EXE_criguard"))
-            .status()
-            .expect("run hack/cluster.sh up");
-        assert!(status.success(), "hack/cluster.sh up failed: {status}");
-        println!(
-            "cluster-vm: control plane and host node up in {:.1} s",
-            t0.elapsed().as_secs_f64()
+        let status = node.script(&["up"]).status().expect("run vm-node.sh up");
+        assert!(
+            status.success(),
+            "hack/cluster/vm-node.sh up failed: {status}"
         );
-        cluster
+        let text = std::fs::read_to_string(node.dir.join("vm-node/times.env")).unwrap();
+        node.times = text
+            .lines()
+            .filter_map(|l| {
+                let (k, v) = l.split_once('=')?;
+                Some((k.to_owned(), v.parse().ok()?))
+            })
+            .collect();
+        node
     }
 
-    fn vm_node(&self, args: &[&str]) -> Command {
+    fn script(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(repo().join("hack/cluster/vm-node.sh"));
         cmd.arg(args[0])
             .arg(&self.dir)
@@ -113,29 +101,11 @@ impl Cluster {
         cmd
     }
 
-    /// `hack/cluster/vm-node.sh up`: boots the VM node and waits until it is
-    /// Ready; its timings (`times.env`, milliseconds).
-    fn vm_node_up(&mut self) -> BTreeMap<String, u64> {
-        self.vm_started = true;
-        let status = self.vm_node(&["up"]).status().expect("run vm-node.sh up");
-        assert!(
-            status.success(),
-            "hack/cluster/vm-node.sh up failed: {status}"
-        );
-        let text = std::fs::read_to_string(self.dir.join("vm-node/times.env")).unwrap();
-        text.lines()
-            .filter_map(|l| {
-                let (k, v) = l.split_once('=')?;
-                Some((k.to_owned(), v.parse().ok()?))
-            })
-            .collect()
-    }
-
     /// `script` run by bash in the guest as root (`vm-node.sh exec`): its
     /// output, or the output and status when it fails.
     fn try_guest(&self, script: &str) -> Result<String, String> {
         let out = self
-            .vm_node(&["exec", script])
+            .script(&["exec", script])
             .output()
             .expect("run vm-node.sh exec");
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -153,58 +123,6 @@ impl Cluster {
     fn guest(&self, script: &str) -> String {
         self.try_guest(script)
             .unwrap_or_else(|e| panic!("in the guest: {script}: {e}"))
-    }
-
-    fn try_kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
-        let mut cmd = Command::new(&self.kubectl);
-        cmd.args(args);
-        let out = if let Some(input) = stdin {
-            let mut child = cmd
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("run kubectl");
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(input.as_bytes())
-                .unwrap();
-            child.wait_with_output().unwrap()
-        } else {
-            cmd.output().expect("run kubectl")
-        };
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(format!(
-                "kubectl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
-    }
-
-    fn kubectl(&self, args: &[&str]) -> String {
-        self.try_kubectl(args, None)
-            .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    fn apply(&self, yaml: &str) {
-        self.try_kubectl(&["apply", "-f", "-"], Some(yaml))
-            .unwrap_or_else(|e| panic!("{e}"));
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let mut a = args.to_vec();
-        a.extend(["-o", "json"]);
-        serde_json::from_str(&self.kubectl(&a)).unwrap()
-    }
-
-    fn pods(&self) -> Vec<Value> {
-        let list = self.json(&["-n", NS, "get", "pods"]);
-        list["items"].as_array().cloned().unwrap_or_default()
     }
 
     /// `criguard pods --json` of the guest's criguard.
@@ -226,75 +144,31 @@ impl Cluster {
             "exec 3<>/dev/tcp/127.0.0.1/9809; printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3",
         )
     }
-
-    /// What a failing test shows: the cluster's objects, then the logs of
-    /// the host's components, then the VM's (journal included, once the
-    /// VM has stopped).
-    fn dump(&self) {
-        for args in [
-            &["get", "nodes", "-o", "wide"][..],
-            &["get", "pods", "-A", "-o", "wide"],
-            &["get", "events", "-A", "--sort-by=.lastTimestamp"],
-            &["describe", "node", NODE],
-        ] {
-            eprintln!("===== kubectl {}", args.join(" "));
-            match self.try_kubectl(args, None) {
-                Ok(s) | Err(s) => eprintln!("{s}"),
-            }
-        }
-        for (what, mut cmd) in [
-            ("hack/cluster.sh logs", {
-                let mut c = Command::new(repo().join("hack/cluster.sh"));
-                c.arg("logs").arg(&self.dir);
-                c
-            }),
-            ("hack/cluster/vm-node.sh logs", self.vm_node(&["logs"])),
-        ] {
-            if let Ok(o) = cmd.env("CRIGUARD_VMNODE_LOG_LINES", "150").output() {
-                eprintln!("===== {what}\n{}", String::from_utf8_lossy(&o.stdout));
-            }
-        }
-    }
 }
 
-impl Drop for Cluster {
+impl Drop for VmNode {
     fn drop(&mut self) {
-        let keep = std::env::var("CRIGUARD_KEEP").is_ok_and(|v| v == "1");
-        if keep {
+        if cluster_support::keep() {
             eprintln!(
-                "CRIGUARD_KEEP=1: the cluster stays up in {0}; {0}/kubectl; hack/cluster/vm-node.sh exec {0} CMD; \
-                 hack/cluster/vm-node.sh down {0} && hack/cluster.sh down {0} --purge",
+                "CRIGUARD_KEEP=1: the VM node stays up: hack/cluster/vm-node.sh exec {0} CMD; \
+                 hack/cluster/vm-node.sh down {0} before hack/cluster.sh down {0} --purge",
                 self.dir.display()
             );
             return;
         }
-        if self.vm_started {
-            let _ = self.vm_node(&["down"]).status();
+        let _ = self.script(&["down"]).status();
+        if std::thread::panicking()
+            && let Ok(o) = self
+                .script(&["logs"])
+                .env("CRIGUARD_VMNODE_LOG_LINES", "150")
+                .output()
+        {
+            eprintln!(
+                "===== hack/cluster/vm-node.sh logs\n{}",
+                String::from_utf8_lossy(&o.stdout)
+            );
         }
-        if std::thread::panicking() {
-            self.dump();
-        }
-        let _ = Command::new(repo().join("hack/cluster.sh"))
-            .arg("down")
-            .arg(&self.dir)
-            .arg("--purge")
-            .status();
     }
-}
-
-fn phase(p: &Value) -> &str {
-    p["status"]["phase"].as_str().unwrap_or("")
-}
-
-fn uid(p: &Value) -> &str {
-    p["metadata"]["uid"].as_str().unwrap_or("")
-}
-
-fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a Value> {
-    obj["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == kind)
 }
 
 /// RFC 3339 UTC seconds (`2026-11-25T16:41:02Z`) as seconds since the epoch.
@@ -313,24 +187,8 @@ fn rfc3339_s(t: &str) -> i64 {
 }
 
 /// A busybox pod on the VM node: host network, never pulled.
-fn pod_yaml(name: &str, resources: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: {NS}}}
-spec:
-  nodeSelector: {{kubernetes.io/hostname: {NODE}}}
-  hostNetwork: true
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 2
-  containers:
-  - name: app
-    image: {BUSYBOX}
-    imagePullPolicy: Never
-    command: ["sleep", "3600"]
-    resources: {resources}
-"#
-    )
+fn vm_pod_yaml(name: &str, resources: &str) -> String {
+    pod_yaml(NS, name, NODE, resources, "", "")
 }
 
 /// The VM node joins through criguard, runs a pod, and criguard evicts a
@@ -343,11 +201,14 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
         "the cluster tier's VM node needs root: run it with hack/test.sh"
     );
     let t_test = Instant::now();
-    let mut c = Cluster::up();
+    let mut c = Cluster::up(fresh_dir("cgv"), &[], "cluster-vm");
+    // Whatever happens, down --purge: the VM node's share is large.
+    c.keep_files_on_failure = false;
 
     // --- the node -------------------------------------------------------------
     let t_vm = Instant::now();
-    let times = c.vm_node_up();
+    let vm = VmNode::up(&c);
+    let times = &vm.times;
     let vm_ready = t_vm.elapsed();
     let n = c.json(&["get", "node", NODE]);
     let info = &n["status"]["nodeInfo"];
@@ -382,7 +243,7 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
 
     // In the guest: systemd runs every part, on cgroup v2, the kubelet with
     // the systemd driver and criguard's socket as its runtime.
-    let units = c.guest(
+    let units = vm.guest(
         "systemctl is-active containerd.service criguard.socket criguard.service kubelet.service",
     );
     assert_eq!(
@@ -390,8 +251,8 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
         ["active"; 4],
         "containerd, criguard.socket, criguard, kubelet: {units}"
     );
-    assert_eq!(c.guest("stat -fc %T /sys/fs/cgroup").trim(), "cgroup2fs");
-    let kubelet_cfg = c.guest("cat /etc/kubernetes/kubelet.yaml");
+    assert_eq!(vm.guest("stat -fc %T /sys/fs/cgroup").trim(), "cgroup2fs");
+    let kubelet_cfg = vm.guest("cat /etc/kubernetes/kubelet.yaml");
     assert!(
         kubelet_cfg.contains("cgroupDriver: systemd"),
         "{kubelet_cfg}"
@@ -404,9 +265,9 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
     // --- a pod on the VM node ----------------------------------------------------
     c.kubectl(&["create", "namespace", NS]);
     let t_pod = Instant::now();
-    c.apply(&pod_yaml("sleeper", "{}"));
+    c.apply(&vm_pod_yaml("sleeper", "{}"));
     let sleeper = poll(GUEST_DEADLINE, "the sleeper Running on the VM node", || {
-        c.pods()
+        c.pods(NS)
             .into_iter()
             .find(|p| p["metadata"]["name"] == "sleeper" && phase(p) == "Running")
     });
@@ -426,7 +287,7 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
     );
 
     // criguard in the guest has it, in the systemd driver's slices.
-    let model = c.model();
+    let model = vm.model();
     let mp = model
         .iter()
         .find(|p| p.uid == uid(&sleeper))
@@ -445,7 +306,7 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
         "{container:#?}"
     );
     // The kubelet's calls went through criguard.
-    let metrics = c.metrics();
+    let metrics = vm.metrics();
     let relayed = metrics
         .lines()
         .filter(|l| {
@@ -464,7 +325,7 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
     );
 
     // --- one memory eviction on the VM node ---------------------------------------
-    c.apply(&pod_yaml(
+    c.apply(&vm_pod_yaml(
         "guaranteed",
         "{requests: {cpu: 50m, memory: 64Mi}, limits: {cpu: 50m, memory: 64Mi}}",
     ));
@@ -472,44 +333,16 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
     // replacement finds the marker on the node and only sleeps. Between
     // criguard's threshold (250Mi available) and the kubelet's (100Mi) it
     // grows for 15 s: under TCG criguard takes seconds to act.
-    let hog = format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: hog, namespace: {NS}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: hog}}}}
-  template:
-    metadata: {{labels: {{app: hog}}}}
-    spec:
-      nodeSelector: {{kubernetes.io/hostname: {NODE}}}
-      hostNetwork: true
-      automountServiceAccountToken: false
-      terminationGracePeriodSeconds: 2
-      volumes: [{{name: state, hostPath: {{path: /var/lib/criguard-vm-test/hog, type: DirectoryOrCreate}}}}]
-      containers:
-      - name: hog
-        image: {BUSYBOX}
-        imagePullPolicy: Never
-        volumeMounts: [{{name: state, mountPath: /state}}]
-        command:
-        - sh
-        - -c
-        - |
-          if [ -e /state/grown ]; then exec sleep 3600; fi
-          touch /state/grown
-          exec awk 'BEGIN {{ for (i = 0; ; i++) {{ m[i] = sprintf("%10485760s", i); system("sleep 1") }} }}'
-"#
-    );
+    let hog = hog_yaml(NS, NODE, "/var/lib/criguard-vm-test/hog", "1");
     poll(GUEST_DEADLINE, "the Guaranteed pod Running", || {
-        c.pods()
+        c.pods(NS)
             .into_iter()
             .find(|p| p["metadata"]["name"] == "guaranteed" && phase(p) == "Running")
     });
     let t_hog = Instant::now();
     c.apply(&hog);
     let first = poll(GUEST_DEADLINE, "the hog Running", || {
-        c.pods()
+        c.pods(NS)
             .into_iter()
             .find(|p| p["metadata"]["labels"]["app"] == "hog" && phase(p) == "Running")
     });
@@ -519,16 +352,14 @@ spec:
         t_hog.elapsed().as_secs_f64()
     );
     let evicted = poll(GUEST_DEADLINE, "the hog Failed/Evicted", || {
-        let p = c.pods().into_iter().find(|p| uid(p) == hog_uid)?;
+        let p = c.pods(NS).into_iter().find(|p| uid(p) == hog_uid)?;
         (phase(&p) == "Failed").then_some(p)
     });
     println!(
         "cluster-vm: hog evicted {:.1} s after it was applied",
         t_hog.elapsed().as_secs_f64()
     );
-    assert_eq!(evicted["status"]["reason"], "Evicted", "{evicted:#}");
-    let dt = condition(&evicted, "DisruptionTarget").expect("DisruptionTarget condition");
-    assert_eq!(dt["status"], "True", "{dt:#}");
+    assert_evicted(&evicted);
 
     // criguard's node condition and taint (the pressure lasts the transition
     // period, 30 s, after the eviction).
@@ -558,24 +389,12 @@ spec:
         Duration::from_secs(60),
         "criguard's eviction record",
         || {
-            let r = c.evictions();
+            let r = vm.evictions();
             (!r.evictions.is_empty()).then_some(r)
         },
     );
-    assert_eq!(report.evictions.len(), 1, "{report:#?}");
-    let e = &report.evictions[0];
-    assert_eq!(e.uid, hog_uid);
-    assert_eq!(e.signal, "allocatableMemory.available");
-    assert!(!e.dry_run);
-    assert!(report.kernel_oom_kills.is_empty(), "{report:#?}");
-    println!(
-        "cluster-vm: criguard evicted {} at available {} MiB ({}), usage {} MiB",
-        e.pod,
-        e.available >> 20,
-        e.threshold,
-        e.usage >> 20
-    );
-    let metrics = c.metrics();
+    assert_one_memory_eviction("cluster-vm", &report, &hog_uid);
+    let metrics = vm.metrics();
     let to_action: Vec<&str> = metrics
         .lines()
         .filter(|l| l.starts_with("criguard_pressure_to_action_seconds_"))
@@ -583,7 +402,7 @@ spec:
         .collect();
     println!("cluster-vm: {}", to_action.join("; "));
     let guaranteed = c
-        .pods()
+        .pods(NS)
         .into_iter()
         .find(|p| p["metadata"]["name"] == "guaranteed")
         .expect("the Guaranteed pod");
