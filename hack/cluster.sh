@@ -65,33 +65,15 @@ REPO_ROOT="$(cd "$(dirname "$SELF")/.." && pwd)"
 HERE="$REPO_ROOT/hack/cluster"
 TIMEOUT="${CRIGUARD_CLUSTER_TIMEOUT:-180}"
 
-log() { echo "cluster.sh: $*" >&2; }
-die() {
-    log "ERROR: $*"
-    exit 1
-}
-usage() {
-    sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$SELF" >&2
-    exit 2
-}
+# log, die, usage and the helpers both cluster scripts use.
+# shellcheck source=hack/cluster/lib.sh
+source "$HERE/lib.sh"
 
 set_paths() {
-    DIR="${1:-/tmp/criguard-cluster}"
-    [[ "$DIR" == /* ]] || die "DIR must be an absolute path, got '$DIR'"
-    DIR="${DIR%/}"
-    [[ -n "$DIR" && "$DIR" != *[[:space:]]* ]] || die "DIR must not be / nor contain white space"
+    set_dir "${1:-/tmp/criguard-cluster}"
     PKI_DIR="$DIR/pki"
     # A short tag of DIR keeps the cgroup roots of two clusters apart.
     TAG="$(printf '%s' "$DIR" | sha256sum | cut -c1-8)"
-}
-
-now_ms() { echo $(($(date +%s%N) / 1000000)); }
-
-alive() {
-    local state
-    [[ -r "/proc/$1/stat" ]] || return 1
-    state="$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" || return 1
-    [[ -n "$state" && "$state" != Z && "$state" != X ]]
 }
 
 # Is PID alive with an argument under DIR (so that it is ours)?
@@ -99,20 +81,13 @@ ours() {
     alive "$1" && tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- "$DIR/"
 }
 
-read_pid() {
-    local p=""
-    [[ -r "$1" ]] && p="$(tr -d ' \n' <"$1" 2>/dev/null || true)"
-    [[ "$p" =~ ^[1-9][0-9]*$ ]] && echo "$p"
-    return 0
-}
-
 # free_port VAR: set VAR to a TCP port no socket on this machine uses (ss,
 # iproute2) and not handed out before by this run, from 20000-32767 (below
 # the kernel's ephemeral range).
 USED_PORTS=" "
 free_port() {
-    local p i
-    for i in $(seq 200); do
+    local p
+    for _ in $(seq 200); do
         p=$((20000 + (RANDOM * 32768 + RANDOM) % 12768))
         [[ "$USED_PORTS" == *" $p "* ]] && continue
         [[ -z "$(ss -Htan "sport = :$p" 2>/dev/null)" ]] || continue
@@ -151,44 +126,18 @@ wait_for() {
 # stop_pid NAME: TERM the process in DIR/pids/NAME.pid if it is ours, KILL
 # after 15 s.
 stop_pid() {
-    local f="$DIR/pids/$1.pid" pid end
+    local f="$DIR/pids/$1.pid" pid
     pid="$(read_pid "$f")"
     if [[ -n "$pid" ]] && ours "$pid"; then
         log "stopping $1 (pid $pid)"
         kill -TERM "$pid" 2>/dev/null || true
-        end=$((SECONDS + 15))
-        while alive "$pid" && ((SECONDS < end)); do sleep 0.1; done
-        if alive "$pid"; then
+        if ! wait_exit "$pid" 15; then
             log "$1 did not exit on TERM; killing"
             kill -KILL "$pid" 2>/dev/null || true
-            end=$((SECONDS + 5))
-            while alive "$pid" && ((SECONDS < end)); do sleep 0.1; done
+            wait_exit "$pid" 5 || true
         fi
     fi
     rm -f "$f"
-}
-
-kubeconfig() { # kubeconfig FILE USER-YAML (the user: mapping's lines)
-    cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: criguard-cluster
-  cluster:
-    server: https://127.0.0.1:$API_PORT
-    certificate-authority: $PKI_DIR/ca.crt
-users:
-- name: user
-  user:
-$2
-contexts:
-- name: criguard-cluster
-  context:
-    cluster: criguard-cluster
-    user: user
-current-context: criguard-cluster
-EOF
-    chmod 0600 "$1"
 }
 
 cert_user() { # cert_user NAME: the user lines for a client certificate
@@ -246,9 +195,11 @@ control_plane_up() {
     wait_for "kube-apiserver /readyz" kube-apiserver curl -sf --cacert "$PKI_DIR/ca.crt" \
         --cert "$PKI_DIR/admin.crt" --key "$PKI_DIR/admin.key" "https://127.0.0.1:$API_PORT/readyz"
 
-    kubeconfig "$DIR/admin.kubeconfig" "$(cert_user admin)"
-    kubeconfig "$DIR/controller-manager.kubeconfig" "$(cert_user controller-manager)"
-    kubeconfig "$DIR/scheduler.kubeconfig" "$(cert_user scheduler)"
+    # The cluster: mapping's lines of every kubeconfig on this host.
+    API_CLUSTER="$(printf '    server: https://127.0.0.1:%s\n    certificate-authority: %s' "$API_PORT" "$PKI_DIR/ca.crt")"
+    kubeconfig "$DIR/admin.kubeconfig" "$API_CLUSTER" "$(cert_user admin)"
+    kubeconfig "$DIR/controller-manager.kubeconfig" "$API_CLUSTER" "$(cert_user controller-manager)"
+    kubeconfig "$DIR/scheduler.kubeconfig" "$API_CLUSTER" "$(cert_user scheduler)"
     cat >"$DIR/kubectl" <<EOF
 #!/bin/sh
 exec "$K8S_BIN/kubectl" --kubeconfig "$DIR/admin.kubeconfig" "\$@"
@@ -275,8 +226,7 @@ EOF
 
     # criguard's RBAC, and a token for its kubeconfigs.
     kubectl_ apply -f "$REPO_ROOT/deploy/rbac.yaml" >&2
-    CRIGUARD_TOKEN="$(kubectl_ -n kube-system create token criguard --duration 48h)"
-    [[ -n "$CRIGUARD_TOKEN" ]] || die "kubectl create token criguard gave nothing"
+    criguard_token CRIGUARD_TOKEN
 }
 
 # ---- nodes --------------------------------------------------------------------
@@ -302,9 +252,9 @@ make_cgroup_root() {
 # remove_cgroup_root PATH: kill what is left in it, then remove its tree,
 # deepest first, in every hierarchy.
 remove_cgroup_root() {
-    local m d p round
+    local m d p
     [[ "$1" == /criguard-* ]] || return 0
-    for round in 1 2 3; do
+    for _ in 1 2 3; do
         while read -r m; do
             [[ -d "$m$1" ]] || continue
             while read -r d; do
@@ -343,8 +293,8 @@ mounts_under() {
 }
 
 unmount_under() {
-    local m round
-    for round in 1 2 3 4 5; do
+    local m
+    for _ in 1 2 3 4 5; do
         [[ -n "$(mounts_under "$1")" ]] || return 0
         while IFS= read -r m; do
             [[ -n "$m" ]] || continue
@@ -362,19 +312,13 @@ node_up() {
     cg_root="/criguard-$TAG-$name"
     mkdir -p "$nd"/{manifests,kubelet,pod-logs,volume-plugins}
     pki_node "$name"
-    kubeconfig "$nd/kubelet.kubeconfig" "$(cert_user "node-$name")"
-    kubeconfig "$nd/criguard.kubeconfig" "    token: $CRIGUARD_TOKEN"
+    kubeconfig "$nd/kubelet.kubeconfig" "$API_CLUSTER" "$(cert_user "node-$name")"
+    kubeconfig "$nd/criguard.kubeconfig" "$API_CLUSTER" "    token: $CRIGUARD_TOKEN"
 
     # containerd 2, a CNI config with only the loopback plugin (NetworkReady,
     # nothing routed), the pause and busybox images.
     mkdir -p "$nd/containerd/cni/net.d"
-    cat >"$nd/containerd/cni/net.d/10-loopback.conflist" <<'EOF'
-{
-  "cniVersion": "1.0.0",
-  "name": "criguard-loopback",
-  "plugins": [{ "type": "loopback" }]
-}
-EOF
+    cp "$HERE/10-loopback.conflist" "$nd/containerd/cni/net.d/"
     CRIGUARD_CONTAINERD="${CRIGUARD_CONTAINERD:-2}" "$REPO_ROOT/hack/containerd.sh" start "$nd/containerd" >/dev/null
 
     # criguard in front of it.
@@ -455,10 +399,6 @@ EOF
         --kubeconfig "$nd/kubelet.kubeconfig" --root-dir "$nd/kubelet" \
         --hostname-override "$name" --node-ip 127.0.0.1 --v=2
     echo "$name" >>"$DIR/nodes"
-}
-
-node_ready() { # node_ready NAME
-    [[ "$(kubectl_ get node "$1" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]]
 }
 
 node_down() { # node_down NAME (kubelet, criguard, containerd, mounts, cgroups)
@@ -552,12 +492,8 @@ do_down() {
 }
 
 do_logs() {
-    local f
-    for f in "$DIR"/logs/*.log "$DIR"/node-*/criguard.log "$DIR"/node-*/kubelet.log "$DIR"/node-*/containerd/containerd.log; do
-        [[ -r "$f" ]] || continue
-        echo "===== $f (last ${CRIGUARD_CLUSTER_LOG_LINES:-60} lines)"
-        tail -n "${CRIGUARD_CLUSTER_LOG_LINES:-60}" "$f"
-    done
+    tail_logs "${CRIGUARD_CLUSTER_LOG_LINES:-60}" "$DIR"/logs/*.log "$DIR"/node-*/criguard.log \
+        "$DIR"/node-*/kubelet.log "$DIR"/node-*/containerd/containerd.log
 }
 
 [[ $# -ge 1 ]] || usage

@@ -50,38 +50,23 @@ LIFETIME="${CRIGUARD_VMNODE_LIFETIME:-3600}"
 # Where the guest finds the API server (vm.sh --forward).
 GUEST_API=10.0.2.100:6443
 
-log() { echo "vm-node.sh: $*" >&2; }
-die() {
-    log "ERROR: $*"
-    exit 1
-}
-usage() {
-    sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$SELF" >&2
-    exit 2
-}
-now_ms() { echo $(($(date +%s%N) / 1000000)); }
+# log, die, usage and the helpers both cluster scripts use.
+# shellcheck source=hack/cluster/lib.sh
+source "$REPO_ROOT/hack/cluster/lib.sh"
 
 set_paths() {
-    [[ "${1:-}" == /* ]] || die "DIR must be an absolute path, got '${1:-}'"
-    DIR="${1%/}"
+    set_dir "$1"
     V="$DIR/vm-node"
     W="$V/share"
     [[ "$NAME" =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] ||
         die "CRIGUARD_VMNODE_NAME must be a DNS label, got '$NAME'"
 }
 
-alive() {
-    local state
-    [[ -r "/proc/$1/stat" ]] || return 1
-    state="$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" || return 1
-    [[ -n "$state" && "$state" != Z && "$state" != X ]]
-}
-
 # The pid of our hack/vm.sh run, if it is alive and ours.
 vm_pid() {
-    local p=""
-    [[ -r "$V/vm.pid" ]] && p="$(tr -d ' \n' <"$V/vm.pid")"
-    [[ "$p" =~ ^[1-9][0-9]*$ ]] && alive "$p" &&
+    local p
+    p="$(read_pid "$V/vm.pid")"
+    [[ -n "$p" ]] && alive "$p" &&
         tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -qxF -- "CRIGUARD_VMNODE_DIR=$W" &&
         echo "$p"
     return 0
@@ -89,39 +74,16 @@ vm_pid() {
 
 kubectl_() { "$DIR/kubectl" "$@"; }
 
-# kubeconfig FILE USER-LINES: a kubeconfig for the guest, everything inline.
-kubeconfig() {
-    cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: criguard-cluster
-  cluster:
-    server: https://$GUEST_API
-    # The API server's certificate names 127.0.0.1 and localhost, not the
-    # guestfwd address.
-    tls-server-name: localhost
-    certificate-authority-data: $(base64 -w0 "$DIR/pki/ca.crt")
-users:
-- name: user
-  user:
-$2
-contexts:
-- name: criguard-cluster
-  context:
-    cluster: criguard-cluster
-    user: user
-current-context: criguard-cluster
-EOF
-    chmod 0600 "$1"
-}
-
-node_ready() {
-    [[ "$(kubectl_ get node "$NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]]
+# The cluster: mapping's lines of the guest's kubeconfigs, everything
+# inline. The API server's certificate names 127.0.0.1 and localhost, not
+# the guestfwd address: hence tls-server-name.
+guest_cluster() {
+    printf '    server: https://%s\n    tls-server-name: localhost\n    certificate-authority-data: %s' \
+        "$GUEST_API" "$(base64 -w0 "$DIR/pki/ca.crt")"
 }
 
 do_up() {
-    local api_port token containerd_bin k8s_bin criguard t0 t_ready t_node pid
+    local api_port token cluster containerd_bin k8s_bin criguard t0 t_ready t_node pid
     [[ "$(id -u)" -eq 0 ]] || die "run as root (hack/vm.sh builds its image as root)"
     [[ -r "$DIR/cluster.env" && -x "$DIR/kubectl" ]] || die "no cluster in $DIR (hack/cluster.sh up $DIR first)"
     api_port="$(sed -n 's|^API_SERVER=https://127\.0\.0\.1:\([0-9]*\)$|\1|p' "$DIR/cluster.env")"
@@ -142,11 +104,11 @@ do_up() {
     # shellcheck source=hack/cluster/pki.sh
     source "$REPO_ROOT/hack/cluster/pki.sh"
     pki_cert "node-$NAME" "/O=system:nodes/CN=system:node:$NAME"
-    kubeconfig "$W/kubelet.kubeconfig" "$(printf '    client-certificate-data: %s\n    client-key-data: %s' \
+    cluster="$(guest_cluster)"
+    kubeconfig "$W/kubelet.kubeconfig" "$cluster" "$(printf '    client-certificate-data: %s\n    client-key-data: %s' \
         "$(base64 -w0 "$DIR/pki/node-$NAME.crt")" "$(base64 -w0 "$DIR/pki/node-$NAME.key")")"
-    token="$(kubectl_ -n kube-system create token criguard --duration 48h)"
-    [[ -n "$token" ]] || die "kubectl create token criguard gave nothing"
-    kubeconfig "$W/criguard.kubeconfig" "    token: $token"
+    criguard_token token
+    kubeconfig "$W/criguard.kubeconfig" "$cluster" "    token: $token"
     cp "$DIR/pki/ca.crt" "$W/ca.crt"
     cat >"$W/node.env" <<EOF
 NODE_NAME=$NAME
@@ -193,7 +155,7 @@ EOF
     done
     t_ready="$(now_ms)"
     log "guest set up in $((t_ready - t0)) ms; waiting for node $NAME Ready"
-    until node_ready; do
+    until node_ready "$NAME"; do
         if ! alive "$pid" || ((SECONDS >= end)); then
             log "node $NAME not Ready within ${TIMEOUT} s"
             kubectl_ get node "$NAME" -o yaml >&2 || true
@@ -232,7 +194,7 @@ do_exec() {
 }
 
 do_down() {
-    local pid end c
+    local pid c
     pid="$(vm_pid)"
     if [[ -z "$pid" ]]; then
         log "no VM node runs for $DIR"
@@ -240,14 +202,10 @@ do_down() {
     fi
     log "stopping the VM node (hack/vm.sh pid $pid)"
     touch "$W/done"
-    end=$((SECONDS + ${CRIGUARD_VMNODE_STOP_TIMEOUT:-180}))
-    while alive "$pid" && ((SECONDS < end)); do sleep 0.5; done
-    if alive "$pid"; then
+    if ! wait_exit "$pid" "${CRIGUARD_VMNODE_STOP_TIMEOUT:-180}"; then
         log "the VM did not power off within ${CRIGUARD_VMNODE_STOP_TIMEOUT:-180} s; stopping QEMU"
         kill -TERM "$pid" 2>/dev/null || true
-        end=$((SECONDS + 20))
-        while alive "$pid" && ((SECONDS < end)); do sleep 0.5; done
-        if alive "$pid"; then
+        if ! wait_exit "$pid" 20; then
             # hack/vm.sh's own children (QEMU, its tail), then it.
             local -a kids=()
             read -r -a kids <<<"$(cat /proc/"$pid"/task/*/children 2>/dev/null | tr '\n' ' ')"
@@ -260,12 +218,7 @@ do_down() {
 }
 
 do_logs() {
-    local f
-    for f in "$V/vm.log" "$W/guest.log" "$W/failed" "$W/units.txt" "$W/journal.txt"; do
-        [[ -r "$f" ]] || continue
-        echo "===== $f (last ${CRIGUARD_VMNODE_LOG_LINES:-80} lines)"
-        tail -n "${CRIGUARD_VMNODE_LOG_LINES:-80}" "$f"
-    done
+    tail_logs "${CRIGUARD_VMNODE_LOG_LINES:-80}" "$V/vm.log" "$W/guest.log" "$W/failed" "$W/units.txt" "$W/journal.txt"
 }
 
 [[ $# -ge 2 ]] || usage

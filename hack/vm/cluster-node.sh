@@ -122,13 +122,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_port = "0"
 EOF
 # NetworkReady without routing anything: the pods use the host's network.
-cat >/etc/cni/net.d/10-loopback.conflist <<'EOF'
-{
-  "cniVersion": "1.0.0",
-  "name": "criguard-loopback",
-  "plugins": [{ "type": "loopback" }]
-}
-EOF
+install -m 0644 "$REPO/hack/cluster/10-loopback.conflist" /etc/cni/net.d/
 # Debian's unit, with containerd 2's daemon and its shim first in PATH.
 cat >/etc/systemd/system/containerd.service.d/10-criguard-vm-node.conf <<EOF
 [Service]
