@@ -217,7 +217,7 @@ fn fnv(s: &str) -> u64 {
 /// Waits until the runtime behind `socket` reports its pod network ready
 /// (containerd picks up the conflist from its watched directory).
 async fn network_ready(socket: &Path) {
-    let mut c = common::containerd::Clients::new(socket);
+    let c = common::containerd::Clients::new(socket);
     common::poll_until(Duration::from_secs(30), "NetworkReady", || {
         let mut rt = c.rt.clone();
         async move {
@@ -235,7 +235,6 @@ async fn network_ready(socket: &Path) {
         }
     })
     .await;
-    let _ = &mut c;
 }
 
 /// One spec's outcome: its state and, when it failed, the normalised
