@@ -11,6 +11,14 @@
 #                                 stop everything up started (by PID), unmount
 #                                 what the kubelets mounted, remove the nodes'
 #                                 cgroups; --purge also removes DIR
+#   hack/cluster.sh restart-criguard DIR NAME
+#                                 SIGKILL node NAME's criguard (by its pid
+#                                 file), wait until it is gone, start it
+#                                 again with the command line up used
+#                                 (node-NAME/criguard.cmd: the same sockets,
+#                                 state dir and kubeconfig) and wait until
+#                                 its CRI and admin sockets answer; the
+#                                 kubelet keeps running. Prints the ms taken
 #   hack/cluster.sh logs [DIR]    the last lines of every component's log
 #   hack/cluster.sh test [DIR]    cargo test --test cluster (which runs up and
 #                                 down itself, in DIR if given)
@@ -25,6 +33,7 @@
 #   audit.log       the API server's audit log (hack/cluster/audit-policy.yaml)
 #   node-NAME/      containerd/ (hack/containerd.sh), criguard.sock, admin.sock,
 #                   criguard-state/, criguard.log, criguard.kubeconfig,
+#                   criguard.cmd (its command line, NUL-separated),
 #                   kubelet/ (--root-dir), kubelet.yaml, kubelet.log,
 #                   manifests/ (static pods), pod-logs/, metrics-address,
 #                   kubepods (the pods' cgroup)
@@ -304,10 +313,45 @@ unmount_under() {
     [[ -z "$(mounts_under "$1")" ]] || log "warning: mounts remain under $1"
 }
 
+# criguard_up NAME CG_ROOT: write node NAME's criguard command line to
+# DIR/node-NAME/criguard.cmd (NUL-separated, so restart-criguard runs exactly
+# the same one), then start it.
+criguard_up() {
+    local name="$1" cg_root="$2" nd="$DIR/node-$1" mport extra_args=()
+    free_port mport
+    echo "127.0.0.1:$mport" >"$nd/metrics-address"
+    echo "$cg_root/kubepods" >"$nd/kubepods"
+    make_cgroup_root "$cg_root"
+    ((${CRIGUARD_CLUSTER_DRY_RUN:-0})) && extra_args+=(--dry-run)
+    # shellcheck disable=SC2206
+    extra_args+=(${CRIGUARD_CLUSTER_CRIGUARD_ARGS:-})
+    printf '%s\0' env CRIGUARD_LOG="${CRIGUARD_LOG:-info}" "$CRIGUARD" serve \
+        --listen "$nd/criguard.sock" --admin-socket "$nd/admin.sock" \
+        --metrics-address "127.0.0.1:$mport" \
+        --runtime-endpoint "unix://$nd/containerd/containerd.sock" \
+        --state-dir "$nd/criguard-state" \
+        --kubepods-cgroup "$cg_root/kubepods" \
+        --nodefs "$nd/kubelet" --imagefs "$nd/containerd/root" \
+        --eviction-hard "allocatableMemory.available<${CRIGUARD_CLUSTER_EVICTION:-250Mi}" \
+        --eviction-pressure-transition-period "${CRIGUARD_CLUSTER_TRANSITION:-30s}" \
+        --kubeconfig "$nd/criguard.kubeconfig" --node-name "$name" \
+        "${extra_args[@]}" >"$nd/criguard.cmd"
+    criguard_spawn "$name"
+    wait_for "criguard's socket ($name)" "criguard-$name" test -S "$nd/criguard.sock"
+}
+
+# criguard_spawn NAME: start node NAME's criguard by DIR/node-NAME/criguard.cmd.
+criguard_spawn() {
+    local nd="$DIR/node-$1" argv=()
+    [[ -s "$nd/criguard.cmd" ]] || die "no criguard command line in $nd/criguard.cmd (was node $1 started by up?)"
+    mapfile -d '' -t argv <"$nd/criguard.cmd"
+    spawn "criguard-$1" "$nd/criguard.log" "${argv[@]}"
+}
+
 # node_up NAME KUBELET_BIN ENDPOINT_STYLE(url|path)
 node_up() {
     local name="$1" kubelet="$2" style="$3" nd cg_root total target reserved kube_res sys_res
-    local kport hport mport endpoint extra_args=()
+    local kport hport endpoint
     nd="$DIR/node-$name"
     cg_root="/criguard-$TAG-$name"
     mkdir -p "$nd"/{manifests,kubelet,pod-logs,volume-plugins}
@@ -322,25 +366,7 @@ node_up() {
     CRIGUARD_CONTAINERD="${CRIGUARD_CONTAINERD:-2}" "$REPO_ROOT/hack/containerd.sh" start "$nd/containerd" >/dev/null
 
     # criguard in front of it.
-    free_port mport
-    echo "127.0.0.1:$mport" >"$nd/metrics-address"
-    echo "$cg_root/kubepods" >"$nd/kubepods"
-    make_cgroup_root "$cg_root"
-    ((${CRIGUARD_CLUSTER_DRY_RUN:-0})) && extra_args+=(--dry-run)
-    # shellcheck disable=SC2206
-    extra_args+=(${CRIGUARD_CLUSTER_CRIGUARD_ARGS:-})
-    spawn "criguard-$name" "$nd/criguard.log" env CRIGUARD_LOG="${CRIGUARD_LOG:-info}" "$CRIGUARD" serve \
-        --listen "$nd/criguard.sock" --admin-socket "$nd/admin.sock" \
-        --metrics-address "127.0.0.1:$mport" \
-        --runtime-endpoint "unix://$nd/containerd/containerd.sock" \
-        --state-dir "$nd/criguard-state" \
-        --kubepods-cgroup "$cg_root/kubepods" \
-        --nodefs "$nd/kubelet" --imagefs "$nd/containerd/root" \
-        --eviction-hard "allocatableMemory.available<${CRIGUARD_CLUSTER_EVICTION:-250Mi}" \
-        --eviction-pressure-transition-period "${CRIGUARD_CLUSTER_TRANSITION:-30s}" \
-        --kubeconfig "$nd/criguard.kubeconfig" --node-name "$name" \
-        "${extra_args[@]}"
-    wait_for "criguard's socket ($name)" "criguard-$name" test -S "$nd/criguard.sock"
+    criguard_up "$name" "$cg_root"
 
     # The kubelet: kubepods limited to CRIGUARD_CLUSTER_PODS_MEMORY by
     # reserving the rest of MemTotal.
@@ -491,6 +517,35 @@ do_down() {
     log "stopped $DIR"
 }
 
+do_restart_criguard() { # do_restart_criguard NAME
+    local name="$1" nd="$DIR/node-$1" pid t0 t1 crictl
+    [[ "$(id -u)" -eq 0 ]] || die "run as root"
+    [[ -d "$nd" ]] || die "no node $name in $DIR ($nd does not exist)"
+    bins
+    crictl="$("$REPO_ROOT/hack/k8s/build.sh" --path cri-tools)/crictl"
+    t0="$(now_ms)"
+    pid="$(read_pid "$DIR/pids/criguard-$name.pid")"
+    if [[ -n "$pid" ]] && alive "$pid"; then
+        ours "$pid" || die "pid $pid of $DIR/pids/criguard-$name.pid is not this cluster's criguard"
+        log "killing criguard-$name (pid $pid, SIGKILL)"
+        kill -KILL "$pid"
+        wait_exit "$pid" 15 || die "criguard-$name (pid $pid) still there 15 s after SIGKILL"
+    else
+        log "criguard-$name was not running; starting it"
+    fi
+    criguard_spawn "$name"
+    # Its CRI socket answers (Version, relayed to containerd), then its
+    # admin socket; the stale sockets the killed one left are criguard's to
+    # replace.
+    wait_for "criguard's CRI socket ($name) answering" "criguard-$name" \
+        "$crictl" --runtime-endpoint "unix://$nd/criguard.sock" --timeout 2s version
+    wait_for "criguard's admin socket ($name) answering" "criguard-$name" \
+        "$CRIGUARD" evictions --admin-socket "$nd/admin.sock"
+    t1="$(now_ms)"
+    log "criguard-$name restarted (pid $(read_pid "$DIR/pids/criguard-$name.pid")) in $((t1 - t0)) ms"
+    echo "$((t1 - t0))"
+}
+
 do_logs() {
     tail_logs "${CRIGUARD_CLUSTER_LOG_LINES:-60}" "$DIR"/logs/*.log "$DIR"/node-*/criguard.log \
         "$DIR"/node-*/kubelet.log "$DIR"/node-*/containerd/containerd.log
@@ -515,6 +570,11 @@ case "$cmd" in
             [[ -z "$(mounts_under "$DIR")" ]] || die "mounts remain under $DIR; not removing it"
             rm -rf --one-file-system "$DIR"
         fi
+        ;;
+    restart-criguard)
+        [[ $# -eq 2 ]] || usage
+        set_paths "$1"
+        do_restart_criguard "$2"
         ;;
     logs)
         set_paths "${1:-}"
