@@ -15,7 +15,13 @@
 //!   one Warning event, criguard's node condition and taint while the
 //!   pressure lasts; the replacement waits, unschedulable, until the taint
 //!   goes, then runs; the evicted pod never runs again; no kernel OOM kill;
-//!   criguard's API requests are all allowed and carry its User-Agent.
+//!   criguard's API requests are all allowed and carry its User-Agent;
+//! - criguard SIGKILLed and restarted (`hack/cluster.sh restart-criguard`)
+//!   right after the eviction, while the pressure's transition period holds:
+//!   the node stays Ready, the condition and taint stay and go only once
+//!   the transition period has passed since the last observed pressure,
+//!   the restarted criguard still lists the eviction, and the checks above
+//!   (the replacement kept off, the evicted pod never running) still hold.
 //!
 //! On failure the test prints every component's log and the cluster's
 //! state. It needs root and the binaries of `hack/k8s/build.sh`.
@@ -39,6 +45,14 @@ use serde_json::Value;
 const NS: &str = "criguard-test";
 /// criguard's ServiceAccount, as the audit log names it.
 const CRIGUARD_USER: &str = "system:serviceaccount:kube-system:criguard";
+/// The pressure transition period, ms: `hack/cluster.sh`'s default
+/// `CRIGUARD_CLUSTER_TRANSITION` (30s), which the test leaves as is.
+const TRANSITION_MS: i64 = 30_000;
+/// How much earlier than [`TRANSITION_MS`] after the eviction the taint and
+/// condition may go: the eviction is recorded once the pod is stopped, a
+/// little after the pressure observation the period counts from, and the
+/// audit log's and criguard's clocks are read at different moments.
+const SLACK_MS: i64 = 2_000;
 
 /// `hack/cluster.sh up` with `env`, in `CRIGUARD_CLUSTER_DIR` if set (as
 /// `hack/cluster.sh test DIR` does), else in a fresh directory.
@@ -63,9 +77,29 @@ trait HostNodes {
     fn metrics(&self, node: &str) -> String;
     /// Resident memory of each process `up` started, KiB, by name.
     fn rss(&self) -> BTreeMap<String, u64>;
+    /// `hack/cluster.sh restart-criguard DIR NODE`: `node`'s criguard
+    /// SIGKILLed and started again with the same command line, its sockets
+    /// answering; how long that took.
+    fn restart_criguard(&self, node: &str) -> Duration;
 }
 
 impl HostNodes for Cluster {
+    fn restart_criguard(&self, node: &str) -> Duration {
+        let t0 = Instant::now();
+        let status = Command::new(cluster_support::repo().join("hack/cluster.sh"))
+            .arg("restart-criguard")
+            .arg(&self.dir)
+            .arg(node)
+            .env("CRIGUARD_BIN", env!("CARGO_BIN_EXE_criguard"))
+            .status()
+            .expect("run hack/cluster.sh restart-criguard");
+        assert!(
+            status.success(),
+            "hack/cluster.sh restart-criguard {node} failed: {status}"
+        );
+        t0.elapsed()
+    }
+
     fn node_dir(&self, node: &str) -> PathBuf {
         self.dir.join(format!("node-{node}"))
     }
@@ -168,6 +202,25 @@ fn bytes(q: &str) -> i64 {
         }
     }
     q.parse().unwrap()
+}
+
+/// Milliseconds since midnight (UTC) of a time in ms since the epoch.
+fn ms_of_day(unix_ms: u64) -> i64 {
+    (unix_ms % 86_400_000) as i64
+}
+
+/// `a - b` for two times of day in ms, taken as within 12 h of each other
+/// (so a pair across midnight still gives the short way round).
+fn day_diff(a: i64, b: i64) -> i64 {
+    (a - b + 86_400_000 + 43_200_000).rem_euclid(86_400_000) - 43_200_000
+}
+
+/// Now, ms since the epoch.
+fn unix_ms_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
 
 /// Milliseconds since midnight (UTC) of a klog line ("I1125 16:46:05.204186 …").
@@ -434,6 +487,59 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         },
     );
     assert_one_memory_eviction("cluster", &report, &hog_uid);
+    let eviction_ms = report.evictions[0].at_unix_ms;
+    // The figures of the criguard that evicted: its metrics start again
+    // with the restarted process.
+    let evicting_metrics = c.metrics(node);
+
+    // --- criguard restarted while the transition period holds --------------
+    // SIGKILLed and started again with the same command line and state dir
+    // (the kubelet keeps running): the condition, the taint, the admission
+    // refusals and the eviction record carry on from pressure.json.
+    let ready_before = condition(&c.json(&["get", "node", node]), "Ready")
+        .cloned()
+        .expect("Ready condition");
+    assert_eq!(ready_before["status"], "True", "{ready_before:#}");
+    let pid_file = c.dir.join(format!("pids/criguard-{node}.pid"));
+    let old_pid = std::fs::read_to_string(&pid_file).unwrap();
+    let restart = c.restart_criguard(node);
+    let new_pid = std::fs::read_to_string(&pid_file).unwrap();
+    assert_ne!(
+        old_pid.trim(),
+        new_pid.trim(),
+        "criguard's pid after the restart"
+    );
+    // Gone, or a zombie its new parent has not reaped yet.
+    let stat =
+        std::fs::read_to_string(format!("/proc/{}/stat", old_pid.trim())).unwrap_or_default();
+    let state = stat
+        .rsplit_once(") ")
+        .and_then(|(_, r)| r.split(' ').next());
+    assert!(
+        matches!(state, None | Some("Z" | "X")),
+        "the killed criguard (pid {}) is still there: {stat}",
+        old_pid.trim()
+    );
+    println!(
+        "cluster: {node}'s criguard SIGKILLed and restarted in {:.2} s, {:.1} s after the eviction",
+        restart.as_secs_f64(),
+        (unix_ms_now() - eviction_ms as i64) as f64 / 1000.0
+    );
+    let n = c.json(&["get", "node", node]);
+    let cond = condition(&n, "CriguardMemoryPressure")
+        .expect("CriguardMemoryPressure on the node after the restart");
+    assert_eq!(cond["status"], "True", "after the restart: {cond:#}");
+    let taints = n["spec"]["taints"].as_array().cloned().unwrap_or_default();
+    assert!(
+        taints
+            .iter()
+            .any(|t| t["key"] == "criguard.io/memory-pressure" && t["effect"] == "NoSchedule"),
+        "taints after the restart: {taints:?}"
+    );
+    let ready = condition(&n, "Ready").expect("Ready condition");
+    assert_eq!(ready["status"], "True", "after the restart: {ready:#}");
+    // The restarted criguard still lists the eviction, and only it.
+    assert_one_memory_eviction("cluster (restarted criguard)", &c.evictions(node), &hog_uid);
 
     // One Warning Evicted event on the pod, from criguard.
     let events = poll(Duration::from_secs(20), "the Evicted event", || {
@@ -528,7 +634,7 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         "cluster: the evicted pod's phase was seen other than Failed in {not_failed_seen} polls (the kubelet's status manager)"
     );
     println!(
-        "cluster: replacement Running {:.1} s after the first appeared ({} replacement pods made); while tainted: unschedulable {unschedulable}, bound {bound_while_tainted}; sandboxes refused under MemoryPressure: {refusals}",
+        "cluster: replacement Running {:.1} s after the first appeared ({} replacement pods made); while tainted: unschedulable {unschedulable}, bound {bound_while_tainted}; sandboxes refused under MemoryPressure by the restarted criguard: {refusals}",
         t_replacement.elapsed().as_secs_f64(),
         replacements.len()
     );
@@ -541,6 +647,14 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         "a replacement was bound to the node while criguard's taint held"
     );
     let n = c.json(&["get", "node", node]);
+    // The node stayed Ready across criguard's restart: Ready never changed
+    // since before it (the kubelet's runtime check did not fail long enough).
+    let ready = condition(&n, "Ready").expect("Ready condition");
+    assert_eq!(ready["status"], "True", "{ready:#}");
+    assert_eq!(
+        ready["lastTransitionTime"], ready_before["lastTransitionTime"],
+        "the node's Ready changed across criguard's restart: before {ready_before:#}, now {ready:#}"
+    );
     // criguard's condition is gone (or False) with the pressure.
     if let Some(cond) = condition(&n, "CriguardMemoryPressure") {
         assert_eq!(cond["status"], "False", "{cond:#}");
@@ -669,17 +783,75 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         .count();
     println!("cluster: the kubelet's status writes on the evicted pod after criguard's: {reverts}");
 
-    // Figures.
-    let metrics = c.metrics(node);
-    let kill_sum = metric(&metrics, "criguard_pressure_to_kill_seconds_sum").unwrap_or(f64::NAN);
-    let kill_count = metric(&metrics, "criguard_pressure_to_kill_seconds_count").unwrap_or(0.0);
-    let action_sum =
-        metric(&metrics, "criguard_pressure_to_action_seconds_sum").unwrap_or(f64::NAN);
+    // The taint and the condition outlived the restart and went only once
+    // the transition period had passed since the last observed pressure
+    // (pressure.json, the restarted criguard's memory), so not before
+    // TRANSITION_MS - SLACK_MS after the eviction. criguard's successful
+    // node writes in the audit log: the taint set once and removed once
+    // (never removed and set again across the restart); the condition's
+    // last write is its end.
+    let node_writes = |sub: Option<&str>| -> Vec<i64> {
+        ours.iter()
+            .filter(|e| {
+                e["verb"] == "patch"
+                    && e["stage"] == "ResponseComplete"
+                    && e["objectRef"]["resource"] == "nodes"
+                    && e["objectRef"]["subresource"].as_str() == sub
+                    && e["responseStatus"]["code"] == 200
+            })
+            .filter_map(|e| audit_ms(e["stageTimestamp"].as_str()?))
+            .collect()
+    };
+    let taint_writes = node_writes(None);
+    assert_eq!(
+        taint_writes.len(),
+        2,
+        "criguard's taint writes (set, removed): {taint_writes:?}"
+    );
+    let condition_writes = node_writes(Some("status"));
+    assert!(
+        condition_writes.len() >= 2,
+        "criguard's condition writes (True, then False or removed): {condition_writes:?}"
+    );
+    let evicted_at = ms_of_day(eviction_ms);
+    let taint_gone = day_diff(taint_writes[1], evicted_at);
+    let condition_gone = day_diff(*condition_writes.last().unwrap(), evicted_at);
+    let pressure: Value = serde_json::from_str(
+        &std::fs::read_to_string(c.node_dir(node).join("criguard-state/pressure.json")).unwrap(),
+    )
+    .unwrap();
+    let last_pressure = pressure["last_observed"]["MemoryPressure"]
+        .as_u64()
+        .map(|ms| day_diff(ms_of_day(ms), evicted_at))
+        .expect("MemoryPressure in pressure.json");
+    println!(
+        "cluster: after the eviction: last pressure observed {:+.3} s, taint removed {:+.3} s, condition ended {:+.3} s (transition {} s, slack {} s)",
+        last_pressure as f64 / 1000.0,
+        taint_gone as f64 / 1000.0,
+        condition_gone as f64 / 1000.0,
+        TRANSITION_MS / 1000,
+        SLACK_MS / 1000
+    );
+    for (what, gone) in [("taint", taint_gone), ("condition", condition_gone)] {
+        assert!(
+            gone >= TRANSITION_MS - SLACK_MS && gone >= last_pressure + TRANSITION_MS - SLACK_MS,
+            "criguard's {what} went {gone} ms after the eviction (last pressure {last_pressure:+} ms): before the {TRANSITION_MS} ms transition period"
+        );
+    }
+
+    // Figures, from the criguard that evicted (read before its restart).
+    let metrics = &evicting_metrics;
+    let kill_sum = metric(metrics, "criguard_pressure_to_kill_seconds_sum").unwrap_or(f64::NAN);
+    let kill_count = metric(metrics, "criguard_pressure_to_kill_seconds_count").unwrap_or(0.0);
+    let action_sum = metric(metrics, "criguard_pressure_to_action_seconds_sum").unwrap_or(f64::NAN);
     println!(
         "cluster: pressure → kill {:.3} s over {kill_count} kill(s); pressure → StopPodSandbox {:.3} s",
         kill_sum, action_sum
     );
     assert_eq!(kill_count, 1.0, "one grace-0 kill");
+    let kills_after_restart =
+        metric(&c.metrics(node), "criguard_pressure_to_kill_seconds_count").unwrap_or(0.0);
+    assert_eq!(kills_after_restart, 0.0, "the restarted criguard killed");
     println!("cluster: RSS KiB {:?}", c.rss());
     println!("cluster: test ran {:.1} s", t_test.elapsed().as_secs_f64());
 }
@@ -817,4 +989,8 @@ fn klog_and_audit_times_are_read_as_milliseconds_of_the_day() {
     );
     assert_eq!(audit_ms("2026-11-25T16:51:51.791353Z"), Some(60_711_791));
     assert_eq!(klog_ms_of_day("garbage"), None);
+    assert_eq!(ms_of_day(1_795_626_205_443), 61_405_443);
+    assert_eq!(day_diff(1_000, 86_399_000), 2_000);
+    assert_eq!(day_diff(86_399_000, 1_000), -2_000);
+    assert_eq!(day_diff(60_000, 30_000), 30_000);
 }
