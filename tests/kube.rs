@@ -138,20 +138,8 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
     let kubeconfig = api.kubeconfig(state.path());
     let hog = sc.hog("hog", 60, 200);
     api.put("pods", "default", api_pod(&hog));
-    let port = free_port();
-    let (metrics, kc) = (
-        format!("--metrics-address=127.0.0.1:{port}"),
-        format!("--kubeconfig={}", kubeconfig.display()),
-    );
-    let node = format!("--node-name={NODE}");
-    let args = [
-        "--eviction-hard=allocatableMemory.available<64Mi",
-        "--eviction-pressure-transition-period=10s",
-        &metrics,
-        &kc,
-        &node,
-    ];
-    let guard = sc.criguard(state.path(), &args).await;
+    let (port, args) = report_args(&kubeconfig, "10s");
+    let guard = sc.criguard(state.path(), &as_strs(&args)).await;
     let (_, container) = sc.run(&guard, &hog).await;
 
     // When the status patch arrives, is the container still running?
@@ -571,6 +559,25 @@ async fn a_slow_refusing_or_unreachable_api_delays_no_eviction_past_the_bound() 
 }
 
 /// Now, ms since the epoch.
+/// criguard's flags for a report test: the memory threshold, the pressure
+/// transition period `transition`, metrics on a free port (returned) and
+/// the API report to the stand-in through `kubeconfig`.
+fn report_args(kubeconfig: &std::path::Path, transition: &str) -> (u16, Vec<String>) {
+    let port = free_port();
+    let args = vec![
+        "--eviction-hard=allocatableMemory.available<64Mi".to_owned(),
+        format!("--eviction-pressure-transition-period={transition}"),
+        format!("--metrics-address=127.0.0.1:{port}"),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--node-name={NODE}"),
+    ];
+    (port, args)
+}
+
+fn as_strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -596,20 +603,8 @@ async fn a_status_undone_past_the_bound_gets_the_pod_deleted_as_the_last_resort(
         json!({"status": {"phase": "Running"}}),
         Duration::from_millis(200),
     );
-    let port = free_port();
-    let (metrics, kc) = (
-        format!("--metrics-address=127.0.0.1:{port}"),
-        format!("--kubeconfig={}", kubeconfig.display()),
-    );
-    let node = format!("--node-name={NODE}");
-    let args = [
-        "--eviction-hard=allocatableMemory.available<64Mi",
-        "--eviction-pressure-transition-period=2s",
-        &metrics,
-        &kc,
-        &node,
-    ];
-    let guard = sc.criguard(state.path(), &args).await;
+    let (port, args) = report_args(&kubeconfig, "2s");
+    let guard = sc.criguard(state.path(), &as_strs(&args)).await;
     let (_, container) = sc.run(&guard, &hog).await;
     sc.grow(&container).await;
     let e = guard
