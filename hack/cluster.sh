@@ -77,6 +77,8 @@ TIMEOUT="${CRIGUARD_CLUSTER_TIMEOUT:-180}"
 # log, die, usage and the helpers both cluster scripts use.
 # shellcheck source=hack/cluster/lib.sh
 source "$HERE/lib.sh"
+# shellcheck source=hack/lib/mounts.sh
+source "$REPO_ROOT/hack/lib/mounts.sh"
 
 set_paths() {
     set_dir "${1:-/tmp/criguard-cluster}"
@@ -283,36 +285,6 @@ remove_cgroup_root() {
     log "warning: cgroups remain under $1"
 }
 
-# Mount points at or below $1, deepest and most recent first.
-mounts_under() {
-    awk -v p="$1" '
-    function unescape(s,   out, i, c) {
-        out = ""
-        for (i = 1; i <= length(s); i++) {
-            c = substr(s, i, 1)
-            if (c == "\\" && substr(s, i + 1, 3) ~ /^[0-7][0-7][0-7]$/) {
-                out = out sprintf("%c", (substr(s, i + 1, 1) * 64) + (substr(s, i + 2, 1) * 8) + substr(s, i + 3, 1))
-                i += 3
-            } else out = out c
-        }
-        return out
-    }
-    { m = unescape($5); if (m == p || index(m, p "/") == 1) print gsub(/\//, "/", m) "\t" NR "\t" m }
-    ' /proc/self/mountinfo | sort -t "$(printf '\t')" -k1,1nr -k2,2nr | cut -f3-
-}
-
-unmount_under() {
-    local m
-    for _ in 1 2 3 4 5; do
-        [[ -n "$(mounts_under "$1")" ]] || return 0
-        while IFS= read -r m; do
-            [[ -n "$m" ]] || continue
-            umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
-        done < <(mounts_under "$1")
-    done
-    [[ -z "$(mounts_under "$1")" ]] || log "warning: mounts remain under $1"
-}
-
 # criguard_up NAME CG_ROOT: write node NAME's criguard command line to
 # DIR/node-NAME/criguard.cmd (NUL-separated, so restart-criguard runs exactly
 # the same one), then start it.
@@ -434,7 +406,7 @@ node_down() { # node_down NAME (kubelet, criguard, containerd, mounts, cgroups)
     if [[ -d "$nd/containerd" ]]; then
         "$REPO_ROOT/hack/containerd.sh" stop "$nd/containerd" --purge >&2 || log "warning: containerd stop failed for $name"
     fi
-    unmount_under "$nd"
+    unmount_under "$nd" || true
     remove_cgroup_root "/criguard-$TAG-$name"
     # The kubelet links container logs into /var/log/containers whatever
     # its podLogsDir; remove the links into this node.
@@ -513,7 +485,7 @@ do_down() {
     stop_pid kube-controller-manager
     stop_pid kube-apiserver
     stop_pid etcd
-    unmount_under "$DIR"
+    unmount_under "$DIR" || true
     log "stopped $DIR"
 }
 
