@@ -25,6 +25,7 @@ hack/install-deps.sh
 # cri-tools): built once per pinned version into a cache outside the clone.
 hack/k8s/build.sh
 hack/clients.sh >/dev/null
+hack/check-docs.sh
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
 

@@ -33,7 +33,7 @@
 #       10.0.2.0/24, not .2, .3 or .15) is relayed to HOSTIP:PORT on this
 #       machine, one socat per connection.
 #   hack/vm.sh test [FILTER...]
-#       Build tests/vm.rs and criguard, then run the VM scenarios (all, or
+#       Build tests/vm/main.rs and criguard, then run the VM scenarios (all, or
 #       those matching FILTER) inside the machine.
 #
 # Environment: CRIGUARD_VM_MEM (MiB, default 2048), CRIGUARD_VM_CPUS (2),
@@ -337,7 +337,7 @@ do_test() {
     bin="$(cd "$REPO" && cargo test --no-run --test vm --message-format=json 2>/dev/null |
         grep '"kind":\["test"\],[^}]*"name":"vm"' |
         sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n1)"
-    [[ -x "$bin" ]] || die "cannot find the tests/vm.rs binary"
+    [[ -x "$bin" ]] || die "cannot find the tests/vm/main.rs binary"
     target="$(dirname "$(dirname "$(dirname "$bin")")")"
     do_run --share "$target" -- "$bin" --ignored --test-threads=1 "$@"
 }
