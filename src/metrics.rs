@@ -552,6 +552,11 @@ impl Metrics {
         let kube = KubeMetrics::new(&mut registry);
         let events = TaskEventMetrics::new(&mut registry);
         let config = ConfigMetrics::new(&mut registry);
+        registry.register(
+            "criguard_observation_stuck",
+            "1 while a statvfs of the path has not returned within its deadline (a hung filesystem): its disk signals are not observed",
+            crate::signals::probe::stuck_gauge(),
+        );
         Self {
             config,
             events,
