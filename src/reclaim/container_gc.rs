@@ -19,7 +19,7 @@ use crate::policy::gc::{
     sandboxes_to_remove,
 };
 use crate::runtime::Upstream;
-use crate::signals::node::fs_stats;
+use crate::signals::probe;
 
 /// What one round removed.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -83,12 +83,13 @@ pub async fn remove_container(
 }
 
 /// Free bytes of each distinct filesystem among `paths` (by device).
-fn free_space(paths: &[PathBuf]) -> HashMap<u64, u64> {
-    use std::os::unix::fs::MetadataExt;
+/// Read through [`crate::signals::probe`]: a hung filesystem is skipped
+/// after its deadline, never waited on.
+async fn free_space(paths: &[PathBuf]) -> HashMap<u64, u64> {
     let mut out = HashMap::new();
     for p in paths {
-        if let (Ok(meta), Ok(fs)) = (std::fs::metadata(p), fs_stats(p)) {
-            out.insert(meta.dev(), fs.available);
+        if let Ok((fs, id)) = probe::statvfs_id(p).await {
+            out.insert(id, fs.available);
         }
     }
     out
@@ -141,9 +142,9 @@ impl ContainerGc {
     }
 
     async fn collect(&self, pressure: bool) -> GcReport {
-        let before = free_space(&self.filesystems);
+        let before = free_space(&self.filesystems).await;
         let mut report = self.remove(pressure).await;
-        report.freed = freed_between(&before, &free_space(&self.filesystems));
+        report.freed = freed_between(&before, &free_space(&self.filesystems).await);
         let n = (report.containers.len() + report.sandboxes.len()) as u64;
         self.metrics.record(Action::ContainerGc, n, report.freed);
         if n > 0 {

@@ -251,8 +251,8 @@ impl EvictionManager {
         }
     }
 
-    fn observe(&mut self) -> (Observations, Vec<Threshold>) {
-        let obs = self.sources.observe();
+    async fn observe(&mut self) -> (Observations, Vec<Threshold>) {
+        let obs = self.sources.observe_bounded().await;
         let d = self.state.step(&self.config, &obs, obs.at);
         let mut conditions = d.conditions;
         conditions.extend(self.remember_pressure(&obs));
@@ -429,7 +429,7 @@ impl EvictionManager {
         let mut tried = BTreeSet::new();
         let mut reclaimed = BTreeSet::new();
         loop {
-            let (obs, mut act_on) = self.observe();
+            let (obs, mut act_on) = self.observe().await;
             act_on.sort_by_key(|t| t.signal.ranking());
             let Some(t) = act_on.into_iter().next() else {
                 break;
@@ -488,7 +488,7 @@ impl EvictionManager {
         let mut need = deficit(t, obs, true).unwrap_or(0);
         for (i, action) in actions.iter().enumerate() {
             if i > 0 {
-                match deficit(t, &self.sources.observe(), true) {
+                match deficit(t, &self.sources.observe_bounded().await, true) {
                     None => break,
                     Some(d) => need = d,
                 }

@@ -33,7 +33,7 @@ use crate::policy::image_gc::{
 };
 use crate::quantity::format_bytes;
 use crate::runtime::Upstream;
-use crate::signals::node::fs_stats;
+use crate::signals::probe;
 
 /// Why an image was removed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -157,7 +157,7 @@ impl ImageGc {
         let mut times = inner.times.lock().await;
         let mut report = ImageGcReport::default();
         let now = now_ms();
-        let before = fs_stats(&inner.imagefs).ok();
+        let before = probe::statvfs(&inner.imagefs).await.ok();
         let records = match self.detect(&mut times, now).await {
             Ok(r) => r,
             Err(err) => {
@@ -176,7 +176,7 @@ impl ImageGc {
             }
         }
         // Measured after the age pass, which may have freed enough.
-        let start = fs_stats(&inner.imagefs).ok();
+        let start = probe::statvfs(&inner.imagefs).await.ok();
         let wanted = match (demand, start) {
             (Some(b), _) => Some(b),
             (None, Some(fs)) => bytes_to_free(&inner.policy, fs.capacity, fs.available),
@@ -195,12 +195,18 @@ impl ImageGc {
             }
             // Measured when statvfs works, else the runtime's sizes.
             let mut by_size = 0u64;
-            let freed = |by_size: u64| match start {
-                Some(_) => measured(&inner.imagefs, start),
-                None => by_size,
+            let imagefs = inner.imagefs.clone();
+            let freed = |by_size: u64| {
+                let imagefs = imagefs.clone();
+                async move {
+                    match start {
+                        Some(_) => measured(&imagefs, start).await,
+                        None => by_size,
+                    }
+                }
             };
             for img in candidates(&records, now, inner.policy.min_age) {
-                if freed(by_size) >= wanted {
+                if freed(by_size).await >= wanted {
                     break;
                 }
                 if gone.contains(&img.id) {
@@ -212,7 +218,7 @@ impl ImageGc {
                     report.removed.push(removed(img, Reason::Space));
                 }
             }
-            let got = freed(by_size);
+            let got = freed(by_size).await;
             if got < wanted {
                 tracing::warn!(
                     wanted,
@@ -222,7 +228,7 @@ impl ImageGc {
             }
         }
         report.freed = match before {
-            Some(_) => measured(&inner.imagefs, before),
+            Some(_) => measured(&inner.imagefs, before).await,
             None => report.removed.iter().map(|r| r.size).sum(),
         };
         inner
@@ -352,8 +358,8 @@ fn removed(img: &ImageRecord, reason: Reason) -> Removed {
 }
 
 /// Bytes freed on the filesystem at `path` since `before` (0 if unknown).
-fn measured(path: &Path, before: Option<crate::signals::node::FsStats>) -> u64 {
-    match (before, fs_stats(path)) {
+async fn measured(path: &Path, before: Option<crate::signals::node::FsStats>) -> u64 {
+    match (before, probe::statvfs(path).await) {
         (Some(b), Ok(now)) => now.available.saturating_sub(b.available),
         _ => 0,
     }

@@ -8,6 +8,7 @@ pub mod disk;
 pub mod events;
 pub mod memory;
 pub mod node;
+pub mod probe;
 pub mod usage;
 
 use std::path::{Path, PathBuf};

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use super::cgroup_path;
 use super::memory::CgroupFs;
-use super::{ReadError, read};
+use super::{ReadError, probe, read};
 use crate::config::Signal;
 use crate::policy::thresholds::{Observation, Observations};
 use crate::signal::{Filesystem, MemoryScope, Source, Unit};
@@ -50,12 +50,24 @@ pub struct FsStats {
     pub inodes: u64,
 }
 
+/// Whether a signal's source is a filesystem.
+fn is_disk(s: Source) -> bool {
+    matches!(s, Source::Statfs(_))
+}
+
 /// `statvfs(2)` of the filesystem holding `path`.
 pub fn fs_stats(path: &Path) -> Result<FsStats, ReadError> {
+    fs_stats_id(path).map(|(s, _)| s)
+}
+
+/// `statvfs(2)` of the filesystem holding `path`, with its id (`f_fsid`:
+/// equal for two paths on one filesystem).
+pub fn fs_stats_id(path: &Path) -> Result<(FsStats, u64), ReadError> {
     let s = nix::sys::statvfs::statvfs(path).map_err(|e| ReadError {
         path: path.to_owned(),
         source: e.into(),
     })?;
+    let id = s.filesystem_id() as u64;
     let frsize = s.fragment_size() as u64;
     Ok(FsStats {
         available: s.blocks_available() as u64 * frsize,
@@ -63,6 +75,7 @@ pub fn fs_stats(path: &Path) -> Result<FsStats, ReadError> {
         inodes_free: s.files_free() as u64,
         inodes: s.files() as u64,
     })
+    .map(|f| (f, id))
 }
 
 /// The kernel's pid limit: the smaller of `pid_max` and `threads-max`.
@@ -104,33 +117,101 @@ impl NodeSources {
     /// Reads every signal it can, stamped with the time the reading started;
     /// a signal whose source cannot be read is left out (and logged), never
     /// guessed. Each signal is read as [`Signal::source`] says; a filesystem
-    /// is read once for its bytes and inodes signals.
+    /// is read once for its bytes and inodes signals. Blocking, and
+    /// unbounded on a hung filesystem: criguard's loops call
+    /// [`NodeSources::observe_bounded`].
     pub fn observe(&self) -> Observations {
-        let mut obs = Observations::new(std::time::Instant::now());
-        let mut statfs: BTreeMap<Filesystem, Result<FsStats, ReadError>> = BTreeMap::new();
-        for sig in Signal::ALL {
+        let at = std::time::Instant::now();
+        let mut statfs: BTreeMap<Filesystem, Result<FsStats, String>> = BTreeMap::new();
+        self.observe_from(
+            at,
+            |_| true,
+            |fs| {
+                statfs
+                    .entry(fs)
+                    .or_insert_with(|| fs_stats(self.root(fs)).map_err(|e| e.to_string()))
+                    .clone()
+            },
+        )
+    }
+
+    /// The filesystem root a disk signal reads.
+    fn root(&self, fs: Filesystem) -> &Path {
+        match fs {
+            Filesystem::Nodefs => &self.nodefs,
+            Filesystem::Imagefs => &self.imagefs,
+        }
+    }
+
+    /// [`NodeSources::observe`] that never stalls: the filesystems through
+    /// [`probe::statvfs`] (a hung mount is reported stuck and its signals
+    /// left out after at most [`probe::DEADLINE`]), memory and pids read on
+    /// the blocking pool within the same deadline. Memory and pid signals
+    /// are observed whatever the filesystems do.
+    pub async fn observe_bounded(&self) -> Observations {
+        let at = std::time::Instant::now();
+        let me = self.clone();
+        let memory_and_pids = tokio::task::spawn_blocking(move || {
+            me.observe_from(at, |s| !is_disk(s), |_| Err("not read here".to_owned()))
+        });
+        let (nodefs, imagefs, rest) = tokio::join!(
+            probe::statvfs(&self.nodefs),
+            probe::statvfs(&self.imagefs),
+            tokio::time::timeout(probe::DEADLINE, memory_and_pids)
+        );
+        let fs = |f: Filesystem| {
+            match f {
+                Filesystem::Nodefs => &nodefs,
+                Filesystem::Imagefs => &imagefs,
+            }
+            .clone()
+            .map_err(|e| e.to_string())
+        };
+        let mut obs = match rest {
+            Ok(Ok(o)) => o,
+            Ok(Err(err)) => {
+                tracing::error!(%err, "memory and pid observation failed");
+                Observations::new(at)
+            }
+            Err(_) => {
+                tracing::warn!(
+                    deadline = ?probe::DEADLINE,
+                    "memory and pid signals not read within the deadline; not observed this round"
+                );
+                Observations::new(at)
+            }
+        };
+        let disk = self.observe_from(at, is_disk, fs);
+        obs.signals.extend(disk.signals);
+        obs
+    }
+
+    /// Reads the signals whose source `wanted` accepts, the filesystems'
+    /// through `statfs`.
+    fn observe_from(
+        &self,
+        at: std::time::Instant,
+        wanted: impl Fn(Source) -> bool,
+        mut statfs: impl FnMut(Filesystem) -> Result<FsStats, String>,
+    ) -> Observations {
+        let mut obs = Observations::new(at);
+        for sig in Signal::ALL.into_iter().filter(|s| wanted(s.source())) {
             let read = match sig.source() {
                 Source::Memcg(scope) => self.memory(scope),
-                Source::Statfs(fs) => {
-                    let root = match fs {
-                        Filesystem::Nodefs => &self.nodefs,
-                        Filesystem::Imagefs => &self.imagefs,
-                    };
-                    match statfs.entry(fs).or_insert_with(|| fs_stats(root)) {
-                        Ok(s) if sig.unit() == Unit::Inodes => Ok(Observation {
-                            available: s.inodes_free as i64,
-                            capacity: s.inodes,
-                        }),
-                        Ok(s) => Ok(Observation {
-                            available: s.available as i64,
-                            capacity: s.capacity,
-                        }),
-                        Err(err) => {
-                            tracing::debug!(signal = %sig, %err, "signal not observed");
-                            continue;
-                        }
+                Source::Statfs(fs) => match statfs(fs) {
+                    Ok(s) if sig.unit() == Unit::Inodes => Ok(Observation {
+                        available: s.inodes_free as i64,
+                        capacity: s.inodes,
+                    }),
+                    Ok(s) => Ok(Observation {
+                        available: s.available as i64,
+                        capacity: s.capacity,
+                    }),
+                    Err(err) => {
+                        tracing::debug!(signal = %sig, %err, "signal not observed");
+                        continue;
                     }
-                }
+                },
                 Source::Pids => self.pids(),
             };
             match read {

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use super::disk::{self, DiskUsage};
 use super::memory::CgroupFs;
-use super::node::{FsStats, fs_stats};
+use super::node::FsStats;
 use crate::config::Signal;
 use crate::model::Pod;
 use crate::runtime::content::Content;
@@ -281,10 +281,10 @@ pub fn read_pod(pod: &Pod, layers: &Layers, src: &UsageSources) -> PodUsage {
 /// every pod in `pods` with the writable layers in `layers`.
 pub fn read_node(pods: &[Pod], layers: &Layers, src: &UsageSources) -> NodeUsage {
     let started = Instant::now();
-    let nodefs = fs_stats(&src.nodefs)
+    let nodefs = super::probe::statvfs_blocking(&src.nodefs)
         .inspect_err(|e| tracing::debug!(%e, "nodefs not read"))
         .ok();
-    let imagefs = fs_stats(&src.imagefs)
+    let imagefs = super::probe::statvfs_blocking(&src.imagefs)
         .inspect_err(|e| tracing::debug!(%e, "imagefs not read"))
         .ok();
     let dedicated_imagefs = disk::dedicated_imagefs(&src.nodefs, &src.imagefs);
@@ -378,37 +378,64 @@ impl UsageReader {
         out
     }
 
-    /// Everything, read now; the walks run off the async thread.
+    /// Everything, read now; the walks run off the async thread. A
+    /// filesystem whose observation is stuck ([`super::probe`]) is not
+    /// walked, and a walk that has not finished in [`WALK_DEADLINE`] is
+    /// left to its thread and answered as unread: a hung mount never holds
+    /// the caller (an eviction round, an admin call), and never more than
+    /// one walk waits on it.
     pub async fn read(&self, pods: Vec<Pod>) -> NodeUsage {
+        for fs in [&self.sources.nodefs, &self.sources.imagefs] {
+            if let Err(e @ super::probe::ProbeError::Stuck { .. }) = super::probe::statvfs(fs).await
+            {
+                return unread(&pods, &e.to_string());
+            }
+        }
         let layers = self.layers(&pods).await;
         let sources = self.sources.clone();
         let fallback = pods.clone();
-        match tokio::task::spawn_blocking(move || read_node(&pods, &layers, &sources)).await {
-            Ok(mut u) => {
+        let walk = tokio::task::spawn_blocking(move || read_node(&pods, &layers, &sources));
+        match tokio::time::timeout(WALK_DEADLINE, walk).await {
+            Ok(Ok(mut u)) => {
                 if u.images.is_none() {
                     u.images = self.listed_images().await;
                 }
                 u
             }
-            Err(e) => {
-                // A panic in a walk must not take the caller down.
+            // A panic in a walk must not take the caller down.
+            Ok(Err(e)) => {
                 tracing::error!(err = %e, "usage reading failed");
-                NodeUsage {
-                    nodefs: None,
-                    imagefs: None,
-                    dedicated_imagefs: false,
-                    images: None,
-                    pods: fallback
-                        .iter()
-                        .map(|p| PodUsage {
-                            errors: vec![format!("usage reading failed: {e}")],
-                            ..PodUsage::nothing(p)
-                        })
-                        .collect(),
-                    read_us: 0,
-                }
+                unread(&fallback, &format!("usage reading failed: {e}"))
+            }
+            Err(_) => {
+                tracing::warn!(deadline = ?WALK_DEADLINE, "usage walk not finished within its deadline (a hung filesystem?); answered as unread");
+                unread(
+                    &fallback,
+                    &format!("usage walk not finished in {WALK_DEADLINE:?}"),
+                )
             }
         }
+    }
+}
+
+/// How long a usage walk is waited for.
+pub const WALK_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Every pod's usage unread, with `why`.
+fn unread(pods: &[Pod], why: &str) -> NodeUsage {
+    NodeUsage {
+        nodefs: None,
+        imagefs: None,
+        dedicated_imagefs: false,
+        images: None,
+        pods: pods
+            .iter()
+            .map(|p| PodUsage {
+                errors: vec![why.to_owned()],
+                ..PodUsage::nothing(p)
+            })
+            .collect(),
+        read_us: 0,
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Ranker, blocking};
+use super::Ranker;
 use crate::config::{Signal, Threshold};
 use crate::policy::rank::near;
 use crate::policy::thresholds::Observation;
@@ -42,10 +42,7 @@ impl Ranker {
         let mut out = Vec::new();
         let mut not_ranked = Vec::new();
         let observed = match signals.iter().any(|s| s.ranking() == Ranking::Disk) {
-            true => {
-                let sources = self.sources.clone();
-                Some(blocking(move || sources.observe()).await)
-            }
+            true => Some(self.sources.observe_bounded().await),
             false => None,
         };
         for &s in signals {
