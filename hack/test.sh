@@ -8,8 +8,9 @@
 #                                     lint, then `cargo test ARGS` alone, on
 #                                     the containerd CRIGUARD_CONTAINERD picks
 #
-# Everything is:
-#   1. the whole suite on Debian's containerd 1.6 (the host's packages);
+# Everything is, after one build of every test binary:
+#   1. the whole suite on Debian's containerd 1.6 (the host's packages), the
+#      VM and cluster tiers running beside the rest;
 #   2. the runtime-facing tests again on containerd 2.3 built from its Go
 #      module (lifecycle, clients, crictl, critest, eviction, GC, events,
 #      model, usage, restart, OOM, reload): CRIGUARD_CONTAINERD=2. critest runs here
@@ -33,23 +34,52 @@ if (($# > 0)); then
     exec cargo test "$@"
 fi
 
+# The VM and cluster tiers (QEMU under TCG, a control plane: mostly one
+# busy core) run beside the rest of the suite, which mostly waits on
+# containerd; together they take about as long as the tiers alone. Each
+# group's lines carry its tag.
+tiers=(vm cluster cluster_vm)
+others=()
+for f in tests/*.rs tests/*/main.rs; do
+    name=$(basename "${f%/main.rs}" .rs)
+    [[ " ${tiers[*]} " == *" $name "* ]] || others+=(--test "$name")
+done
+
+cargo test --no-run --all-targets >/dev/null
+
+tag() { sed -u "s/^/[$1] /"; }
+
+run_tiers() {
+    local start=$SECONDS rc=0
+    echo "test.sh: [tiers] the VM and cluster tiers (containerd 1.6 on the host, 2.3 on the nodes)" >&2
+    cargo test --no-fail-fast "${tiers[@]/#/--test=}" 2>&1 | tag tiers || rc=1
+    echo "test.sh: [tiers] done in $((SECONDS - start)) s" >&2
+    return "$rc"
+}
+
+run_host() {
+    local start=$SECONDS rc=0
+    echo "test.sh: [1.6] unit tests and the host's integration tests on containerd 1.6" >&2
+    (unset CRIGUARD_CONTAINERD
+     cargo test --no-fail-fast --lib --bins "${others[@]}" -- \
+         --skip critest_passes_and_fails_the_same_specs_through_criguard) 2>&1 | tag 1.6 || rc=1
+    echo "test.sh: [1.6] done in $((SECONDS - start)) s" >&2
+    start=$SECONDS
+    echo "test.sh: [2.x] the runtime-facing tests on containerd 2" >&2
+    CRIGUARD_CONTAINERD=2 cargo test --no-fail-fast \
+        --test lifecycle --test clients --test crictl --test critest \
+        --test eviction --test disk_eviction --test gc --test image_gc \
+        --test events --test task_events --test model --test usage \
+        --test restart --test oom --test reload 2>&1 | tag 2.x || rc=1
+    echo "test.sh: [2.x] done in $((SECONDS - start)) s" >&2
+    return "$rc"
+}
+
+start=$SECONDS
+run_tiers &
+tiers_pid=$!
 failed=0
-start=$SECONDS
-echo "test.sh: [1/2] the whole suite on containerd 1.6" >&2
-# Unset, not 1.6: the cluster tier's nodes take containerd 2 by default
-# (hack/cluster.sh) and the rest of the suite Debian's 1.6.
-unset CRIGUARD_CONTAINERD
-cargo test --no-fail-fast -- \
-    --skip critest_passes_and_fails_the_same_specs_through_criguard || failed=1
-echo "test.sh: [1/2] done in $((SECONDS - start)) s" >&2
-
-start=$SECONDS
-echo "test.sh: [2/2] the runtime-facing tests on containerd 2" >&2
-CRIGUARD_CONTAINERD=2 cargo test --no-fail-fast \
-    --test lifecycle --test clients --test crictl --test critest \
-    --test eviction --test disk_eviction --test gc --test image_gc \
-    --test events --test task_events --test model --test usage \
-    --test restart --test oom --test reload || failed=1
-echo "test.sh: [2/2] done in $((SECONDS - start)) s" >&2
-
+run_host || failed=1
+wait "$tiers_pid" || failed=1
+echo "test.sh: everything done in $((SECONDS - start)) s; $([[ $failed == 0 ]] && echo passed || echo FAILED)" >&2
 exit "$failed"
