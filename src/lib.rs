@@ -13,6 +13,7 @@ pub mod kube;
 pub mod kubelet;
 pub mod limits;
 pub mod listen;
+pub mod lograte;
 pub mod metrics;
 pub mod model;
 pub mod node_state;
