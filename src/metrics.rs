@@ -553,6 +553,11 @@ impl Metrics {
         let events = TaskEventMetrics::new(&mut registry);
         let config = ConfigMetrics::new(&mut registry);
         registry.register(
+            "criguard_state_write_failures",
+            "Failed attempts at writing a state file, by file (the state directory full, read-only or gone); an eviction record that could not be written is kept in memory and retried every second until it is",
+            crate::statefile::write_failures(),
+        );
+        registry.register(
             "criguard_observation_stuck",
             "1 while a statvfs of the path has not returned within its deadline (a hung filesystem): its disk signals are not observed",
             crate::signals::probe::stuck_gauge(),
