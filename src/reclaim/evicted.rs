@@ -141,9 +141,10 @@ impl EvictedStore {
         crate::statefile::read_json(&self.pressure).unwrap_or_default()
     }
 
-    /// Saves `r` atomically and privately; errors carry the path.
+    /// Saves `r` atomically and privately, retried until written
+    /// ([`crate::statefile::write_or_retry`]); errors carry the path.
     pub fn save_remembered(&self, r: &Remembered) -> std::io::Result<()> {
-        crate::statefile::write_private(&self.pressure, &serde_json::to_vec_pretty(r)?)
+        crate::statefile::write_or_retry(&self.pressure, serde_json::to_vec_pretty(r)?)
     }
 
     /// The file's path.
@@ -186,10 +187,10 @@ impl EvictedStore {
         status
     }
 
-    /// Writes `pods` atomically and privately ([`crate::statefile`]);
-    /// errors carry the path.
+    /// Writes `pods` atomically and privately, retried until written
+    /// ([`crate::statefile::write_or_retry`]); errors carry the path.
     pub fn save(&self, pods: &EvictedPods) -> std::io::Result<()> {
-        crate::statefile::write_private(&self.path, &serde_json::to_vec_pretty(pods)?)
+        crate::statefile::write_or_retry(&self.path, serde_json::to_vec_pretty(pods)?)
     }
 }
 
@@ -211,7 +212,7 @@ pub fn remember(
     let pod = e.pod.clone();
     Some(tokio::task::spawn_blocking(move || {
         if let Err(err) = store.save(&snapshot) {
-            tracing::error!(%err, %pod, "cannot save the evicted pods; the pod stays refused until criguard restarts");
+            tracing::error!(%err, %pod, "cannot save the evicted pods yet; the pod stays refused, and the save is retried until written");
         }
     }))
 }
