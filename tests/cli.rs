@@ -674,3 +674,69 @@ fn serve_refuses_a_bad_runtime_endpoint_with_exit_2_and_fails_open_on_a_bad_metr
         );
     }
 }
+
+/// `criguard serve` on `listen` with admin socket `admin` and state
+/// directory `state`, its stderr piped.
+fn serve_cmd(
+    listen: &std::path::Path,
+    admin: &std::path::Path,
+    state: &std::path::Path,
+) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_criguard"));
+    cmd.arg("serve")
+        .arg("--listen")
+        .arg(listen)
+        .arg("--admin-socket")
+        .arg(admin)
+        .arg("--state-dir")
+        .arg(state)
+        .args(["--metrics-address", "none"])
+        .arg("--runtime-endpoint")
+        .arg("unix:///nonexistent/runtime.sock")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+#[test]
+fn a_startup_failure_removes_the_sockets_criguard_bound_and_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = dir.path().join("criguard.sock");
+    // An admin socket path under a regular file: it cannot be bound, after
+    // the CRI socket was.
+    std::fs::write(dir.path().join("file"), b"").unwrap();
+    let bad_admin = dir.path().join("file/admin.sock");
+    let mut child = serve_cmd(&listen, &bad_admin, &dir.path().join("state"))
+        .spawn()
+        .unwrap();
+    let (status, err) = exit_within(&mut child, Duration::from_secs(20), "serve");
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("admin.sock"), "names the path: {err}");
+    assert!(!listen.exists(), "the CRI socket left behind: {err}");
+
+    // An admin socket another process serves on: refused, and that socket
+    // (not criguard's) stays.
+    let admin = dir.path().join("admin.sock");
+    let _other = std::os::unix::net::UnixListener::bind(&admin).unwrap();
+    let mut child = serve_cmd(&listen, &admin, &dir.path().join("state"))
+        .spawn()
+        .unwrap();
+    let (status, err) = exit_within(&mut child, Duration::from_secs(20), "serve");
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("another process"), "{err}");
+    assert!(!listen.exists(), "the CRI socket left behind: {err}");
+    assert!(admin.exists(), "another process's socket removed");
+}
+
+#[test]
+fn an_open_state_directory_is_made_private_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, _) = serve_status(dir.path(), &[]);
+    assert_eq!(code, 0);
+    let mode = std::fs::metadata(&state).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "state directory left {mode:o}");
+}

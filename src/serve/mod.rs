@@ -215,6 +215,13 @@ async fn serve(
     let admin_socket = cmd.admin_socket.clone();
     let sources = cmd.node.sources()?;
     let listeners = servers::Listeners::bind(activated, &listen_path, &admin_socket).await?;
+    // From here on, any way out of serve removes the sockets bound above.
+    let servers::Listeners {
+        cri: cri_listener,
+        admin: admin_listener,
+        owned: sockets,
+    } = listeners;
+    tighten_state_dir(&cmd.state_dir);
     let metrics = criguard::metrics::Metrics::new();
     let upstream = criguard::runtime::Upstream::new(endpoint);
     let node = criguard::model::NodeModel::new(sources.memory_capacity as i64);
@@ -297,7 +304,7 @@ async fn serve(
         }
     }
     let notice_task = tokio::spawn(node_notice(notice_rx, complaint_period(), stopping.clone()));
-    let admin_task = tokio::spawn(admin::serve(listeners.admin, admin_state, stopping.wait()));
+    let admin_task = tokio::spawn(admin::serve(admin_listener, admin_state, stopping.wait()));
     let metrics_task = tokio::spawn(servers::metrics(
         metrics_listener,
         metrics.clone(),
@@ -332,7 +339,7 @@ async fn serve(
 
     tracing::info!(runtime = %upstream.endpoint(), "forwarding CRI calls");
     let proxy = servers::start_proxy(
-        listeners.cri,
+        cri_listener,
         &upstream,
         (node, ready),
         (status, guarding),
@@ -363,9 +370,33 @@ async fn serve(
         notice_task
     );
     guard.join().await?;
-    servers::remove_sockets(listeners.owned_path.as_deref(), &admin_socket)?;
+    let unwritten = tokio::task::spawn_blocking(criguard::statefile::flush_pending)
+        .await
+        .unwrap_or_default();
+    for path in unwritten {
+        tracing::error!(path = %path.display(), "stopping with a state file still not written (the state directory is full or unwritable): what it records is lost");
+    }
+    sockets.remove()?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Makes an existing state directory private (0700) as the README promises,
+/// logging the mode it had; a directory criguard creates is made 0700. A
+/// failure is logged: the state files are still written 0600.
+fn tighten_state_dir(dir: &std::path::Path) {
+    match criguard::statefile::make_dir_private(dir) {
+        Ok(Some(was)) => tracing::warn!(
+            path = %dir.display(),
+            was = format!("{was:04o}"),
+            now = format!("{:04o}", criguard::statefile::DIR_MODE),
+            "state directory was open to others; made private"
+        ),
+        Ok(None) => {}
+        Err(err) => {
+            tracing::warn!(path = %dir.display(), %err, "cannot make the state directory private")
+        }
+    }
 }
 
 /// SIGHUP: loads the configuration again and puts it in effect, or refuses

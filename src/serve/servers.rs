@@ -20,41 +20,83 @@ use criguard::runtime::Upstream;
 pub struct Listeners {
     /// The CRI socket.
     pub cri: tokio::net::UnixListener,
-    /// The CRI socket's path when criguard created it (removed at the end;
-    /// `None` under socket activation).
-    pub owned_path: Option<PathBuf>,
     /// The admin socket.
     pub admin: tokio::net::UnixListener,
+    /// The socket files criguard created, removed when this is dropped.
+    pub owned: OwnedSockets,
+}
+
+/// The socket files criguard created (the CRI socket unless systemd passed
+/// it, the admin socket): removed when dropped, so that no way out of
+/// `serve` (a later startup step failing, an error while stopping, a
+/// panic) leaves a socket nobody answers on. [`OwnedSockets::remove`] does
+/// it at a clean stop and reports what it could not remove.
+#[derive(Debug, Default)]
+pub struct OwnedSockets(Vec<PathBuf>);
+
+impl OwnedSockets {
+    /// Adds `path`, a socket just bound.
+    pub fn push(&mut self, path: &Path) {
+        self.0.push(path.to_owned());
+    }
+
+    /// Removes every socket; the first error, naming its path (the others
+    /// are still tried).
+    pub fn remove(mut self) -> anyhow::Result<()> {
+        remove_all(std::mem::take(&mut self.0))
+    }
+}
+
+impl Drop for OwnedSockets {
+    fn drop(&mut self) {
+        if let Err(err) = remove_all(std::mem::take(&mut self.0)) {
+            tracing::warn!("{err:#}");
+        }
+    }
+}
+
+/// Removes each of `paths` (one already gone is not an error); the first
+/// error, naming its path.
+fn remove_all(paths: Vec<PathBuf>) -> anyhow::Result<()> {
+    let mut first = Ok(());
+    for path in paths {
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound && first.is_ok() => {
+                first =
+                    Err(anyhow::Error::new(e).context(format!("remove socket {}", path.display())));
+            }
+            _ => tracing::debug!(path = %path.display(), "socket removed"),
+        }
+    }
+    first
 }
 
 impl Listeners {
     /// Binds the CRI socket (`activated`: the one systemd passed; else
     /// `listen_path`), then the admin socket. Both are relay essentials:
-    /// criguard does not run without them.
+    /// criguard does not run without them. When the admin socket cannot be
+    /// bound, the CRI socket just bound is removed again.
     pub async fn bind(
         activated: Option<std::os::unix::net::UnixListener>,
         listen_path: &Path,
         admin_socket: &Path,
     ) -> anyhow::Result<Self> {
-        let (cri, owned_path) = match activated {
+        let mut owned = OwnedSockets::default();
+        let cri = match activated {
             Some(l) => {
                 tracing::info!("listening on the socket passed by systemd");
-                let l = tokio::net::UnixListener::from_std(l)
-                    .context("socket activation: register fd 3")?;
-                (l, None)
+                tokio::net::UnixListener::from_std(l).context("socket activation: register fd 3")?
             }
             None => {
                 let l = listen::bind(listen_path)?;
+                owned.push(listen_path);
                 tracing::info!(path = %listen_path.display(), "listening");
-                (l, Some(listen_path.to_owned()))
+                l
             }
         };
         let admin = listen::bind(admin_socket)?;
-        Ok(Self {
-            cri,
-            owned_path,
-            admin,
-        })
+        owned.push(admin_socket);
+        Ok(Self { cri, admin, owned })
     }
 }
 
@@ -120,12 +162,4 @@ pub fn start_proxy(
         .with_ready(ready);
     cri::server::ProxyThread::spawn(listener.into_std()?, proxy, drain)
         .context("start the proxy thread")
-}
-
-/// Removes the sockets criguard created.
-pub fn remove_sockets(owned_path: Option<&Path>, admin_socket: &Path) -> anyhow::Result<()> {
-    for path in owned_path.into_iter().chain([admin_socket]) {
-        std::fs::remove_file(path).with_context(|| format!("remove socket {}", path.display()))?;
-    }
-    Ok(())
 }
