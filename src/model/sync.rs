@@ -16,7 +16,7 @@ use k8s_cri::v1 as cri;
 
 use super::NodeModel;
 use super::convert::{self, InfoError};
-use crate::runtime::Upstream;
+use crate::runtime::{CALL_DEADLINE, Upstream, bounded};
 
 /// Why the model could not be read from the runtime.
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +46,13 @@ async fn fetch_sandbox(up: &Upstream, id: &str) -> Result<Option<super::SandboxI
         pod_sandbox_id: id.to_owned(),
         verbose: true,
     };
-    match up.runtime().pod_sandbox_status(req).await {
+    match bounded(
+        "PodSandboxStatus",
+        CALL_DEADLINE,
+        up.runtime().pod_sandbox_status(req),
+    )
+    .await
+    {
         Ok(resp) => Ok(Some(convert::sandbox_from_status(&resp.into_inner())?)),
         // Removed between the list and this call.
         Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
@@ -62,7 +68,13 @@ async fn fetch_container(
         container_id: id.to_owned(),
         verbose: true,
     };
-    match up.runtime().container_status(req).await {
+    match bounded(
+        "ContainerStatus",
+        CALL_DEADLINE,
+        up.runtime().container_status(req),
+    )
+    .await
+    {
         Ok(resp) => Ok(Some(convert::container_from_status(&resp.into_inner())?)),
         Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
         Err(s) => Err(call_err("ContainerStatus")(s)),
@@ -70,16 +82,15 @@ async fn fetch_container(
 }
 
 async fn lists(up: &Upstream) -> Result<(Vec<cri::PodSandbox>, Vec<cri::Container>), SyncError> {
-    let sandboxes = up
-        .runtime()
-        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+    let mut rt = up.runtime();
+    let list = rt.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None });
+    let sandboxes = bounded("ListPodSandbox", CALL_DEADLINE, list)
         .await
         .map_err(call_err("ListPodSandbox"))?
         .into_inner()
         .items;
-    let containers = up
-        .runtime()
-        .list_containers(cri::ListContainersRequest { filter: None })
+    let list = rt.list_containers(cri::ListContainersRequest { filter: None });
+    let containers = bounded("ListContainers", CALL_DEADLINE, list)
         .await
         .map_err(call_err("ListContainers"))?
         .into_inner()

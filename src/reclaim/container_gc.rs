@@ -19,6 +19,7 @@ use crate::policy::gc::{
     sandboxes_to_remove,
 };
 use crate::runtime::Upstream;
+use crate::runtime::{CALL_DEADLINE, bounded};
 use crate::signals::probe;
 
 /// What one round removed.
@@ -48,12 +49,11 @@ pub async fn remove_container(
     rt: &mut cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
     id: &str,
 ) -> bool {
-    let status = rt
-        .container_status(cri::ContainerStatusRequest {
-            container_id: id.to_owned(),
-            verbose: false,
-        })
-        .await;
+    let status = rt.container_status(cri::ContainerStatusRequest {
+        container_id: id.to_owned(),
+        verbose: false,
+    });
+    let status = bounded("ContainerStatus", CALL_DEADLINE, status).await;
     if let Some(log) = status
         .ok()
         .and_then(|s| s.into_inner().status)
@@ -68,12 +68,10 @@ pub async fn remove_container(
             }
         }
     }
-    match rt
-        .remove_container(cri::RemoveContainerRequest {
-            container_id: id.to_owned(),
-        })
-        .await
-    {
+    let remove = rt.remove_container(cri::RemoveContainerRequest {
+        container_id: id.to_owned(),
+    });
+    match bounded("RemoveContainer", CALL_DEADLINE, remove).await {
         Ok(_) => true,
         Err(err) => {
             tracing::warn!(container = %id, %err, "RemoveContainer failed");
@@ -162,17 +160,13 @@ impl ContainerGc {
     async fn remove(&self, pressure: bool) -> GcReport {
         let mut report = GcReport::default();
         let mut rt = self.upstream.runtime();
-        let Ok(list) = rt
-            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-            .await
-        else {
+        let list = rt.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None });
+        let Ok(list) = bounded("ListPodSandbox", CALL_DEADLINE, list).await else {
             return report;
         };
         let sandboxes = list.into_inner().items;
-        let Ok(list) = rt
-            .list_containers(cri::ListContainersRequest { filter: None })
-            .await
-        else {
+        let list = rt.list_containers(cri::ListContainersRequest { filter: None });
+        let Ok(list) = bounded("ListContainers", CALL_DEADLINE, list).await else {
             return report;
         };
         let containers = list.into_inner().containers;
@@ -235,12 +229,10 @@ impl ContainerGc {
             })
             .collect();
         for id in sandboxes_to_remove(&records) {
-            match rt
-                .remove_pod_sandbox(cri::RemovePodSandboxRequest {
-                    pod_sandbox_id: id.clone(),
-                })
-                .await
-            {
+            let remove = rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            });
+            match bounded("RemovePodSandbox", CALL_DEADLINE, remove).await {
                 Ok(_) => {
                     tracing::info!(sandbox = %id, "container GC: removed a dead sandbox with no containers");
                     report.sandboxes.push(id);

@@ -33,6 +33,7 @@ use crate::policy::image_gc::{
 };
 use crate::quantity::format_bytes;
 use crate::runtime::Upstream;
+use crate::runtime::{CALL_DEADLINE, bounded};
 use crate::signals::probe;
 
 /// Why an image was removed.
@@ -254,13 +255,13 @@ impl ImageGc {
         let inner = &self.inner;
         let mut rt = inner.upstream.runtime();
         let mut img = inner.upstream.images();
-        let images = img
-            .list_images(cri::ListImagesRequest { filter: None })
+        let list = img.list_images(cri::ListImagesRequest { filter: None });
+        let images = bounded("ListImages", CALL_DEADLINE, list)
             .await?
             .into_inner()
             .images;
-        let containers = rt
-            .list_containers(cri::ListContainersRequest { filter: None })
+        let list = rt.list_containers(cri::ListContainersRequest { filter: None });
+        let containers = bounded("ListContainers", CALL_DEADLINE, list)
             .await?
             .into_inner()
             .containers;
@@ -321,7 +322,7 @@ impl ImageGc {
             }),
         };
         let idle_s = (now_ms() - img.last_used_or_detected()) / 1000;
-        match client.remove_image(req).await {
+        match bounded("RemoveImage", CALL_DEADLINE, client.remove_image(req)).await {
             Ok(_) => {
                 tracing::info!(
                     image = %img.display_name(), id = %img.id, size = img.size, ?reason,
@@ -384,8 +385,8 @@ fn sandbox_image_in(info: &std::collections::HashMap<String, String>) -> Option<
 async fn sandbox_image(
     rt: &mut cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
 ) -> Option<String> {
-    let info = rt
-        .status(cri::StatusRequest { verbose: true })
+    let status = rt.status(cri::StatusRequest { verbose: true });
+    let info = bounded("Status", CALL_DEADLINE, status)
         .await
         .ok()?
         .into_inner()

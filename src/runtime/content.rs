@@ -59,9 +59,9 @@ impl Content {
             status,
         };
         let req = namespaced(ListContentRequest { filters: vec![] }, &self.namespace);
-        let mut stream = ContentClient::new(self.channel.clone())
-            .max_decoding_message_size(MAX_MESSAGE)
-            .list(req)
+        let mut client =
+            ContentClient::new(self.channel.clone()).max_decoding_message_size(MAX_MESSAGE);
+        let mut stream = super::bounded("Content.List", super::CALL_DEADLINE, client.list(req))
             .await
             .map_err(err)?
             .into_inner();

@@ -15,6 +15,7 @@ pub mod events;
 pub mod snapshots;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
@@ -84,27 +85,74 @@ impl std::fmt::Display for RuntimeEndpoint {
     }
 }
 
+/// The deadline of each of criguard's own calls to the runtime (a stop
+/// adds the grace period it asks for): containerd answers every one of
+/// them in milliseconds; a runtime that has not answered in this long is
+/// hung (frozen, deadlocked) and the call is abandoned with a warning.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(15);
+
+/// The deadline the channel itself puts on every unary call, whatever its
+/// caller does: the kubelet's own `--runtime-request-timeout` default.
+pub const CHANNEL_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Awaits `call`, a call to the runtime named `what`, at most `deadline`:
+/// past it the call is abandoned, a warning logged, and
+/// `DEADLINE_EXCEEDED` returned, as the kubelet's own calls end when their
+/// context's deadline passes.
+pub async fn bounded<T>(
+    what: &'static str,
+    deadline: Duration,
+    call: impl std::future::Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, tonic::Status> {
+    match tokio::time::timeout(deadline, call).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!(
+                call = what,
+                ?deadline,
+                "runtime call past its deadline: abandoned (is the runtime hung?)"
+            );
+            Err(tonic::Status::deadline_exceeded(format!(
+                "{what}: no answer from the runtime within {deadline:?}"
+            )))
+        }
+    }
+}
+
 /// A shared, lazily connected channel to the runtime.
 #[derive(Clone, Debug)]
 pub struct Upstream {
     endpoint: RuntimeEndpoint,
     channel: Channel,
+    /// The same socket without the channel's deadline, for event
+    /// subscriptions (a stream that may stay silent for hours).
+    streams: Channel,
 }
 
 impl Upstream {
     /// Makes the channel without connecting; the first call connects.
     /// Must be called inside a tokio runtime.
     pub fn new(endpoint: RuntimeEndpoint) -> Self {
-        let path = endpoint.path.clone();
-        // The URI is a placeholder: the connector below ignores it, and the
-        // channel uses only its authority for the `:authority` header.
-        let channel = Endpoint::from_static("http://localhost").connect_with_connector_lazy(
-            tower::service_fn(move |_| {
+        let dial = |deadline: Option<Duration>| {
+            let path = endpoint.path.clone();
+            // The URI is a placeholder: the connector below ignores it, and the
+            // channel uses only its authority for the `:authority` header.
+            let mut e = Endpoint::from_static("http://localhost");
+            if let Some(d) = deadline {
+                e = e.timeout(d);
+            }
+            e.connect_with_connector_lazy(tower::service_fn(move |_| {
                 let path = path.clone();
                 async move { UnixStream::connect(path).await.map(TokioIo::new) }
-            }),
-        );
-        Self { endpoint, channel }
+            }))
+        };
+        let channel = dial(Some(CHANNEL_DEADLINE));
+        let streams = dial(None);
+        Self {
+            endpoint,
+            channel,
+            streams,
+        }
     }
 
     /// The endpoint this channel dials.
@@ -126,7 +174,7 @@ impl Upstream {
     /// containerd's events service (task exits and OOMs in namespace
     /// `k8s.io`), over the shared channel.
     pub fn events(&self) -> events::Events {
-        events::Events::new(self.channel.clone())
+        events::Events::new(self.streams.clone())
     }
 
     /// containerd's content service in namespace `k8s.io`, over the shared channel.

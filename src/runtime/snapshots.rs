@@ -140,9 +140,9 @@ impl Snapshots {
             snapshotter: self.snapshotter.clone(),
             key: key.to_owned(),
         };
-        let resp = self
-            .client()
-            .mounts(namespaced(req, &self.namespace))
+        let mut client = self.client();
+        let call = client.mounts(namespaced(req, &self.namespace));
+        let resp = super::bounded("Snapshots.Mounts", super::CALL_DEADLINE, call)
             .await
             .map_err(self.call_error("Mounts", key))?;
         Ok(resp.into_inner().mounts)
@@ -155,9 +155,9 @@ impl Snapshots {
             snapshotter: self.snapshotter.clone(),
             key: key.to_owned(),
         };
-        let resp = self
-            .client()
-            .usage(namespaced(req, &self.namespace))
+        let mut client = self.client();
+        let call = client.usage(namespaced(req, &self.namespace));
+        let resp = super::bounded("Snapshots.Usage", super::CALL_DEADLINE, call)
             .await
             .map_err(self.call_error("Usage", key))?;
         Ok(resp.into_inner())
