@@ -35,6 +35,10 @@ use crate::signals::usage::UsageReader;
 /// How long open admin connections may finish after criguard is told to stop.
 pub const DRAIN: Duration = Duration::from_secs(5);
 
+/// How long an admin answer waits for the runtime before it answers from
+/// the model as it is.
+pub const SYNC_DEADLINE: Duration = Duration::from_secs(2);
+
 /// What the admin API answers from.
 #[derive(Clone, Debug)]
 pub struct AdminState {
@@ -69,9 +73,18 @@ pub fn rank_signals(thresholds: &[Threshold]) -> Vec<Signal> {
 
 impl AdminState {
     /// Syncs the model with the runtime; a failure is logged, not returned.
+    /// Waited for at most [`SYNC_DEADLINE`]: a hung runtime must not hang
+    /// `criguard pods` (the model, kept by the calls relayed and the
+    /// events, answers as it is).
     async fn sync(&self, rpc: &str) {
-        if let Err(err) = sync::sync(&self.model, &self.upstream).await {
-            tracing::warn!(%err, rpc, "sync before an admin answer failed; answering from the model as it is");
+        match tokio::time::timeout(SYNC_DEADLINE, sync::sync(&self.model, &self.upstream)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                tracing::warn!(%err, rpc, "sync before an admin answer failed; answering from the model as it is")
+            }
+            Err(_) => {
+                tracing::warn!(rpc, deadline = ?SYNC_DEADLINE, "the runtime did not answer the sync before an admin answer in time; answering from the model as it is")
+            }
         }
     }
 

@@ -56,7 +56,7 @@ use crate::reclaim::evicted::{self, EvictedStore};
 use crate::reclaim::image_gc::ImageGc;
 use crate::reclaim::kill;
 use crate::reclaim::rank::{Ranker, Victim};
-use crate::runtime::Upstream;
+use crate::runtime::{CALL_DEADLINE, Upstream, bounded};
 use crate::signal::Ranking;
 use crate::signals::disk::dedicated_imagefs;
 use crate::signals::events::{MemoryEvent, MemoryEvents};
@@ -585,13 +585,43 @@ impl EvictionManager {
             if grace_s == 0 {
                 self.kill_first(pod, t);
             }
-            self.stop(pod, grace_s).await;
+            // Published now, when the pod is killed (or its stop begins),
+            // not when the runtime answers: a hung runtime must not hide
+            // the eviction from `criguard evictions`, WatchEvictions and the
+            // metrics. NotReady in the model keeps the next round from
+            // choosing the pod again while its stop is still pending.
+            let labels = EvictionLabels {
+                signal: t.signal,
+                qos: pod.qos,
+            };
+            self.metrics.evictions.get_or_create(&labels).inc();
+            self.model
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .set_sandbox_state(&pod.sandbox_id, SandboxState::NotReady);
+            self.status
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .record_eviction(e.clone());
+            let since = self.state.met_since(t);
+            let stopped = self.stop(pod, grace_s).await;
             // The action is StopPodSandbox returning: timed before the
             // evicted pods' save (an fsync) is waited for.
-            if let Some(since) = self.state.met_since(t) {
-                self.metrics
+            match (stopped, since) {
+                (true, Some(since)) => self
+                    .metrics
                     .pressure_to_action
-                    .observe(since.elapsed().as_secs_f64());
+                    .observe(since.elapsed().as_secs_f64()),
+                (true, None) => {}
+                (false, _) => {
+                    let retry = StopRetry {
+                        upstream: self.upstream.clone(),
+                        sandbox_id: pod.sandbox_id.clone(),
+                        since,
+                        metric: self.metrics.pressure_to_action.clone(),
+                    };
+                    tokio::spawn(retry.run());
+                }
             }
             if let Some(saving) = saving {
                 let _ = saving.await;
@@ -611,13 +641,7 @@ impl EvictionManager {
                     remove_container(&mut rt, &c.id).await;
                 }
             }
-            let labels = EvictionLabels {
-                signal: t.signal,
-                qos: pod.qos,
-            };
-            self.metrics.evictions.get_or_create(&labels).inc();
-            let mut m = self.model.write().unwrap_or_else(|e| e.into_inner());
-            m.set_sandbox_state(&pod.sandbox_id, SandboxState::NotReady);
+            return e;
         }
         let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
         st.record_eviction(e.clone());
@@ -657,9 +681,15 @@ impl EvictionManager {
     }
 
     /// Stops `pod` as the kubelet does: StopContainer for every running
-    /// container at once, then StopPodSandbox.
-    async fn stop(&self, pod: &Pod, grace_s: i64) {
+    /// container at once, then StopPodSandbox, each within its deadline
+    /// ([`CALL_DEADLINE`], plus the grace period for StopContainer). True
+    /// when StopPodSandbox succeeded; false when the runtime did not answer
+    /// or failed, and the caller hands the stop to a [`StopRetry`]. A
+    /// StopContainer the runtime did not answer in time skips the
+    /// StopPodSandbox (it would wait as long again on the same runtime).
+    async fn stop(&self, pod: &Pod, grace_s: i64) -> bool {
         let started = Instant::now();
+        let deadline = CALL_DEADLINE + std::time::Duration::from_secs(grace_s.max(0) as u64);
         let stops = pod
             .containers
             .values()
@@ -671,26 +701,101 @@ impl EvictionManager {
                     timeout: grace_s,
                 };
                 async move {
-                    if let Err(err) = rt.stop_container(req).await {
-                        tracing::warn!(container = %c.id, %err, "StopContainer failed; StopPodSandbox follows");
+                    let r = bounded("StopContainer", deadline, rt.stop_container(req)).await;
+                    match r {
+                        Ok(_) => true,
+                        Err(err) => {
+                            tracing::warn!(container = %c.id, %err, "StopContainer failed; StopPodSandbox follows");
+                            !runtime_hung(&err)
+                        }
                     }
                 }
             });
-        futures::future::join_all(stops).await;
-        let mut rt = self.upstream.runtime();
+        let answered = futures::future::join_all(stops).await;
         let containers_stopped = Instant::now();
+        if answered.contains(&false) {
+            tracing::warn!(sandbox = %pod.sandbox_id, "the runtime does not answer: StopPodSandbox retried until it does (the pod's processes are already killed when its grace period is 0)");
+            return false;
+        }
+        let mut rt = self.upstream.runtime();
         let req = cri::StopPodSandboxRequest {
             pod_sandbox_id: pod.sandbox_id.clone(),
         };
-        if let Err(err) = rt.stop_pod_sandbox(req).await {
-            tracing::error!(sandbox = %pod.sandbox_id, %err, "StopPodSandbox failed");
-        }
+        let ok = match bounded("StopPodSandbox", CALL_DEADLINE, rt.stop_pod_sandbox(req)).await {
+            Ok(_) => true,
+            Err(err) => {
+                tracing::error!(sandbox = %pod.sandbox_id, %err, "StopPodSandbox failed; retried until the runtime answers");
+                false
+            }
+        };
         tracing::debug!(
             sandbox = %pod.sandbox_id,
             stop_containers_ms = ms(containers_stopped - started),
             stop_sandbox_ms = ms(containers_stopped.elapsed()),
+            ok,
             "pod stopped"
         );
+        ok
+    }
+}
+
+/// Whether a call's failure says the runtime is not answering (down,
+/// hung) rather than refusing this one call.
+fn runtime_hung(err: &tonic::Status) -> bool {
+    matches!(
+        err.code(),
+        tonic::Code::DeadlineExceeded | tonic::Code::Unavailable | tonic::Code::Cancelled
+    )
+}
+
+/// The waits between StopPodSandbox attempts: doubling from 1 s to 30 s.
+pub fn stop_retry_wait(attempt: u32) -> std::time::Duration {
+    std::time::Duration::from_secs(1u64 << attempt.min(5)).min(std::time::Duration::from_secs(30))
+}
+
+/// An evicted pod's StopPodSandbox that the runtime did not complete (it
+/// was down or hung): tried again, each attempt within [`CALL_DEADLINE`],
+/// until the runtime answers. Its processes were killed through the
+/// cgroup already; this tells the runtime, so that the sandbox and its
+/// network are released as after any eviction.
+struct StopRetry {
+    upstream: Upstream,
+    sandbox_id: String,
+    since: Option<Instant>,
+    metric: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl StopRetry {
+    async fn run(self) {
+        let started = Instant::now();
+        for attempt in 0u32.. {
+            tokio::time::sleep(stop_retry_wait(attempt)).await;
+            let mut rt = self.upstream.runtime();
+            let req = cri::StopPodSandboxRequest {
+                pod_sandbox_id: self.sandbox_id.clone(),
+            };
+            match bounded("StopPodSandbox", CALL_DEADLINE, rt.stop_pod_sandbox(req)).await {
+                Ok(_) => {
+                    if let Some(since) = self.since {
+                        self.metric.observe(since.elapsed().as_secs_f64());
+                    }
+                    tracing::info!(
+                        sandbox = %self.sandbox_id, attempts = attempt + 1,
+                        after_s = started.elapsed().as_secs_f64(),
+                        "StopPodSandbox of an evicted pod completed now that the runtime answers"
+                    );
+                    return;
+                }
+                Err(err) if err.code() == tonic::Code::NotFound => {
+                    tracing::info!(sandbox = %self.sandbox_id, "evicted pod's sandbox is gone; no stop needed");
+                    return;
+                }
+                Err(err) => tracing::debug!(
+                    sandbox = %self.sandbox_id, attempt, %err,
+                    "StopPodSandbox still not completed; retrying"
+                ),
+            }
+        }
     }
 }
 
@@ -774,6 +879,20 @@ mod tests {
 
     fn threshold(signal: Signal, amount: Amount) -> Threshold {
         Threshold::hard(signal, amount)
+    }
+
+    #[test]
+    fn a_pending_stop_is_retried_doubling_up_to_30_s() {
+        let waits: Vec<u64> = (0..8).map(|a| stop_retry_wait(a).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30, 30]);
+    }
+
+    #[test]
+    fn only_silence_counts_as_a_hung_runtime() {
+        assert!(runtime_hung(&tonic::Status::deadline_exceeded("x")));
+        assert!(runtime_hung(&tonic::Status::unavailable("x")));
+        assert!(!runtime_hung(&tonic::Status::not_found("x")));
+        assert!(!runtime_hung(&tonic::Status::internal("x")));
     }
 
     #[test]
