@@ -228,30 +228,32 @@ impl Observer {
     /// the kubelet's own rule applied to what the model knows of the pod.
     fn oom_score_adj_for(&self, req: &cri::CreateContainerRequest) -> Option<i64> {
         let config = req.config.as_ref()?;
-        let mut model = self.model.read().unwrap_or_else(|e| e.into_inner()).clone();
-        if model.sandbox_info(&req.pod_sandbox_id).is_none() {
-            // Not seen through criguard (e.g. created before a restart and
-            // not yet synced): the kubelet sends the sandbox config along.
-            let sandbox = req.sandbox_config.as_ref()?;
-            model.upsert_sandbox(convert::sandbox_from_request(&req.pod_sandbox_id, sandbox));
-        }
+        // Not seen through criguard (e.g. created before a restart and not
+        // yet synced): the kubelet sends the sandbox config along.
+        let fallback = req
+            .sandbox_config
+            .as_ref()
+            .map(|sb| convert::sandbox_from_request(&req.pod_sandbox_id, sb));
         const PROBE: &str = "\0criguard-probe";
-        model.upsert_container(convert::container_from_request(
-            PROBE,
-            &req.pod_sandbox_id,
-            config,
-        ));
+        let probe = convert::container_from_request(PROBE, &req.pod_sandbox_id, config);
+        // Under the read lock only to derive this one pod: no copy of the
+        // model, no I/O.
+        let (pod, capacity) = {
+            let m = self.model.read().unwrap_or_else(|e| e.into_inner());
+            (
+                m.pod_with(&req.pod_sandbox_id, fallback, &probe)?,
+                m.memory_capacity(),
+            )
+        };
         // A pod the kubelet did not make (no kubepods cgroup parent, e.g.
         // crictl's) keeps the score its client asked for.
-        let parent = &model.sandbox_info(&req.pod_sandbox_id)?.cgroup_parent;
-        derive::qos_from_cgroup_parent(parent)?;
-        let pod = model.pod(&req.pod_sandbox_id)?;
+        derive::qos_from_cgroup_parent(&pod.cgroup_parent)?;
         let container = pod.containers.get(PROBE)?;
         Some(derive::kubelet_oom_score_adj(
             pod.qos,
             pod.critical && container.oom_score_adj == derive::GUARANTEED_OOM_SCORE_ADJ,
             container.memory_request,
-            model.memory_capacity(),
+            capacity,
         ))
     }
 

@@ -123,7 +123,7 @@ impl TaskEvents {
     pub async fn run(mut self, stopped: impl Future<Output = ()>) {
         tokio::pin!(stopped);
         if let Some(w) = &mut self.oom {
-            w.baseline(&self.model.read().unwrap_or_else(|e| e.into_inner()));
+            w.baseline(&snapshot(&self.model));
         }
         let mut backoff = Backoff::new(MIN_WAIT, MAX_WAIT);
         let mut failures = 0u64;
@@ -199,7 +199,7 @@ impl TaskEvents {
                         }));
                     }
                     if let Some(w) = &mut self.oom {
-                        w.on_deadline(&self.model.read().unwrap_or_else(|e| e.into_inner()), now);
+                        w.on_deadline(&snapshot(&self.model), now);
                     }
                 }
             }
@@ -220,7 +220,7 @@ impl TaskEvents {
                     tracing::debug!(task = %exit.container_id, status = exit.exit_status, ?owner, "task exited");
                 }
                 if let Some(w) = &mut self.oom {
-                    w.on_exit(&self.model.read().unwrap_or_else(|e| e.into_inner()), exit);
+                    w.on_exit(&snapshot(&self.model), exit);
                 }
             }
             TaskEvent::Oom {
@@ -230,8 +230,12 @@ impl TaskEvents {
                 self.count(TOPIC_OOM);
                 tracing::debug!(task = %container_id, "OOM notification");
                 if let Some(w) = &mut self.oom {
-                    let model = self.model.read().unwrap_or_else(|e| e.into_inner());
-                    w.on_oom(&model, container_id, *at_unix_ms, Instant::now());
+                    w.on_oom(
+                        &snapshot(&self.model),
+                        container_id,
+                        *at_unix_ms,
+                        Instant::now(),
+                    );
                 }
             }
         }
@@ -250,12 +254,16 @@ impl TaskEvents {
             let now_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64);
-            w.sweep(
-                &self.model.read().unwrap_or_else(|e| e.into_inner()),
-                now_ms,
-            );
+            w.sweep(&snapshot(&self.model), now_ms);
         }
     }
+}
+
+/// A copy of the model, taken under its read lock and released at once:
+/// the OOM recorder reads cgroup counters with it, and no lock the relay
+/// thread waits on may be held across I/O.
+fn snapshot(model: &RwLock<NodeModel>) -> NodeModel {
+    model.read().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 async fn next(sub: &mut Option<Subscription>) -> Result<TaskEvent, EventError> {

@@ -439,6 +439,33 @@ impl NodeModel {
         Some(self.derive(s, &infos))
     }
 
+    /// The pod of sandbox `sandbox_id` as it would be with container
+    /// `extra` added (and, when the model does not know the sandbox, with
+    /// `fallback` as its inputs), derived without copying the model: what
+    /// the CreateContainer patch asks before the container exists.
+    pub fn pod_with(
+        &self,
+        sandbox_id: &str,
+        fallback: Option<SandboxInfo>,
+        extra: &ContainerInfo,
+    ) -> Option<Pod> {
+        let owned;
+        let s = match self.sandboxes.get(sandbox_id) {
+            Some(s) => s,
+            None => {
+                owned = fallback?;
+                &owned
+            }
+        };
+        let mut infos: Vec<&ContainerInfo> = self
+            .containers
+            .values()
+            .filter(|c| c.sandbox_id == sandbox_id && c.id != extra.id)
+            .collect();
+        infos.push(extra);
+        Some(self.derive(s, &infos))
+    }
+
     /// The pod of sandbox `s` with containers `infos`, everything derived.
     fn derive(&self, s: &SandboxInfo, infos: &[&ContainerInfo]) -> Pod {
         let adjs: Vec<i64> = infos.iter().map(|c| c.oom_score_adj).collect();

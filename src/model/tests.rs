@@ -140,3 +140,25 @@ fn removing_a_sandbox_removes_its_containers() {
     m.remove_sandbox("s1");
     assert_eq!(m.ids(), (vec![], vec![]));
 }
+
+#[test]
+fn pod_with_derives_as_a_copy_with_the_container_added_would() {
+    let mut m = NodeModel::new(1000 << 20);
+    m.upsert_sandbox(sandbox("s1", "/kubepods/burstable/poduid-s1"));
+    m.upsert_container(container("c1", "s1", 750, 0));
+    m.upsert_sandbox(sandbox("s2", "/kubepods/podus2"));
+    m.upsert_container(container("c2", "s2", -997, 100 << 20));
+    let extra = container("new", "s1", 900, 0);
+    let mut copy = m.clone();
+    copy.upsert_container(extra.clone());
+    assert_eq!(m.pod_with("s1", None, &extra), copy.pod("s1"));
+    // Unknown sandbox: the fallback's inputs, or nothing without one.
+    let extra = container("new", "s3", -997, 50 << 20);
+    assert_eq!(m.pod_with("s3", None, &extra), None);
+    let fallback = sandbox("s3", "/kubepods/pods3");
+    let mut copy = m.clone();
+    copy.upsert_sandbox(fallback.clone());
+    copy.upsert_container(extra.clone());
+    assert_eq!(m.pod_with("s3", Some(fallback), &extra), copy.pod("s3"));
+    assert_eq!(m.pod("s3"), None, "the model itself is not changed");
+}

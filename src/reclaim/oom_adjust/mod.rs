@@ -143,9 +143,14 @@ impl OomAdjuster {
         let started_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        {
+        // The lock is held only to derive the pods; the cgroup files are
+        // opened after it is released (the relay thread writes the model).
+        let wanted = {
             let m = self.model.read().unwrap_or_else(|e| e.into_inner());
-            self.view.update(&m, &self.cgroups);
+            self.view.wanted(&m)
+        };
+        if let Some(snap) = wanted {
+            self.view.update(snap, &self.cgroups);
         }
         let check = self.view.check(&self.cgroups);
         let why = decide(

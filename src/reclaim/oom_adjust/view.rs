@@ -26,6 +26,14 @@ pub(super) struct ViewPod {
     usage: Option<CgroupFile>,
 }
 
+/// What the view takes of the model, under its lock.
+#[derive(Debug)]
+pub(super) struct Snapshot {
+    generation: u64,
+    capacity: i64,
+    pods: Vec<Pod>,
+}
+
 /// The running pods of one model generation.
 #[derive(Debug, Default)]
 pub(super) struct View {
@@ -40,19 +48,34 @@ pub(super) struct View {
 }
 
 impl View {
-    /// Derives the view again when `model` has moved on; true when it did.
-    pub fn update(&mut self, model: &NodeModel, cgroups: &CgroupFs) -> bool {
+    /// What the view needs of `model` when it has moved on (`None`: it has
+    /// not): taken under the model's lock, with no I/O, so that the lock is
+    /// held only while the pods are derived.
+    pub fn wanted(&self, model: &NodeModel) -> Option<Snapshot> {
         if self.generation == Some(model.generation()) {
-            return false;
+            return None;
         }
+        Some(Snapshot {
+            generation: model.generation(),
+            capacity: model.memory_capacity(),
+            pods: model
+                .pods()
+                .into_iter()
+                .filter(|p| p.state == SandboxState::Ready)
+                .collect(),
+        })
+    }
+
+    /// Derives the view again from `snap` (opening the scopes' limit
+    /// files: cgroupfs I/O, done with the model's lock released).
+    pub fn update(&mut self, snap: Snapshot, cgroups: &CgroupFs) {
         let mut old: HashMap<String, ViewPod> = std::mem::take(&mut self.pods)
             .into_iter()
             .map(|p| (p.pod.sandbox_id.clone(), p))
             .collect();
-        self.pods = model
-            .pods()
+        self.pods = snap
+            .pods
             .into_iter()
-            .filter(|p| p.state == SandboxState::Ready)
             .map(|pod| {
                 let cgroup = pod.cgroup();
                 let usage = old.remove(&pod.sandbox_id).and_then(|o| o.usage);
@@ -77,9 +100,8 @@ impl View {
                 .filter_map(|s| cgroups.limit_file(s).ok())
                 .collect();
         }
-        self.capacity = model.memory_capacity();
-        self.generation = Some(model.generation());
-        true
+        self.capacity = snap.capacity;
+        self.generation = Some(snap.generation);
     }
 
     /// The cheap check: the scope's size and each pod's usage counter.
