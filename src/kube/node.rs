@@ -24,6 +24,11 @@ use super::{Backoff, Inner, body, bounded};
 use crate::metrics::KubeWrite;
 use crate::policy::thresholds::Condition;
 
+/// Conflicts (409) retried after [`CONFLICT_WAIT`] before the backoff.
+const CONFLICT_RETRIES: u32 = 5;
+/// The wait before reading the node again after a conflict.
+const CONFLICT_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Runs until the sender is dropped.
 pub(super) async fn reconcile(
     inner: Arc<Inner>,
@@ -32,6 +37,7 @@ pub(super) async fn reconcile(
     let api: Api<Node> = Api::all(inner.client.clone());
     let mut applied: Option<BTreeSet<Condition>> = None;
     let mut backoff = Backoff::new();
+    let mut conflicts = 0;
     loop {
         let wanted = rx.borrow_and_update().clone();
         if let Some(wanted) = wanted.filter(|w| applied.as_ref() != Some(w)) {
@@ -40,9 +46,20 @@ pub(super) async fn reconcile(
                     inner.applied.send_replace(Some(wanted.clone()));
                     applied = Some(wanted);
                     backoff = Backoff::new();
+                    conflicts = 0;
                 }
                 Err(err) => {
-                    let wait = backoff.next();
+                    // A conflict is someone else's write meanwhile: read
+                    // again at once, as client-go's RetryOnConflict does
+                    // (retry.DefaultRetry: 10 ms, 5 steps), so that the
+                    // taint still lands within the eviction's bound.
+                    let wait = if super::code_of(&err) == Some(409) && conflicts < CONFLICT_RETRIES
+                    {
+                        conflicts += 1;
+                        CONFLICT_WAIT
+                    } else {
+                        backoff.next()
+                    };
                     tracing::warn!(node = %inner.node, %err, retry_in = ?wait, "node conditions/taints not updated; retrying");
                     tokio::select! {
                         () = tokio::time::sleep(wait) => {}
