@@ -187,7 +187,7 @@ impl Observer {
             .metadata
             .map(|m| format!("{}/{}", m.namespace, m.name))
             .unwrap_or_default();
-        tracing::info!(%pod, %uid, ?qos, reason = %why, "RunPodSandbox refused");
+        crate::log_limited!(info, %pod, %uid, ?qos, reason = %why, "RunPodSandbox refused");
         Some(why)
     }
 
