@@ -34,6 +34,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -111,6 +112,10 @@ func relay(args []string) {
 	}
 }
 
+// hexID is a container or sandbox id, left out of the failures' texts so
+// that one kind of failure is counted once.
+var hexID = regexp.MustCompile(`[0-9a-f]{64}`)
+
 // counts are the calls made and failed, by method, and the failures' texts.
 type counts struct {
 	mu       sync.Mutex
@@ -134,7 +139,7 @@ func (c *counts) add(method string, err error, outside bool) {
 		c.Outside++
 	}
 	s, _ := status.FromError(err)
-	msg := s.Message()
+	msg := hexID.ReplaceAllString(s.Message(), "<id>")
 	if len(msg) > 160 {
 		msg = msg[:160]
 	}
