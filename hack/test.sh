@@ -25,6 +25,7 @@ hack/install-deps.sh
 # The real stack from its Go modules (Kubernetes, etcd, containerd 2,
 # cri-tools): built once per pinned version into a cache outside the clone.
 hack/k8s/build.sh
+hack/restart-load/build.sh >/dev/null   # tests/drain.rs' kubelet-like load
 hack/clients.sh >/dev/null
 hack/check-docs.sh
 cargo fmt --check
