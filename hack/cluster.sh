@@ -30,13 +30,15 @@
 #   etcd/           etcd's data
 #   logs/NAME.log   etcd, kube-apiserver, kube-controller-manager, kube-scheduler
 #   pids/NAME.pid   every process up started (kill by these only)
+#   registry/       the private registry (CRIGUARD_CLUSTER_REGISTRY=1)
 #   audit.log       the API server's audit log (hack/cluster/audit-policy.yaml)
 #   node-NAME/      containerd/ (hack/containerd.sh), criguard.sock, admin.sock,
 #                   criguard-state/, criguard.log, criguard.kubeconfig,
 #                   criguard.cmd (its command line, NUL-separated),
 #                   kubelet/ (--root-dir), kubelet.yaml, kubelet.log,
 #                   manifests/ (static pods), pod-logs/, metrics-address,
-#                   kubepods (the pods' cgroup)
+#                   kubepods (the pods' cgroup), imagefs.img (the loop file
+#                   of CRIGUARD_CLUSTER_IMAGEFS_MIB)
 #
 # Environment:
 #   CRIGUARD_CLUSTER_OLD_NODE=1         also a node-b with the v1.34.4 kubelet,
@@ -51,6 +53,45 @@
 #                                       pods the kubelet derives
 #                                       allocatableMemory.available from it)
 #   CRIGUARD_CLUSTER_TRANSITION=30s     evictionPressureTransitionPeriod (both)
+#   CRIGUARD_CLUSTER_IMAGEFS_MIB        node-a's imagefs (its containerd root:
+#                                       content store and snapshots) on an
+#                                       ext4 filesystem of that size, a loop
+#                                       file node-a/imagefs.img mounted on
+#                                       node-a/containerd/root (unset: the
+#                                       root stays on DIR's filesystem)
+#   CRIGUARD_CLUSTER_IMAGEFS_EVICTION   criguard's imagefs.available hard
+#                                       threshold, e.g. 128Mi (unset: none)
+#   CRIGUARD_CLUSTER_KUBELET_IMAGEFS_EVICTION
+#                                       the kubelet's imagefs.available hard
+#                                       threshold (unset: none)
+#   CRIGUARD_CLUSTER_IMAGE_MIN_AGE      minimum age of an unused image before
+#                                       it is collected, for criguard
+#                                       (--minimum-image-ttl-duration) and
+#                                       the kubelet (imageMinimumGCAge)
+#                                       alike (unset: criguard's default 2m,
+#                                       the kubelet 24h); not 0s: the kubelet
+#                                       takes 0 for unset (2m)
+#   CRIGUARD_CLUSTER_KUBELET_IMAGE_GC_HIGH=100
+#                                       the kubelet's imageGCHighThresholdPercent
+#                                       (its low threshold 5 below); 100, the
+#                                       default here, disables the kubelet's
+#                                       image GC altogether, its reclaim under
+#                                       disk pressure included (criguard
+#                                       collects); 85 is the kubelet's default
+#   CRIGUARD_CLUSTER_REGISTRY=1         a private registry (hack/registry.sh)
+#                                       in DIR/registry that every node's
+#                                       containerd pulls from over plain
+#                                       HTTP; REGISTRY in cluster.env is its
+#                                       address
+#   CRIGUARD_CLUSTER_PUSH="ARCHIVE=REF ..."
+#                                       OCI archives (hack/images.sh) pushed
+#                                       to that registry as REF (name:tag)
+#   CRIGUARD_CLUSTER_PREPULL="REF ..."  images of that registry node-a's
+#                                       containerd pulls before its criguard
+#                                       and kubelet start (crictl, straight
+#                                       to containerd): a node's old images,
+#                                       which the kubelet's image manager
+#                                       has detected from its start on
 #   CRIGUARD_CLUSTER_DRY_RUN=1          criguard with --dry-run (the kubelet acts)
 #   CRIGUARD_CLUSTER_CRIGUARD_ARGS      more `criguard serve` flags
 #   CRIGUARD_CLUSTER_TIMEOUT=180        seconds to wait for each readiness
@@ -295,6 +336,8 @@ criguard_up() {
     echo "$cg_root/kubepods" >"$nd/kubepods"
     make_cgroup_root "$cg_root"
     ((${CRIGUARD_CLUSTER_DRY_RUN:-0})) && extra_args+=(--dry-run)
+    [[ -z "${CRIGUARD_CLUSTER_IMAGE_MIN_AGE:-}" ]] ||
+        extra_args+=(--minimum-image-ttl-duration "$CRIGUARD_CLUSTER_IMAGE_MIN_AGE")
     # shellcheck disable=SC2206
     extra_args+=(${CRIGUARD_CLUSTER_CRIGUARD_ARGS:-})
     printf '%s\0' env CRIGUARD_LOG="${CRIGUARD_LOG:-info}" "$CRIGUARD" serve \
@@ -304,12 +347,84 @@ criguard_up() {
         --state-dir "$nd/criguard-state" \
         --kubepods-cgroup "$cg_root/kubepods" \
         --nodefs "$nd/kubelet" --imagefs "$nd/containerd/root" \
-        --eviction-hard "allocatableMemory.available<${CRIGUARD_CLUSTER_EVICTION:-250Mi}" \
+        --eviction-hard "$(criguard_eviction_hard)" \
         --eviction-pressure-transition-period "${CRIGUARD_CLUSTER_TRANSITION:-30s}" \
         --kubeconfig "$nd/criguard.kubeconfig" --node-name "$name" \
         "${extra_args[@]}" >"$nd/criguard.cmd"
     criguard_spawn "$name"
     wait_for "criguard's socket ($name)" "criguard-$name" test -S "$nd/criguard.sock"
+}
+
+# criguard_eviction_hard: criguard's --eviction-hard (memory, and imagefs when
+# CRIGUARD_CLUSTER_IMAGEFS_EVICTION is set).
+criguard_eviction_hard() {
+    local t="allocatableMemory.available<${CRIGUARD_CLUSTER_EVICTION:-250Mi}"
+    [[ -z "${CRIGUARD_CLUSTER_IMAGEFS_EVICTION:-}" ]] || t+=",imagefs.available<$CRIGUARD_CLUSTER_IMAGEFS_EVICTION"
+    echo "$t"
+}
+
+# kubelet_eviction_hard: the kubelet's evictionHard, as a flow mapping.
+kubelet_eviction_hard() {
+    local t="memory.available: \"${CRIGUARD_CLUSTER_KUBELET_EVICTION:-100Mi}\""
+    [[ -z "${CRIGUARD_CLUSTER_KUBELET_IMAGEFS_EVICTION:-}" ]] ||
+        t+=", imagefs.available: \"$CRIGUARD_CLUSTER_KUBELET_IMAGEFS_EVICTION\""
+    echo "{$t}"
+}
+
+# containerd_toml: CRIGUARD_CONTAINERD_EXTRA_TOML for the nodes' containerds:
+# the caller's, and the private registry's hosts directory when there is one.
+containerd_toml() {
+    local section='plugins."io.containerd.cri.v1.images".registry'
+    [[ "${CRIGUARD_CONTAINERD:-2}" == 2 ]] || section='plugins."io.containerd.grpc.v1.cri".registry'
+    printf '%s\n' "${CRIGUARD_CONTAINERD_EXTRA_TOML:-}"
+    if [[ -d "$DIR/registry/certs.d" ]]; then
+        printf '[%s]\nconfig_path = "%s"\n' "$section" "$DIR/registry/certs.d"
+    fi
+}
+
+# registry_up: the private registry in DIR/registry (CRIGUARD_CLUSTER_REGISTRY=1).
+registry_up() {
+    REGISTRY="$("$REPO_ROOT/hack/registry.sh" start "$DIR/registry" | tail -n 1)"
+    [[ -n "$REGISTRY" ]] || die "hack/registry.sh start gave no address"
+    log "registry on $REGISTRY (hack/registry.sh push $DIR/registry ARCHIVE REF)"
+}
+
+# push_images: CRIGUARD_CLUSTER_PUSH's archives into the registry.
+push_images() {
+    local item
+    for item in ${CRIGUARD_CLUSTER_PUSH:-}; do
+        [[ "$item" == *=* ]] || die "CRIGUARD_CLUSTER_PUSH: '$item' is not ARCHIVE=REF"
+        "$REPO_ROOT/hack/registry.sh" push "$DIR/registry" "${item%%=*}" "${item#*=}" ||
+            die "pushing ${item%%=*} as ${item#*=} failed"
+    done
+}
+
+# prepull ND: CRIGUARD_CLUSTER_PREPULL's images pulled from the registry by
+# the containerd of node directory ND.
+prepull() {
+    local nd="$1" ref crictl
+    [[ -n "${CRIGUARD_CLUSTER_PREPULL:-}" ]] || return 0
+    [[ -n "$REGISTRY" ]] || die "CRIGUARD_CLUSTER_PREPULL needs CRIGUARD_CLUSTER_REGISTRY=1"
+    crictl="$("$REPO_ROOT/hack/k8s/build.sh" --path cri-tools)/crictl"
+    for ref in $CRIGUARD_CLUSTER_PREPULL; do
+        "$crictl" --image-endpoint "unix://$nd/containerd/containerd.sock" --timeout 60s \
+            pull "$REGISTRY/$ref" >&2 || die "pulling $REGISTRY/$ref failed"
+    done
+}
+
+# small_imagefs ND MIB: an ext4 filesystem of MIB MiB in the loop file
+# ND/imagefs.img (sparse, no journal, no reserved blocks), mounted on
+# ND/containerd/root before containerd starts there; the loop device goes
+# with the unmount (mount -o loop sets autoclear), which down does.
+small_imagefs() {
+    local nd="$1" mib="$2"
+    [[ "$mib" =~ ^[1-9][0-9]*$ ]] || die "CRIGUARD_CLUSTER_IMAGEFS_MIB must be a number of MiB, got '$mib'"
+    mkdir -p "$nd/containerd/root"
+    rm -f "$nd/imagefs.img"
+    truncate -s "${mib}M" "$nd/imagefs.img"
+    mkfs.ext4 -q -F -m 0 -O ^has_journal -b 4096 "$nd/imagefs.img" >&2 || die "mkfs.ext4 on $nd/imagefs.img failed"
+    mount -t ext4 -o loop,noatime "$nd/imagefs.img" "$nd/containerd/root" || die "mounting $nd/imagefs.img failed"
+    log "$(basename "$nd"): imagefs on a ${mib} MiB ext4 ($(findmnt -no SOURCE "$nd/containerd/root"))"
 }
 
 # criguard_spawn NAME: start node NAME's criguard by DIR/node-NAME/criguard.cmd.
@@ -335,7 +450,12 @@ node_up() {
     # nothing routed), the pause and busybox images.
     mkdir -p "$nd/containerd/cni/net.d"
     cp "$HERE/10-loopback.conflist" "$nd/containerd/cni/net.d/"
-    CRIGUARD_CONTAINERD="${CRIGUARD_CONTAINERD:-2}" "$REPO_ROOT/hack/containerd.sh" start "$nd/containerd" >/dev/null
+    if [[ "$name" == node-a && -n "${CRIGUARD_CLUSTER_IMAGEFS_MIB:-}" ]]; then
+        small_imagefs "$nd" "$CRIGUARD_CLUSTER_IMAGEFS_MIB"
+    fi
+    CRIGUARD_CONTAINERD="${CRIGUARD_CONTAINERD:-2}" CRIGUARD_CONTAINERD_EXTRA_TOML="$(containerd_toml)" \
+        "$REPO_ROOT/hack/containerd.sh" start "$nd/containerd" >/dev/null
+    [[ "$name" != node-a ]] || prepull "$nd"
 
     # criguard in front of it.
     criguard_up "$name" "$cg_root"
@@ -350,6 +470,10 @@ node_up() {
     ((sys_res > 0)) || die "CRIGUARD_CLUSTER_PODS_MEMORY too large for this machine"
     free_port kport
     free_port hport
+    local image_gc_high="${CRIGUARD_CLUSTER_KUBELET_IMAGE_GC_HIGH:-100}"
+    if [[ ! "$image_gc_high" =~ ^[0-9]+$ ]] || ((image_gc_high < 6 || image_gc_high > 100)); then
+        die "CRIGUARD_CLUSTER_KUBELET_IMAGE_GC_HIGH must be 6 to 100, got '$image_gc_high'"
+    fi
     if [[ "$style" == path ]]; then
         endpoint="$nd/criguard.sock"
     else
@@ -377,7 +501,7 @@ cgroupsPerQOS: true
 enforceNodeAllocatable: [pods]
 kubeReserved: {memory: "$kube_res"}
 systemReserved: {memory: "$sys_res"}
-evictionHard: {memory.available: "${CRIGUARD_CLUSTER_KUBELET_EVICTION:-100Mi}"}
+evictionHard: $(kubelet_eviction_hard)
 evictionPressureTransitionPeriod: ${CRIGUARD_CLUSTER_TRANSITION:-30s}
 failCgroupV1: false
 failSwapOn: false
@@ -385,9 +509,9 @@ staticPodPath: $nd/manifests
 fileCheckFrequency: 5s
 podLogsDir: $nd/pod-logs
 volumePluginDir: $nd/volume-plugins
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-imageMinimumGCAge: 24h
+imageGCHighThresholdPercent: $image_gc_high
+imageGCLowThresholdPercent: $((image_gc_high == 100 ? 99 : image_gc_high - 5))
+imageMinimumGCAge: ${CRIGUARD_CLUSTER_IMAGE_MIN_AGE:-24h}
 serializeImagePulls: false
 makeIPTablesUtilChains: false
 maxPods: 30
@@ -435,6 +559,12 @@ do_up() {
     control_plane_up
     t_cp="$(now_ms)"
     log "control plane ready in $((t_cp - t0)) ms (API https://127.0.0.1:$API_PORT)"
+    REGISTRY=""
+    if ((${CRIGUARD_CLUSTER_REGISTRY:-0})); then
+        registry_up
+        push_images
+        log "registry up, $(wc -w <<<"${CRIGUARD_CLUSTER_PUSH:-}") images pushed in $(($(now_ms) - t_cp)) ms"
+    fi
 
     node_up node-a "$K8S_BIN/kubelet" url
     if ((${CRIGUARD_CLUSTER_OLD_NODE:-0})); then
@@ -452,6 +582,7 @@ KUBECONFIG=$DIR/admin.kubeconfig
 KUBECTL=$K8S_BIN/kubectl
 API_SERVER=https://127.0.0.1:$API_PORT
 NODES="$(tr '\n' ' ' <"$DIR/nodes" | sed 's/ $//')"
+REGISTRY=$REGISTRY
 UP_CONTROL_PLANE_MS=$((t_cp - t0))
 UP_NODES_MS=$((t_nodes - t_cp))
 UP_TOTAL_MS=$((t_nodes - t0))
@@ -485,6 +616,7 @@ do_down() {
     stop_pid kube-controller-manager
     stop_pid kube-apiserver
     stop_pid etcd
+    [[ ! -d "$DIR/registry" ]] || "$REPO_ROOT/hack/registry.sh" stop "$DIR/registry" || log "warning: registry stop failed"
     unmount_under "$DIR" || true
     log "stopped $DIR"
 }
