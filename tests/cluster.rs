@@ -21,7 +21,22 @@
 //!   the node stays Ready, the condition and taint stay and go only once
 //!   the transition period has passed since the last observed pressure,
 //!   the restarted criguard still lists the eviction, and the checks above
-//!   (the replacement kept off, the evicted pod never running) still hold.
+//!   (the replacement kept off, the evicted pod never running) still hold;
+//! - disk pressure on node-a's imagefs (its containerd root on a 320 MiB
+//!   ext4, `CRIGUARD_CLUSTER_IMAGEFS_MIB`): three images pulled from the
+//!   cluster's registry before node-a's criguard and kubelet start and
+//!   never used, a neighbour pod of a fourth (pulled by the kubelet), and a
+//!   Deployment's pod filling its writable layer; criguard crosses its
+//!   `imagefs.available<128Mi` and first collects images (the unused ones
+//!   go, logged and counted, the ones in use stay), then, that not being
+//!   enough, evicts the hog (the largest disk user, not the BestEffort
+//!   neighbour memory would take first): Failed/Evicted with
+//!   DisruptionTarget, one Warning event, criguard's CriguardDiskPressure
+//!   condition and `criguard.io/disk-pressure` taint while the pressure
+//!   lasts; the kubelet, whose threshold (48Mi) is a backstop below
+//!   criguard's, neither reclaims nor evicts nor sets DiskPressure; the
+//!   space comes back, the evicted pod never runs again, and once the
+//!   transition period is over the taint goes and the replacement runs.
 //!
 //! On failure the test prints every component's log and the cluster's
 //! state. It needs root and the binaries of `hack/k8s/build.sh`.
@@ -36,8 +51,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cluster_support::{
-    Cluster, assert_evicted, assert_one_memory_eviction, condition, fresh_dir, hog_yaml, phase,
-    pod_yaml, poll, uid,
+    BUSYBOX, Cluster, assert_evicted, assert_one_memory_eviction, condition, fresh_dir, hog_yaml,
+    phase, pod_yaml, poll, poll_every, uid,
 };
 use serde_json::Value;
 
@@ -429,7 +444,9 @@ fn adopt(c: &Cluster, node: &str) {
 #[test]
 fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
     let t_test = Instant::now();
-    let c = cluster_up(&[("CRIGUARD_CLUSTER_OLD_NODE", "1")]);
+    let mut env = disk_env(KUBELET_IMAGEFS_BACKSTOP_MIB);
+    env.push(("CRIGUARD_CLUSTER_OLD_NODE", "1".into()));
+    let c = cluster_up(&env_refs(&env));
     for node in c.env["NODES"].clone().split_whitespace() {
         adopt(&c, node);
     }
@@ -853,6 +870,14 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         metric(&c.metrics(node), "criguard_pressure_to_kill_seconds_count").unwrap_or(0.0);
     assert_eq!(kills_after_restart, 0.0, "the restarted criguard killed");
     println!("cluster: RSS KiB {:?}", c.rss());
+
+    // --- disk pressure: image GC, then one eviction ------------------------
+    let t_disk = Instant::now();
+    disk_pressure_criguard(&c, node);
+    println!(
+        "cluster: the disk scenario ran {:.1} s",
+        t_disk.elapsed().as_secs_f64()
+    );
     println!("cluster: test ran {:.1} s", t_test.elapsed().as_secs_f64());
 }
 
@@ -981,6 +1006,35 @@ fn kubelet_alone_evicts_the_memory_hog_when_criguard_dry_runs() {
     );
 }
 
+/// The disk scenario with criguard in dry run and the kubelet's
+/// `imagefs.available` threshold at criguard's (128Mi): the kubelet's own
+/// eviction manager collects images and evicts. A measurement for the
+/// README's comparison table rather than a CI check
+/// (`cargo test --test cluster -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn kubelet_alone_collects_images_and_evicts_the_disk_hog_when_criguard_dry_runs() {
+    let t_test = Instant::now();
+    let mut env = disk_env(IMAGEFS_THRESHOLD_MIB);
+    env.push(("CRIGUARD_CLUSTER_DRY_RUN", "1".into()));
+    // The kubelet's image GC on, at its defaults (85/80): at 100 it is
+    // off altogether, and so is its image reclaim under disk pressure.
+    env.push(("CRIGUARD_CLUSTER_KUBELET_IMAGE_GC_HIGH", "85".into()));
+    let c = cluster_up(&env_refs(&env));
+    let node = "node-a";
+    adopt(&c, node);
+    disk_pressure_kubelet_alone(&c, node);
+    println!(
+        "cluster (disk, kubelet alone): test ran {:.1} s",
+        t_test.elapsed().as_secs_f64()
+    );
+}
+
+/// `(name, value)` pairs as [`cluster_up`] takes them.
+fn env_refs<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    env.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
 #[test]
 fn klog_and_audit_times_are_read_as_milliseconds_of_the_day() {
     assert_eq!(
@@ -993,4 +1047,797 @@ fn klog_and_audit_times_are_read_as_milliseconds_of_the_day() {
     assert_eq!(day_diff(1_000, 86_399_000), 2_000);
     assert_eq!(day_diff(86_399_000, 1_000), -2_000);
     assert_eq!(day_diff(60_000, 30_000), 30_000);
+}
+
+// --- disk pressure ---------------------------------------------------------------
+
+/// node-a's imagefs in the disk scenarios: an ext4 of this many MiB
+/// (`CRIGUARD_CLUSTER_IMAGEFS_MIB`).
+const IMAGEFS_MIB: &str = "320";
+/// criguard's `imagefs.available` hard threshold, MiB.
+const IMAGEFS_THRESHOLD_MIB: u64 = 128;
+/// The kubelet's own `imagefs.available` threshold under criguard, MiB: a
+/// backstop below criguard's, as an operator adopting criguard sets it.
+const KUBELET_IMAGEFS_BACKSTOP_MIB: u64 = 48;
+/// Each filler image's own layer, MiB (about twice that on imagefs: the
+/// blob in the content store and the unpacked snapshot).
+const FILLER_MIB: u64 = 16;
+/// The images pulled onto the node and then not used by any container.
+const UNUSED_IMAGES: [&str; 3] = [
+    "criguard-disk-unused-1",
+    "criguard-disk-unused-2",
+    "criguard-disk-unused-3",
+];
+/// The image of the neighbour pod, in use throughout.
+const IN_USE_IMAGE: &str = "criguard-disk-in-use";
+/// The disk hog's growth: this many bytes every half second.
+const HOG_STEP: u64 = 4 << 20;
+const MI: u64 = 1 << 20;
+
+/// The environment of a cluster whose node-a can run the disk scenario:
+/// its imagefs on a small ext4, criguard's imagefs threshold, the
+/// kubelet's at `kubelet_imagefs_mib`, unused images collectable after a
+/// second by both, a private registry holding the filler images, the
+/// unused ones pulled onto node-a before its criguard and kubelet start
+/// (a node's old images: the kubelet's image manager only collects what it
+/// detected at least its minimum age before, and it detects every 5
+/// minutes), and criguard's housekeeping every second (the disk signals
+/// are read on its tick; memory has its events).
+fn disk_env(kubelet_imagefs_mib: u64) -> Vec<(&'static str, String)> {
+    let push: Vec<String> = UNUSED_IMAGES
+        .iter()
+        .chain([&IN_USE_IMAGE])
+        .map(|n| format!("{}={n}:latest", filler_archive(n)))
+        .collect();
+    let prepull: Vec<String> = UNUSED_IMAGES
+        .iter()
+        .map(|n| format!("{n}:latest"))
+        .collect();
+    vec![
+        ("CRIGUARD_CLUSTER_IMAGEFS_MIB", IMAGEFS_MIB.into()),
+        (
+            "CRIGUARD_CLUSTER_IMAGEFS_EVICTION",
+            format!("{IMAGEFS_THRESHOLD_MIB}Mi"),
+        ),
+        (
+            "CRIGUARD_CLUSTER_KUBELET_IMAGEFS_EVICTION",
+            format!("{kubelet_imagefs_mib}Mi"),
+        ),
+        // Not 0s: the kubelet's configuration takes 0 for unset (2m).
+        ("CRIGUARD_CLUSTER_IMAGE_MIN_AGE", "1s".into()),
+        ("CRIGUARD_CLUSTER_REGISTRY", "1".into()),
+        ("CRIGUARD_CLUSTER_PUSH", push.join(" ")),
+        ("CRIGUARD_CLUSTER_PREPULL", prepull.join(" ")),
+        (
+            "CRIGUARD_CLUSTER_CRIGUARD_ARGS",
+            "--housekeeping-interval=1s".into(),
+        ),
+    ]
+}
+
+/// Bytes available to unprivileged users on the filesystem of `path`.
+fn fs_available(path: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: statvfs(3) on a NUL-terminated path into a zeroed struct.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
+    assert_eq!(rc, 0, "statvfs {}", path.display());
+    s.f_bavail as u64 * s.f_frsize as u64
+}
+
+/// Samples of a filesystem's available bytes, (ms since the epoch, bytes),
+/// taken every 50 ms by a thread of its own until dropped.
+struct FsSampler {
+    samples: std::sync::Arc<std::sync::Mutex<Vec<(i64, u64)>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FsSampler {
+    fn start(path: PathBuf) -> Self {
+        let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, st) = (samples.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !st.load(std::sync::atomic::Ordering::Relaxed) {
+                let v = fs_available(&path);
+                s.lock().unwrap().push((unix_ms_now(), v));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        Self {
+            samples,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn samples(&self) -> Vec<(i64, u64)> {
+        self.samples.lock().unwrap().clone()
+    }
+}
+
+impl Drop for FsSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The first sample below `threshold` bytes.
+fn first_below(samples: &[(i64, u64)], threshold: u64) -> Option<(i64, u64)> {
+    samples.iter().copied().find(|(_, v)| *v < threshold)
+}
+
+/// The last sample at or before `at` (ms since the epoch), else the first.
+fn sample_at(samples: &[(i64, u64)], at: i64) -> Option<u64> {
+    samples
+        .iter()
+        .take_while(|(t, _)| *t <= at)
+        .last()
+        .or(samples.first())
+        .map(|(_, v)| *v)
+}
+
+/// The lowest sample from `from` on.
+fn lowest_since(samples: &[(i64, u64)], from: i64) -> Option<u64> {
+    samples
+        .iter()
+        .filter(|(t, _)| *t >= from)
+        .map(|(_, v)| *v)
+        .min()
+}
+
+/// `(time of day in ms, line)` of the lines of a criguard log (RFC 3339
+/// UTC timestamps) containing `needle`.
+fn criguard_log_lines(log: &str, needle: &str) -> Vec<(i64, String)> {
+    log.lines()
+        .filter(|l| l.contains(needle))
+        .filter_map(|l| Some((audit_ms(l.split_whitespace().next()?)?, l.to_owned())))
+        .collect()
+}
+
+/// `(time of day in ms, line)` of the lines of a klog log containing
+/// `needle`.
+fn klog_lines(log: &str, needle: &str) -> Vec<(i64, String)> {
+    log.lines()
+        .filter(|l| l.contains(needle))
+        .filter_map(|l| Some((klog_ms_of_day(l)?, l.to_owned())))
+        .collect()
+}
+
+/// The repository tags of `crictl images -o json` output.
+fn image_tags(crictl_json: &str) -> Vec<String> {
+    let v: Value = serde_json::from_str(crictl_json).unwrap();
+    v["images"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|i| i["repoTags"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// crictl of `hack/k8s/build.sh`.
+fn crictl_bin() -> PathBuf {
+    let out = Command::new(cluster_support::repo().join("hack/k8s/build.sh"))
+        .args(["--path", "cri-tools"])
+        .output()
+        .expect("run hack/k8s/build.sh");
+    assert!(out.status.success(), "hack/k8s/build.sh --path cri-tools");
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim()).join("crictl")
+}
+
+/// crictl `args` on `socket`; stdout.
+fn crictl(socket: &Path, args: &[&str]) -> String {
+    let endpoint = format!("unix://{}", socket.display());
+    let out = Command::new(crictl_bin())
+        .args([
+            "--runtime-endpoint",
+            &endpoint,
+            "--image-endpoint",
+            &endpoint,
+        ])
+        .args(["--timeout", "30s"])
+        .args(args)
+        .output()
+        .expect("run crictl");
+    assert!(
+        out.status.success(),
+        "crictl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The image tags node `node`'s containerd holds, straight from it.
+fn node_images(c: &Cluster, node: &str) -> Vec<String> {
+    let sock = c.node_dir(node).join("containerd/containerd.sock");
+    image_tags(&crictl(&sock, &["images", "-o", "json"]))
+}
+
+/// The archive of filler image `name` (`hack/images.sh --filler`, built
+/// once and cached).
+fn filler_archive(name: &str) -> String {
+    let repo = cluster_support::repo();
+    let cache = std::env::var_os("CRIGUARD_IMAGE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo.join("target/criguard-images"));
+    let out = Command::new(repo.join("hack/images.sh"))
+        .arg(&cache)
+        .args(["--filler", name, &FILLER_MIB.to_string()])
+        .output()
+        .expect("run hack/images.sh");
+    assert!(out.status.success(), "hack/images.sh --filler {name}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .last()
+        .expect("the filler's archive")
+        .to_owned()
+}
+
+/// The neighbour: a BestEffort pod of the in-use filler image (pulled by
+/// the kubelet from the registry) with 8 MiB in its writable layer.
+fn neighbour_yaml(node: &str, image: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: disk-neighbour, namespace: {NS}}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  hostNetwork: true
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: app
+    image: {image}
+    imagePullPolicy: IfNotPresent
+    command: ["sh", "-c", "fallocate -l {bytes} /data && exec sleep 3600"]
+"#,
+        bytes = 8 * MI
+    )
+}
+
+/// The disk hog: a Deployment's Burstable pod (memory ranking would take
+/// the BestEffort neighbour first) that puts `first` bytes into its
+/// writable layer at once, then [`HOG_STEP`] every half second `steps`
+/// times; its replacements find the marker it leaves in `state` (a
+/// directory on the node) and only sleep.
+fn disk_hog_yaml(node: &str, state: &str, first: u64, steps: u64) -> String {
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: disk-hog, namespace: {NS}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: disk-hog}}}}
+  template:
+    metadata: {{labels: {{app: disk-hog}}}}
+    spec:
+      nodeSelector: {{kubernetes.io/hostname: {node}}}
+      hostNetwork: true
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 2
+      volumes: [{{name: state, hostPath: {{path: {state}, type: DirectoryOrCreate}}}}]
+      containers:
+      - name: hog
+        image: {BUSYBOX}
+        imagePullPolicy: Never
+        resources: {{requests: {{cpu: 10m, memory: 16Mi}}}}
+        volumeMounts: [{{name: state, mountPath: /state}}]
+        command:
+        - sh
+        - -c
+        - |
+          if [ -e /state/filled ]; then exec sleep 3600; fi
+          touch /state/filled
+          fallocate -l {first} /fill0
+          i=1
+          while [ $i -le {steps} ]; do sleep 0.5; fallocate -l {HOG_STEP} /fill$i; i=$((i+1)); done
+          exec sleep 3600
+"#
+    )
+}
+
+/// The disk scenario set up on a node: unused images pulled, the
+/// neighbour running, the hog started, node-a's imagefs sampled.
+struct DiskScenario {
+    /// The filesystem of node-a's containerd root.
+    imagefs: PathBuf,
+    /// Full references of the unused images.
+    unused: Vec<String>,
+    /// Full reference of the neighbour's image.
+    in_use: String,
+    neighbour_uid: String,
+    hog_uid: String,
+    hog_name: String,
+    /// The hog container's start, as the API had it.
+    started: Value,
+    /// When the hog was applied.
+    t_hog: Instant,
+    sampler: FsSampler,
+}
+
+/// Runs the neighbour (the kubelet pulls its image from the registry)
+/// next to the unused images node-a holds from the start, and starts the
+/// hog sized from what is available now: it crosses `threshold_mib` within
+/// about 2 s and stops growing 112 MiB past it (at least 16 MiB stay free
+/// if nothing acts).
+fn disk_setup(c: &Cluster, node: &str, threshold_mib: u64) -> DiskScenario {
+    let t0 = Instant::now();
+    let nd = c.node_dir(node);
+    let imagefs = nd.join("containerd/root");
+    let registry = &c.env["REGISTRY"];
+    let unused: Vec<String> = UNUSED_IMAGES
+        .iter()
+        .map(|n| format!("{registry}/{n}:latest"))
+        .collect();
+    let in_use = format!("{registry}/{IN_USE_IMAGE}:latest");
+    let tags = node_images(c, node);
+    for image in &unused {
+        assert!(tags.contains(image), "{image} on the node: {tags:?}");
+    }
+    c.apply(&neighbour_yaml(node, &in_use));
+    let neighbour = poll(Duration::from_secs(60), "the neighbour Running", || {
+        c.pods(NS)
+            .into_iter()
+            .find(|p| p["metadata"]["name"] == "disk-neighbour" && phase(p) == "Running")
+    });
+    assert!(node_images(c, node).contains(&in_use), "{in_use} pulled");
+    // The neighbour's 8 MiB written: available steady over 0.5 s.
+    let mut last = 0;
+    let before_hog = poll_every(
+        Duration::from_millis(500),
+        Duration::from_secs(20),
+        "imagefs steady",
+        || {
+            let a = fs_available(&imagefs);
+            let steady = a == last;
+            last = a;
+            steady.then_some(a)
+        },
+    );
+    println!(
+        "cluster (disk): {} MiB available of {IMAGEFS_MIB} on {node}'s imagefs with {} unused images and the neighbour; set up in {:.1} s",
+        before_hog / MI,
+        unused.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    let threshold = threshold_mib * MI;
+    assert!(
+        before_hog > threshold + 32 * MI,
+        "imagefs too small for the scenario: {} MiB available",
+        before_hog / MI
+    );
+    let first = before_hog - threshold - 16 * MI;
+    let steps = (16 + 112) * MI / HOG_STEP;
+    let state = nd.join("disk-hog-state");
+    let sampler = FsSampler::start(imagefs.clone());
+    let t_hog = Instant::now();
+    c.apply(&disk_hog_yaml(
+        node,
+        &state.display().to_string(),
+        first,
+        steps,
+    ));
+    let hog = poll(Duration::from_secs(60), "the disk hog Running", || {
+        c.pods(NS)
+            .into_iter()
+            .find(|p| p["metadata"]["labels"]["app"] == "disk-hog" && phase(p) == "Running")
+    });
+    DiskScenario {
+        imagefs,
+        unused,
+        in_use,
+        neighbour_uid: uid(&neighbour).to_owned(),
+        hog_uid: uid(&hog).to_owned(),
+        hog_name: hog["metadata"]["name"].as_str().unwrap().to_owned(),
+        started: hog["status"]["containerStatuses"][0]["state"]["running"]["startedAt"].clone(),
+        t_hog,
+        sampler,
+    }
+}
+
+/// The disk scenario with criguard acting (see the module documentation);
+/// prints the figures of the comparison.
+fn disk_pressure_criguard(c: &Cluster, node: &str) {
+    let d = disk_setup(c, node, IMAGEFS_THRESHOLD_MIB);
+    let threshold = IMAGEFS_THRESHOLD_MIB * MI;
+    let hog_uid = d.hog_uid.as_str();
+
+    let evicted = poll(
+        Duration::from_secs(90),
+        "the disk hog Failed/Evicted",
+        || {
+            let p = c.pods(NS).into_iter().find(|p| uid(p) == hog_uid)?;
+            (phase(&p) == "Failed").then_some(p)
+        },
+    );
+    let t_evicted = d.t_hog.elapsed();
+    let t_seen = Instant::now();
+    assert_evicted(&evicted);
+    let message = evicted["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.starts_with("The node was low on resource: ephemeral-storage."),
+        "{message}"
+    );
+
+    // criguard's condition and taint while the pressure lasts; the kubelet's
+    // own DiskPressure never set (its threshold is lower).
+    let n = c.json(&["get", "node", node]);
+    let cond = condition(&n, "CriguardDiskPressure").expect("CriguardDiskPressure on the node");
+    assert_eq!(cond["status"], "True", "{cond:#}");
+    let taints = n["spec"]["taints"].as_array().cloned().unwrap_or_default();
+    assert!(
+        taints
+            .iter()
+            .any(|t| t["key"] == "criguard.io/disk-pressure" && t["effect"] == "NoSchedule"),
+        "taints: {taints:?}"
+    );
+
+    // criguard's record: the hog, on imagefs.available, and no other pod.
+    let report = poll(
+        Duration::from_secs(20),
+        "criguard's disk eviction record",
+        || {
+            let r = c.evictions(node);
+            r.evictions
+                .iter()
+                .any(|e| e.signal == "imagefs.available")
+                .then_some(r)
+        },
+    );
+    let disk: Vec<_> = report
+        .evictions
+        .iter()
+        .filter(|e| e.signal == "imagefs.available")
+        .collect();
+    assert_eq!(disk.len(), 1, "{report:#?}");
+    let e = disk[0];
+    assert_eq!(e.uid, hog_uid, "the largest disk user goes: {e:#?}");
+    assert!(!e.dry_run);
+
+    // Image GC first: the three unused images went, each removal logged
+    // before the eviction; the images in use stayed.
+    let log = std::fs::read_to_string(c.node_dir(node).join("criguard.log")).unwrap();
+    let removed = criguard_log_lines(&log, "image GC: removed an unused image");
+    let evicting = criguard_log_lines(&log, "evicting pod:")
+        .into_iter()
+        .find(|(_, l)| l.contains(&d.hog_name))
+        .expect("criguard's log of the hog's eviction");
+    for image in &d.unused {
+        let (at, _) = removed
+            .iter()
+            .find(|(_, l)| l.contains(image.as_str()))
+            .unwrap_or_else(|| panic!("no removal of {image} in criguard's log"));
+        assert!(
+            day_diff(*at, evicting.0) <= 0,
+            "{image} removed after the eviction"
+        );
+    }
+    let tags = node_images(c, node);
+    for image in &d.unused {
+        assert!(!tags.contains(image), "{image} still on the node: {tags:?}");
+    }
+    for image in [d.in_use.as_str(), BUSYBOX, "registry.k8s.io/pause:3.9"] {
+        assert!(
+            tags.iter().any(|t| t == image),
+            "{image} must stay: {tags:?}"
+        );
+    }
+    let metrics = c.metrics(node);
+    let gc_removals = metric(
+        &metrics,
+        r#"criguard_reclaim_removals_total{action="image_gc"}"#,
+    )
+    .unwrap_or(0.0);
+    let gc_bytes = metric(
+        &metrics,
+        r#"criguard_reclaimed_bytes_total{action="image_gc"}"#,
+    )
+    .unwrap_or(0.0);
+    assert_eq!(gc_removals, 3.0, "image GC removals:\n{metrics}");
+    assert!(
+        gc_bytes >= (3 * FILLER_MIB * MI) as f64,
+        "image GC freed {gc_bytes} bytes"
+    );
+
+    // The neighbour and the adopted pods still run.
+    let pods = c.pods(NS);
+    let neighbour = pods.iter().find(|p| uid(p) == d.neighbour_uid).unwrap();
+    assert_eq!(phase(neighbour), "Running", "{neighbour:#}");
+    for p in &pods {
+        let name = p["metadata"]["name"].as_str().unwrap_or("");
+        if ["guaranteed", "burstable", "besteffort"]
+            .iter()
+            .any(|k| name.starts_with(k))
+            && p["spec"]["nodeName"] == node
+        {
+            assert_eq!(phase(p), "Running", "{name} after the disk eviction");
+        }
+    }
+
+    // One Warning Evicted event on the hog, from criguard.
+    let events = poll(Duration::from_secs(20), "the disk Evicted event", || {
+        let list = c.json(&[
+            "-n",
+            NS,
+            "get",
+            "events",
+            &format!("--field-selector=involvedObject.uid={hog_uid},reason=Evicted"),
+        ]);
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        (!items.is_empty()).then_some(items)
+    });
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(events[0]["type"], "Warning");
+    assert_eq!(events[0]["source"]["component"], "criguard");
+
+    // The space came back: the hog's writable layer went with it.
+    poll(
+        Duration::from_secs(20),
+        "imagefs back above the threshold",
+        || (fs_available(&d.imagefs) > threshold).then_some(()),
+    );
+
+    // The figures: crossing (the sampler's first sample under the
+    // threshold) to criguard's first image removal and to the eviction.
+    let samples = d.sampler.samples();
+    let (crossed, _) = first_below(&samples, threshold).expect("the hog crossed the threshold");
+    let crossed_day = ms_of_day(crossed as u64);
+    let first_gc = removed
+        .iter()
+        .map(|(t, _)| *t)
+        .find(|t| day_diff(*t, crossed_day) >= -1_000)
+        .expect("an image removal after the crossing");
+    let evicted_at = e.at_unix_ms as i64;
+    let action_sum =
+        metric(&metrics, "criguard_pressure_to_action_seconds_sum").unwrap_or(f64::NAN);
+    println!(
+        "cluster (disk, criguard): crossing → first image removal {:.3} s, → eviction {:.3} s (criguard_pressure_to_action {:.3} s); available at the eviction {} MiB (criguard's observation {} MiB), lowest {} MiB; hog usage {} MiB; image GC removed {gc_removals} images, {} MiB; evicted {:.1} s after the hog was applied",
+        day_diff(first_gc, crossed_day) as f64 / 1000.0,
+        (evicted_at - crossed) as f64 / 1000.0,
+        action_sum,
+        sample_at(&samples, evicted_at).unwrap_or(0) / MI,
+        e.available.max(0) as u64 / MI,
+        lowest_since(&samples, crossed).unwrap_or(0) / MI,
+        e.usage.max(0) as u64 / MI,
+        gc_bytes as u64 / MI,
+        t_evicted.as_secs_f64()
+    );
+
+    // The kubelet evicted nothing and reclaimed nothing itself.
+    let kubelet_log = std::fs::read_to_string(c.node_dir(node).join("kubelet.log")).unwrap();
+    for line in kubelet_log.lines() {
+        assert!(
+            !line.contains("Eviction manager: attempting to reclaim")
+                && !line.contains("Eviction manager: pod is evicted"),
+            "the kubelet evicted: {line}"
+        );
+    }
+    let n = c.json(&["get", "node", node]);
+    if let Some(kc) = condition(&n, "DiskPressure") {
+        assert_eq!(kc["status"], "False", "the kubelet's DiskPressure: {kc:#}");
+    }
+
+    // The pressure clears: criguard's taint and condition go once the
+    // transition period has passed, the replacement (which only sleeps)
+    // then runs; the evicted pod never runs again.
+    poll(
+        Duration::from_secs(90),
+        "criguard's disk taint gone and the replacement Running",
+        || {
+            let pods = c.pods(NS);
+            if let Some(old) = pods.iter().find(|p| uid(p) == hog_uid) {
+                never_runs_again(c, node, old, &d.started);
+            }
+            let n = c.json(&["get", "node", node]);
+            let tainted = n["spec"]["taints"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["key"] == "criguard.io/disk-pressure"));
+            let running = pods.iter().any(|p| {
+                p["metadata"]["labels"]["app"] == "disk-hog"
+                    && uid(p) != hog_uid
+                    && phase(p) == "Running"
+            });
+            if running {
+                assert!(!tainted, "a replacement runs on a disk-tainted node");
+            }
+            (!tainted && running).then_some(())
+        },
+    );
+    let n = c.json(&["get", "node", node]);
+    if let Some(cond) = condition(&n, "CriguardDiskPressure") {
+        assert_eq!(cond["status"], "False", "{cond:#}");
+    }
+    let report = c.evictions(node);
+    assert_eq!(
+        report
+            .evictions
+            .iter()
+            .filter(|e| e.signal == "imagefs.available")
+            .count(),
+        1,
+        "{report:#?}"
+    );
+    assert!(fs_available(&d.imagefs) > threshold);
+    println!(
+        "cluster (disk, criguard): pressure cleared, the replacement Running {:.1} s after the eviction was seen",
+        t_seen.elapsed().as_secs_f64()
+    );
+}
+
+/// The disk scenario with criguard in dry run and the kubelet's
+/// `imagefs.available` threshold at criguard's: the kubelet's eviction
+/// manager reclaims and evicts; prints the same figures.
+fn disk_pressure_kubelet_alone(c: &Cluster, node: &str) {
+    let d = disk_setup(c, node, IMAGEFS_THRESHOLD_MIB);
+    let threshold = IMAGEFS_THRESHOLD_MIB * MI;
+    let hog_uid = d.hog_uid.as_str();
+    // Its first decision: criguard's dry run records it when the threshold
+    // is crossed.
+    let decided = poll(
+        Duration::from_secs(60),
+        "criguard's dry-run decision",
+        || {
+            let r = c.evictions(node);
+            r.evictions
+                .into_iter()
+                .find(|e| e.signal == "imagefs.available")
+        },
+    );
+    assert!(decided.dry_run);
+    let ended = poll(Duration::from_secs(120), "the disk hog stopped", || {
+        let p = c.pods(NS).into_iter().find(|p| uid(p) == hog_uid)?;
+        let st = &p["status"]["containerStatuses"][0]["state"]["terminated"];
+        (!st.is_null() || phase(&p) == "Failed").then_some(p)
+    });
+    println!(
+        "cluster (disk, kubelet alone): hog stopped {:.1} s after it was applied; phase {}, reason {}, message {}",
+        d.t_hog.elapsed().as_secs_f64(),
+        phase(&ended),
+        ended["status"]["reason"],
+        ended["status"]["message"]
+    );
+    let n = poll(
+        Duration::from_secs(30),
+        "the kubelet's DiskPressure",
+        || {
+            let n = c.json(&["get", "node", node]);
+            condition(&n, "DiskPressure")
+                .is_some_and(|k| k["status"] == "True")
+                .then_some(n)
+        },
+    );
+    let taints = n["spec"]["taints"].clone();
+    let kubelet_log = std::fs::read_to_string(c.node_dir(node).join("kubelet.log")).unwrap();
+    let reclaim = klog_lines(&kubelet_log, "Eviction manager: attempting to reclaim");
+    let removed = klog_lines(&kubelet_log, "Removing image to free bytes");
+    let must_evict = klog_lines(&kubelet_log, "Eviction manager: must evict pod(s)");
+    let evicted = klog_lines(
+        &kubelet_log,
+        "Eviction manager: pod is evicted successfully",
+    );
+    let samples = d.sampler.samples();
+    let (crossed, _) = first_below(&samples, threshold).expect("the hog crossed the threshold");
+    let crossed_day = ms_of_day(crossed as u64);
+    let at = |t: i64| {
+        let unix = crossed + day_diff(t, crossed_day);
+        (
+            day_diff(t, crossed_day) as f64 / 1000.0,
+            sample_at(&samples, unix).unwrap_or(0) / MI,
+        )
+    };
+    for (what, lines) in [
+        ("attempting to reclaim", &reclaim),
+        ("image removed", &removed),
+        ("must evict", &must_evict),
+        ("pod evicted (killed)", &evicted),
+    ] {
+        for (t, line) in lines {
+            let (s, avail) = at(*t);
+            println!(
+                "cluster (disk, kubelet alone): crossing → {what} {s:.3} s, available then {avail} MiB: {}",
+                line.split_once("] ").map_or(line.as_str(), |(_, r)| r)
+            );
+        }
+    }
+    println!(
+        "cluster (disk, kubelet alone): criguard's dry-run decision {:.3} s after the crossing (available {} MiB); lowest available {} MiB",
+        (decided.at_unix_ms as i64 - crossed) as f64 / 1000.0,
+        decided.available.max(0) as u64 / MI,
+        lowest_since(&samples, crossed).unwrap_or(0) / MI
+    );
+    let tags = node_images(c, node);
+    let gone: Vec<&String> = d.unused.iter().filter(|i| !tags.contains(i)).collect();
+    println!(
+        "cluster (disk, kubelet alone): unused images removed {}/{}; in use kept: {}; node taints {taints}",
+        gone.len(),
+        d.unused.len(),
+        tags.contains(&d.in_use)
+    );
+    let events = c.json(&["-n", NS, "get", "events", "--field-selector=reason=Evicted"]);
+    for e in events["items"].as_array().cloned().unwrap_or_default() {
+        println!(
+            "cluster (disk, kubelet alone): event {} {} {} from {}: {}",
+            e["involvedObject"]["name"],
+            e["type"],
+            e["reason"],
+            e["source"]["component"],
+            e["message"]
+        );
+    }
+    let pods = c.pods(NS);
+    let failed: Vec<String> = pods
+        .iter()
+        .filter(|p| phase(p) == "Failed")
+        .map(|p| {
+            format!(
+                "{} ({}: {})",
+                p["metadata"]["name"], p["status"]["reason"], p["status"]["message"]
+            )
+        })
+        .collect();
+    println!("cluster (disk, kubelet alone): Failed pods {failed:#?}");
+    let report = c.evictions(node);
+    assert!(report.evictions.iter().all(|e| e.dry_run));
+    // The pressure clears: the kubelet's condition goes after its
+    // transition period, the replacement runs.
+    let t0 = Instant::now();
+    poll(
+        Duration::from_secs(120),
+        "the kubelet's DiskPressure gone and a replacement Running",
+        || {
+            let n = c.json(&["get", "node", node]);
+            let pressure = condition(&n, "DiskPressure").is_some_and(|k| k["status"] == "True");
+            let running = c.pods(NS).iter().any(|p| {
+                p["metadata"]["labels"]["app"] == "disk-hog"
+                    && uid(p) != hog_uid
+                    && phase(p) == "Running"
+            });
+            (!pressure && running).then_some(())
+        },
+    );
+    println!(
+        "cluster (disk, kubelet alone): pressure cleared and the replacement Running {:.1} s later; imagefs available {} MiB",
+        t0.elapsed().as_secs_f64(),
+        fs_available(&d.imagefs) / MI
+    );
+}
+
+#[test]
+fn imagefs_samples_give_the_crossing_and_the_level_at_a_time() {
+    let s = [
+        (1_000, 300),
+        (1_050, 200),
+        (1_100, 120),
+        (1_150, 90),
+        (1_200, 150),
+    ];
+    assert_eq!(first_below(&s, 128), Some((1_100, 120)));
+    assert_eq!(first_below(&s, 50), None);
+    assert_eq!(sample_at(&s, 1_149), Some(120));
+    assert_eq!(sample_at(&s, 1_150), Some(90));
+    assert_eq!(sample_at(&s, 900), Some(300));
+    assert_eq!(sample_at(&s, 5_000), Some(150));
+    assert_eq!(lowest_since(&s, 1_100), Some(90));
+    assert_eq!(lowest_since(&s, 1_160), Some(150));
+    assert_eq!(sample_at(&[], 1), None);
+}
+
+#[test]
+fn log_lines_and_image_tags_are_read() {
+    let log = "2026-11-25T18:41:28.596971Z  INFO criguard::reclaim::image_gc: image GC: removed an unused image (16.0MiB)\n2026-11-25T18:41:29.000000Z  WARN x: evicting pod: y\n";
+    let removed = criguard_log_lines(log, "image GC: removed");
+    assert_eq!(removed.len(), 1);
+    assert_eq!(removed[0].0, 67_288_596);
+    let klog = "I1125 18:41:30.500000   12888 image_gc_manager.go:1] \"Removing image to free bytes\"\nW1125 x";
+    assert_eq!(klog_lines(klog, "Removing image")[0].0, 67_290_500);
+    let tags =
+        image_tags(r#"{"images": [{"repoTags": ["a:1", "b:2"]}, {"repoTags": []}, {"id": "x"}]}"#);
+    assert_eq!(tags, ["a:1", "b:2"]);
 }
