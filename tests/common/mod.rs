@@ -7,6 +7,7 @@ pub mod clients;
 pub mod containerd;
 pub mod echo;
 pub mod h2peer;
+pub mod kubeapi;
 pub mod memcg;
 pub mod metrics;
 pub mod pods;
