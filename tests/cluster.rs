@@ -1783,6 +1783,14 @@ fn disk_pressure_kubelet_alone(c: &Cluster, node: &str) {
         })
         .collect();
     println!("cluster (disk, kubelet alone): Failed pods {failed:#?}");
+    if let Some(hog) = pods.iter().find(|p| uid(p) == hog_uid) {
+        println!(
+            "cluster (disk, kubelet alone): the hog's DisruptionTarget {}; node conditions DiskPressure {}, CriguardDiskPressure (dry run) {}",
+            condition(hog, "DisruptionTarget").map_or(Value::Null, |c| c["reason"].clone()),
+            condition(&n, "DiskPressure").map_or(Value::Null, |c| c["status"].clone()),
+            condition(&n, "CriguardDiskPressure").map_or(Value::Null, |c| c["status"].clone())
+        );
+    }
     let report = c.evictions(node);
     assert!(report.evictions.iter().all(|e| e.dry_run));
     // The pressure clears: the kubelet's condition goes after its
