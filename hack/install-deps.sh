@@ -14,8 +14,9 @@ missing=()
 # docker-registry: a private OCI registry on loopback for real pulls
 # (hack/registry.sh); openssl: the cluster tier's certificates; ip: the
 # CNI bridges of tests/critest.rs; bindfs: a FUSE filesystem whose daemon
-# tests/hung_fs.rs stops to hang nodefs for real (this kernel has no nfsd).
-for cmd in containerd runc ctr protoc skopeo systemd-socket-activate go socat docker-registry openssl ip curl bindfs; do
+# tests/hung_fs.rs stops to hang nodefs for real (this kernel has no nfsd);
+# mkfs.ext4: the cluster tier's small imagefs (a loop ext4).
+for cmd in containerd runc ctr protoc skopeo systemd-socket-activate go socat docker-registry openssl ip curl bindfs mkfs.ext4; do
     if ! command -v "$cmd" >/dev/null 2>&1; then
         missing+=("$cmd")
     fi
@@ -56,10 +57,10 @@ if ((${#missing[@]} > 0)); then
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         containerd runc busybox-static protobuf-compiler skopeo systemd ca-certificates \
         golang-go golang-google-grpc-dev socat python3-venv docker-registry openssl iproute2 curl \
-        containernetworking-plugins bindfs
+        containernetworking-plugins bindfs e2fsprogs
 else
     echo "install-deps: containerd, runc, ctr, busybox-static, protoc, skopeo, systemd-socket-activate," \
-        "go, grpc-go, socat, python3-venv, docker-registry, openssl, ip, curl, CNI plugins, bindfs present" >&2
+        "go, grpc-go, socat, python3-venv, docker-registry, openssl, ip, curl, CNI plugins, bindfs, mkfs.ext4 present" >&2
 fi
 
 # cargo is not ours to install: say so clearly instead of failing later.
