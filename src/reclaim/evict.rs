@@ -109,6 +109,8 @@ struct PressureMemory {
     saved_at: Option<Instant>,
     saved_held: BTreeSet<Condition>,
     saved_evictions: usize,
+    /// A save that passed its deadline and has not finished.
+    saving: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 /// The pressure memory is saved at most this often while only the times
@@ -327,7 +329,24 @@ impl EvictionManager {
             let r = evicted::Remembered::of(&self.pressure.last, &st.evictions);
             (held, r, st.evictions.len())
         };
-        let saved = tokio::task::spawn_blocking(move || store.save_remembered(&snapshot)).await;
+        if self
+            .pressure
+            .saving
+            .as_ref()
+            .is_some_and(|h| !h.is_finished())
+        {
+            return; // the last save is stuck; this one waits for it
+        }
+        let mut save = tokio::task::spawn_blocking(move || store.save_remembered(&snapshot));
+        let saved = match tokio::time::timeout(evicted::STATE_WRITE_DEADLINE, &mut save).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!(deadline = ?evicted::STATE_WRITE_DEADLINE, "saving the pressure memory has not finished (a hung state directory?); no other save starts until it does");
+                self.pressure.saving = Some(save);
+                return;
+            }
+        };
+        self.pressure.saving = None;
         match saved {
             Ok(Ok(())) => {
                 self.pressure.dirty = false;
@@ -623,8 +642,12 @@ impl EvictionManager {
                     tokio::spawn(retry.run());
                 }
             }
-            if let Some(saving) = saving {
-                let _ = saving.await;
+            if let Some(saving) = saving
+                && tokio::time::timeout(evicted::STATE_WRITE_DEADLINE, saving)
+                    .await
+                    .is_err()
+            {
+                tracing::warn!(deadline = ?evicted::STATE_WRITE_DEADLINE, "saving the evicted pods has not finished (a hung state directory?); the round goes on, the record stays in memory");
             }
             if t.signal.ranking() == Ranking::Disk {
                 self.in_flight.push(InFlight {

@@ -220,20 +220,42 @@ pub fn remember(
 /// Forgets evicted pods nobody asked for in a long while and saves the set
 /// to `store` if it changed (off the proxy's thread: the save fsyncs).
 pub async fn persist(status: &RwLock<NodeStatus>, store: Option<&EvictedStore>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // One save in flight at a time: a save stuck on a hung state directory
+    // is not joined by another each round (the set stays dirty meanwhile
+    // and is saved by the first round after it returns).
+    static SAVING: AtomicBool = AtomicBool::new(false);
     let snapshot = {
         let mut st = status.write().unwrap_or_else(|e| e.into_inner());
         for uid in st.evicted.prune(unix_ms_now()) {
             tracing::info!(%uid, "evicted pod forgotten: its sandbox was not asked for in a long while");
         }
+        if SAVING.load(Ordering::Acquire) {
+            return;
+        }
         st.evicted.take_dirty().then(|| st.evicted.clone())
     };
     if let (Some(store), Some(pods)) = (store.cloned(), snapshot) {
-        let saved = tokio::task::spawn_blocking(move || store.save(&pods)).await;
-        if let Ok(Err(err)) = saved {
-            tracing::error!(%err, "cannot save the evicted pods");
+        SAVING.store(true, Ordering::Release);
+        let save = tokio::task::spawn_blocking(move || {
+            let r = store.save(&pods);
+            SAVING.store(false, Ordering::Release);
+            r
+        });
+        match tokio::time::timeout(STATE_WRITE_DEADLINE, save).await {
+            Ok(Ok(Err(err))) => tracing::error!(%err, "cannot save the evicted pods"),
+            Ok(_) => {}
+            Err(_) => tracing::warn!(
+                deadline = ?STATE_WRITE_DEADLINE,
+                "saving the evicted pods has not finished (a hung state directory?); no other save starts until it does"
+            ),
         }
     }
 }
+
+/// How long an eviction round waits for a state file save before it goes
+/// on without it (the save goes on on its thread).
+pub const STATE_WRITE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Now, ms since the epoch.
 pub fn unix_ms_now() -> u64 {
