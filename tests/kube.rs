@@ -45,16 +45,17 @@ use common::pressure::Pressure;
 use criguard::kubelet::PodSpec;
 use serde_json::{Value, json};
 
-/// The real API's control plane, or `None` (the reason printed) where
-/// its binaries are not built.
-fn plane() -> Option<&'static ControlPlane> {
-    match common::kubeapi::available() {
-        Ok(()) => Some(common::kubeapi::shared()),
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            None
-        }
+/// The real API's control plane and a private containerd with a 320 MiB
+/// kubepods memcg, started side by side; `None` (the reason printed) where
+/// the control plane's binaries are not built.
+fn plane_and_pressure() -> Option<(&'static ControlPlane, Pressure)> {
+    if let Err(why) = common::kubeapi::available() {
+        eprintln!("skipped: {why}");
+        return None;
     }
+    let sc = std::thread::spawn(|| Pressure::new(320));
+    let plane = common::kubeapi::shared();
+    Some((plane, sc.join().unwrap()))
 }
 
 /// The pod as the scheduler left it: bound to the node by `nodeName`.
@@ -298,12 +299,13 @@ fn audit_log_lines_become_requests_with_their_times() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node_settles() {
-    let Some(plane) = plane() else { return };
+    let Some((plane, sc)) = plane_and_pressure() else {
+        return;
+    };
     let state = tempfile::tempdir().unwrap();
     let t = plane.tenant("evicted", api_node(), state.path()).await;
     let kubelet = t.kubelet().await;
     let node_path = format!("/api/v1/nodes/{}", t.node);
-    let sc = Pressure::new(320);
     let mut hog = sc.hog("hog", 60, 200);
     create_running(&t, &kubelet, &mut hog).await;
     let (port, args) = report_args(&t.kubeconfig, &t.node, "10s");
@@ -663,17 +665,24 @@ async fn a_slow_api_delays_no_eviction_past_the_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusing_or_unreachable_api_delays_no_eviction_past_the_bound() {
-    let Some(plane) = plane() else { return };
+    if let Err(why) = common::kubeapi::available() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    // The unreachable one: an API server of its own, stopped later
+    // (started meanwhile).
+    let private = std::thread::spawn(ControlPlane::private);
+    let Some((plane, sc)) = plane_and_pressure() else {
+        return;
+    };
     let state = tempfile::tempdir().unwrap();
     let t = plane.tenant("refusing", api_node(), state.path()).await;
     let kubelet = t.kubelet().await;
-    // The unreachable one: an API server of its own, stopped later.
-    let private = ControlPlane::private();
+    let private = private.join().unwrap();
     eprintln!("private control plane started in {:?}", private.started_in);
     let dir = tempfile::tempdir().unwrap();
     let t2 = private.tenant("unreachable", api_node(), dir.path()).await;
     let kubelet2 = t2.kubelet().await;
-    let sc = Pressure::new(320);
     // Each grows into pressure in turn; the last grows alone, so more.
     let mut hogs: Vec<PodSpec> = [("refusing", 230), ("unreachable", 250)]
         .iter()
@@ -763,11 +772,12 @@ fn now_ms() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_undone_past_the_bound_gets_the_pod_deleted_as_the_last_resort() {
     use criguard::kube::reassert::MAX_REASSERTS;
-    let Some(plane) = plane() else { return };
+    let Some((plane, sc)) = plane_and_pressure() else {
+        return;
+    };
     let state = tempfile::tempdir().unwrap();
     let t = plane.tenant("stubborn", api_node(), state.path()).await;
     let kubelet = t.kubelet().await;
-    let sc = Pressure::new(320);
     let mut hog = sc.hog("stubborn", 60, 200);
     create_running(&t, &kubelet, &mut hog).await;
     // The node's kubelet writes Running back 200 ms after each of
@@ -854,11 +864,12 @@ async fn a_status_undone_past_the_bound_gets_the_pod_deleted_as_the_last_resort(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_criguard_keeps_the_pressure_the_watch_and_the_evictions() {
     const PERIOD_S: u64 = 20;
-    let Some(plane) = plane() else { return };
+    let Some((plane, sc)) = plane_and_pressure() else {
+        return;
+    };
     let state = tempfile::tempdir().unwrap();
     let t = plane.tenant("kept", api_node(), state.path()).await;
     let kubelet = t.kubelet().await;
-    let sc = Pressure::new(320);
     let mut hog = sc.hog("kept", 60, 200);
     create_running(&t, &kubelet, &mut hog).await;
     let kc = format!("--kubeconfig={}", t.kubeconfig.display());

@@ -11,7 +11,7 @@
 //! criguard's kubeconfig carries, so that the audit log tells each test's
 //! requests apart. [`ControlPlane::private`] starts one a test can stop.
 //!
-//! The processes are started from a thread that lives as long as the test
+//! The processes are forked by a thread that lives as long as the test
 //! binary, with `PR_SET_PDEATHSIG`, so that even a test binary killed
 //! outright takes them with it. Without the binaries
 //! (`hack/k8s/build.sh`), [`available`] says why and the tests that need
@@ -96,10 +96,14 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Starts `cmd` with its output appended to `log`, killed when the thread
-/// that started it ends.
+/// Starts `cmd` with its output in `log`, killed (`PR_SET_PDEATHSIG`) when
+/// the test binary ends however it ends: the signal fires when the thread
+/// that forked the process ends, so every process is forked by one thread
+/// that lives as long as the binary.
 fn spawn(mut cmd: Command, log: &Path) -> Child {
     use std::os::unix::process::CommandExt;
+    type Job = (Command, std::sync::mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<Mutex<std::sync::mpsc::Sender<Job>>> = OnceLock::new();
     let out = std::fs::File::create(log).unwrap();
     cmd.stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
@@ -111,7 +115,25 @@ fn spawn(mut cmd: Command, log: &Path) -> Child {
             Ok(())
         });
     }
-    cmd.spawn().unwrap()
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("kubeapi-spawner".into())
+            .spawn(move || {
+                for (mut cmd, answer) in rx {
+                    let _ = answer.send(cmd.spawn());
+                }
+                // Never reached while the binary runs: the sender is static.
+                loop {
+                    std::thread::park();
+                }
+            })
+            .unwrap();
+        Mutex::new(tx)
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    spawner.lock().unwrap().send((cmd, tx)).unwrap();
+    rx.recv().unwrap().unwrap()
 }
 
 /// The last lines of `log`, for a failure message.
@@ -170,41 +192,28 @@ pub struct ControlPlane {
     own: Mutex<Vec<Child>>,
 }
 
-/// The plane every test of this binary shares, started on first use.
+/// The plane every test of this binary shares, started on first use and
+/// stopped by PID when the binary exits.
 pub fn shared() -> &'static ControlPlane {
     static PLANE: OnceLock<ControlPlane> = OnceLock::new();
     PLANE.get_or_init(|| {
-        // Started from a thread that outlives every test: the processes'
-        // parent-death signal fires when the thread that forked them ends.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("kubeapi".into())
-            .spawn(move || {
-                let (plane, children) = ControlPlane::start();
-                {
-                    let mut at_exit = AT_EXIT.lock().unwrap();
-                    if at_exit.is_empty() {
-                        // SAFETY: registering a plain extern "C" function.
-                        unsafe { libc::atexit(stop_at_exit) };
-                    }
-                    // kube-apiserver first, then etcd.
-                    for c in children.into_iter().rev() {
-                        at_exit.push((c, plane.dir.clone()));
-                    }
-                }
-                tx.send(plane).unwrap();
-                loop {
-                    std::thread::park();
-                }
-            })
-            .unwrap();
-        rx.recv().expect("the control plane did not start")
+        let (plane, children) = ControlPlane::start();
+        let mut at_exit = AT_EXIT.lock().unwrap();
+        if at_exit.is_empty() {
+            // SAFETY: registering a plain extern "C" function.
+            unsafe { libc::atexit(stop_at_exit) };
+        }
+        // kube-apiserver first, then etcd.
+        for c in children.into_iter().rev() {
+            at_exit.push((c, plane.dir.clone()));
+        }
+        plane
     })
 }
 
 impl ControlPlane {
     /// A plane of the calling test's own, stopped by [`Self::stop`] or on
-    /// drop (or when the calling thread ends).
+    /// drop.
     pub fn private() -> Self {
         let (mut plane, children) = Self::start();
         plane.own = Mutex::new(children.into_iter().rev().collect());
