@@ -306,6 +306,11 @@ func bench(args []string) {
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	// A relist's ContainerStatus and the churn's RemoveContainer exclude
+	// each other: a container removed between ListContainers and its
+	// ContainerStatus is the runtime's right answer (NotFound), not a
+	// failed call.
+	var listing sync.Mutex
 	// The kubelet's PLEG relist, every second, and its pod status reads.
 	wg.Add(1)
 	go func() {
@@ -322,6 +327,7 @@ func bench(args []string) {
 				_, err := rs.ListPodSandbox(ctx, nil)
 				return err
 			})
+			listing.Lock()
 			var ctrs []*runtimeapi.Container
 			call("ListContainers", func(ctx context.Context) error {
 				var err error
@@ -337,6 +343,7 @@ func bench(args []string) {
 					return err
 				})
 			}
+			listing.Unlock()
 		}
 	}()
 	// Container churn in the pod: create, start, stop, remove, again.
@@ -370,7 +377,9 @@ func bench(args []string) {
 			call("StartContainer", func(ctx context.Context) error { return rs.StartContainer(ctx, id) })
 			time.Sleep(100 * time.Millisecond)
 			call("StopContainer", func(ctx context.Context) error { return rs.StopContainer(ctx, id, 0) })
+			listing.Lock()
 			call("RemoveContainer", func(ctx context.Context) error { return rs.RemoveContainer(ctx, id) })
+			listing.Unlock()
 		}
 	}()
 
