@@ -23,7 +23,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -39,6 +39,8 @@ use crate::runtime::events::{EventError, Subscription, TOPIC_EXIT, TOPIC_OOM, Ta
 pub const MIN_WAIT: Duration = Duration::from_millis(100);
 /// The longest wait before subscribing again.
 pub const MAX_WAIT: Duration = Duration::from_secs(2);
+/// How long the events loop waits for one OOM kill check (cgroup reads).
+pub const OOM_READ_DEADLINE: Duration = Duration::from_secs(2);
 /// How long after subscribing the catch-up sync runs: containerd has
 /// registered the subscriber by then (it sends nothing to say so).
 pub const SETTLE: Duration = Duration::from_millis(250);
@@ -92,7 +94,8 @@ enum CatchUp {
 pub struct TaskEvents {
     model: Arc<RwLock<NodeModel>>,
     upstream: Upstream,
-    oom: Option<OomKillWatcher>,
+    /// Shared with the blocking threads its cgroup reads run on.
+    oom: Option<Arc<Mutex<OomKillWatcher>>>,
     metrics: TaskEventMetrics,
 }
 
@@ -109,7 +112,7 @@ impl TaskEvents {
 
     /// The same loop, recording kernel OOM kills with `watcher`.
     pub fn with_oom_kills(mut self, watcher: OomKillWatcher) -> Self {
-        self.oom = Some(watcher);
+        self.oom = Some(Arc::new(Mutex::new(watcher)));
         self
     }
 
@@ -122,9 +125,7 @@ impl TaskEvents {
     /// Follows the events until `stopped` resolves.
     pub async fn run(mut self, stopped: impl Future<Output = ()>) {
         tokio::pin!(stopped);
-        if let Some(w) = &mut self.oom {
-            w.baseline(&snapshot(&self.model));
-        }
+        self.with_oom(|w, m| w.baseline(m)).await;
         let mut backoff = Backoff::new(MIN_WAIT, MAX_WAIT);
         let mut failures = 0u64;
         loop {
@@ -161,7 +162,10 @@ impl TaskEvents {
                 CatchUp::Due(at) => Some(*at),
                 _ => None,
             };
-            let oom_due = self.oom.as_ref().and_then(OomKillWatcher::deadline);
+            let oom_due = self
+                .oom
+                .as_ref()
+                .and_then(|w| w.try_lock().ok().and_then(|w| w.deadline()));
             let deadline = due.into_iter().chain(oom_due).min();
             tokio::select! {
                 () = stopped.as_mut() => return Ended::Stopped,
@@ -172,7 +176,7 @@ impl TaskEvents {
                 r = next(&mut sub), if sub.is_some() => match r {
                     Ok(ev) => {
                         delivered = true;
-                        self.apply(&ev);
+                        self.apply(ev).await;
                     }
                     Err(err) if err.ends_subscription() => {
                         return Ended::Failed { err, delivered };
@@ -184,7 +188,7 @@ impl TaskEvents {
                     match r {
                         Ok(Ok(())) => {
                             self.metrics.catch_ups.inc();
-                            self.sweep();
+                            self.sweep().await;
                         }
                         Ok(Err(err)) => tracing::warn!(%err, "catch-up sync after subscribing failed; the periodic sync retries"),
                         Err(err) => tracing::error!(%err, "catch-up sync panicked"),
@@ -198,16 +202,17 @@ impl TaskEvents {
                             sync::sync(&model, &up).await
                         }));
                     }
-                    if let Some(w) = &mut self.oom {
-                        w.on_deadline(&snapshot(&self.model), now);
-                    }
+                    self.with_oom(move |w, m| {
+                        w.on_deadline(m, now);
+                    })
+                    .await;
                 }
             }
         }
     }
 
     /// Applies one event to the model and the OOM recorder.
-    fn apply(&mut self, ev: &TaskEvent) {
+    async fn apply(&mut self, ev: TaskEvent) {
         match ev {
             TaskEvent::Exit(exit) => {
                 self.count(TOPIC_EXIT);
@@ -219,9 +224,10 @@ impl TaskEvents {
                         .task_exited(&exit.container_id);
                     tracing::debug!(task = %exit.container_id, status = exit.exit_status, ?owner, "task exited");
                 }
-                if let Some(w) = &mut self.oom {
-                    w.on_exit(&snapshot(&self.model), exit);
-                }
+                self.with_oom(move |w, m| {
+                    w.on_exit(m, &exit);
+                })
+                .await;
             }
             TaskEvent::Oom {
                 container_id,
@@ -229,14 +235,11 @@ impl TaskEvents {
             } => {
                 self.count(TOPIC_OOM);
                 tracing::debug!(task = %container_id, "OOM notification");
-                if let Some(w) = &mut self.oom {
-                    w.on_oom(
-                        &snapshot(&self.model),
-                        container_id,
-                        *at_unix_ms,
-                        Instant::now(),
-                    );
-                }
+                let now = Instant::now();
+                self.with_oom(move |w, m| {
+                    w.on_oom(m, &container_id, at_unix_ms, now);
+                })
+                .await;
             }
         }
     }
@@ -249,12 +252,39 @@ impl TaskEvents {
     }
 
     /// After a catch-up: OOM kills the events may have missed.
-    fn sweep(&mut self) {
-        if let Some(w) = &mut self.oom {
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64);
-            w.sweep(&snapshot(&self.model), now_ms);
+    async fn sweep(&mut self) {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.with_oom(move |w, m| {
+            w.sweep(m, now_ms);
+        })
+        .await;
+    }
+
+    /// Runs `f` on the OOM recorder with a copy of the model, on the
+    /// blocking pool (it reads cgroup counters), waited for at most
+    /// [`OOM_READ_DEADLINE`]. A call still running holds the recorder: the
+    /// next ones are skipped, never queued, until it returns.
+    async fn with_oom(&self, f: impl FnOnce(&mut OomKillWatcher, &NodeModel) + Send + 'static) {
+        let Some(w) = self.oom.clone() else { return };
+        let model = snapshot(&self.model);
+        let run = tokio::task::spawn_blocking(move || match w.try_lock() {
+            Ok(mut w) => {
+                f(&mut w, &model);
+                true
+            }
+            Err(_) => false,
+        });
+        match tokio::time::timeout(OOM_READ_DEADLINE, run).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => tracing::warn!(
+                "OOM kill recorder still busy (a cgroup read stuck?); this event's check skipped"
+            ),
+            Ok(Err(err)) => tracing::error!(%err, "OOM kill recorder panicked"),
+            Err(_) => {
+                tracing::warn!(deadline = ?OOM_READ_DEADLINE, "OOM kill check did not finish in time (a cgroup read stuck?); going on without it")
+            }
         }
     }
 }

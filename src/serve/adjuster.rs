@@ -36,7 +36,21 @@ pub async fn run(adjuster: Arc<Mutex<OomAdjuster>>, every: Duration, stopping: S
     periodic(every, stopping.wait(), move || {
         let a = adjuster.clone();
         // cgroupfs and procfs reads block briefly: off the proxy's thread.
-        let round = move || a.lock().unwrap_or_else(|e| e.into_inner()).round();
+        // A round still running (stuck on a read) is not queued behind:
+        // this one is skipped, so blocked threads never pile up.
+        let round = move || match a.try_lock() {
+            Ok(mut a) => {
+                a.round();
+            }
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                p.into_inner().round();
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {
+                tracing::warn!(
+                    "oom_score_adj: the last round has not finished; this one is skipped"
+                );
+            }
+        };
         async move {
             let _ = tokio::task::spawn_blocking(round).await;
         }
