@@ -465,6 +465,10 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
         .find(|r| r.method == "PATCH" && r.path == node_path && r.status == 200)
         .unwrap()
         .at;
+    eprintln!(
+        "taint (after a 409) written {:?} before the pod's Failed status",
+        patch.at.duration_since(taint_at).unwrap_or_default()
+    );
     assert!(
         taint_at <= patch.at,
         "taint written {:?} after the pod's Failed status",
