@@ -5,8 +5,9 @@
 //! applied.
 //!
 //! One control plane serves every test of a binary ([`shared`], started on
-//! first use: 3 s on an idle 2-core machine, 5 to 10 s under load), stopped by PID when the binary exits; each test
-//! takes its own [`Tenant`]: a namespace, a Node object, and a
+//! first use: 3 s on an idle 2-core machine, 5 to 10 s under load), stopped
+//! by PID when the binary exits; each test takes its own [`Tenant`]: a
+//! namespace, a Node object, and a
 //! ServiceAccount bound to `deploy/rbac.yaml`'s ClusterRole, whose token
 //! criguard's kubeconfig carries, so that the audit log tells each test's
 //! requests apart. [`ControlPlane::private`] starts one a test can stop.
