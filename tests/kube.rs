@@ -50,7 +50,7 @@ use serde_json::{Value, json};
 /// the control plane's binaries are not built.
 fn plane_and_pressure() -> Option<(&'static ControlPlane, Pressure)> {
     if let Err(why) = common::kubeapi::available() {
-        eprintln!("skipped: {why}");
+        eprintln!("SKIPPED: {why}");
         return None;
     }
     let sc = std::thread::spawn(|| Pressure::new(320));
@@ -670,7 +670,7 @@ async fn a_slow_api_delays_no_eviction_past_the_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusing_or_unreachable_api_delays_no_eviction_past_the_bound() {
     if let Err(why) = common::kubeapi::available() {
-        eprintln!("skipped: {why}");
+        eprintln!("SKIPPED: {why}");
         return;
     }
     // The unreachable one: an API server of its own, stopped later

@@ -39,15 +39,37 @@ const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\n\
 omitStages: [\"RequestReceived\"]\nrules:\n\
 - level: Request\n  userGroups: [\"system:serviceaccounts\"]\n- level: None\n";
 
-/// The bin directory of a `hack/k8s/build.sh` component, if built.
+/// The bin directory of a finished `hack/k8s/build.sh` build of
+/// `component` as pinned now, without building one (`build.sh --path`
+/// would): `$CRIGUARD_STACK_CACHE/NAME-VERSION-HASH/bin` with `.complete`,
+/// HASH the first 12 hex digits of the SHA-256 of its go.mod and go.sum.
 fn bin_dir(component: &str) -> Option<PathBuf> {
-    let out = Command::new(format!("{REPO}/hack/k8s/build.sh"))
-        .args(["--path", component])
-        .stderr(Stdio::null())
+    let module = match component {
+        "kubernetes" => "k8s.io/kubernetes",
+        "etcd" => "go.etcd.io/etcd/server/v3",
+        _ => return None,
+    };
+    let here = Path::new(REPO).join("hack/k8s").join(component);
+    let gomod = std::fs::read_to_string(here.join("go.mod")).ok()?;
+    let version = gomod.lines().find_map(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        (w.len() >= 3 && w[0] == "require" && w[1] == module).then(|| w[2].to_owned())
+    })?;
+    let out = Command::new("sh")
+        .args(["-c", "cat go.mod go.sum | sha256sum"])
+        .current_dir(&here)
         .output()
         .ok()?;
-    let dir = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
-    (out.status.success() && dir.is_dir()).then_some(dir)
+    let hash: String = String::from_utf8(out.stdout)
+        .ok()?
+        .chars()
+        .take(12)
+        .collect();
+    let cache = std::env::var_os("CRIGUARD_STACK_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/criguard/stack"));
+    let dir = cache.join(format!("{component}-{version}-{hash}"));
+    dir.join(".complete").is_file().then(|| dir.join("bin"))
 }
 
 /// `Err(why)` when the control plane's binaries are not built
@@ -56,7 +78,7 @@ pub fn available() -> Result<(), String> {
     for (c, bin) in [("kubernetes", "kube-apiserver"), ("etcd", "etcd")] {
         match bin_dir(c) {
             Some(d) if d.join(bin).is_file() => {}
-            _ => return Err(format!("no {bin}: run hack/k8s/build.sh")),
+            _ => return Err(format!("no {bin} build (hack/k8s/build.sh {c})")),
         }
     }
     Ok(())
@@ -231,8 +253,8 @@ impl ControlPlane {
 
     fn start() -> (Self, Vec<Child>) {
         let t0 = Instant::now();
-        let k8s = bin_dir("kubernetes").expect("hack/k8s/build.sh --path kubernetes");
-        let etcd_bin = bin_dir("etcd").expect("hack/k8s/build.sh --path etcd");
+        let k8s = bin_dir("kubernetes").expect("no kubernetes build: hack/k8s/build.sh");
+        let etcd_bin = bin_dir("etcd").expect("no etcd build: hack/k8s/build.sh");
         let dir = std::env::temp_dir().join(unique("criguard-kubeapi"));
         let pki_dir = dir.join("pki");
         std::fs::create_dir_all(dir.join("etcd")).unwrap();
