@@ -1,6 +1,9 @@
 //! A stand-in for kube-apiserver, in process, on loopback: just the calls
-//! criguard makes, with the real API's semantics (no kube-apiserver binary
-//! can be had on the test machines).
+//! criguard makes, with the real API's semantics. The report's tests run
+//! against a real kube-apiserver (`common::kubeapi`); this one stays for the
+//! one fault a real server cannot be made to show: answers that come late
+//! ([`ApiServer::set_delay`]; tests/kube.rs's slow API, benches/kube.rs),
+//! and for the benchmark's refusals ([`ApiServer::deny`]).
 //!
 //! What it keeps of the real server: objects as JSON under
 //! `/api/v1/[namespaces/NS/]RESOURCE/NAME[/status]`; one resourceVersion
@@ -17,10 +20,11 @@
 //! AlreadyExists on a taken name); watches by `metadata.name` field selector
 //! from a resourceVersion, replaying every change since; bearer-token
 //! authentication (401) and a verb/resource authorization table (403 with
-//! the RBAC message). Each request's `User-Agent` is recorded. Faults for
-//! tests: a delay before every answer, denied verbs, a hook run when a pod
-//! status patch arrives, and a kubelet that keeps undoing every status
-//! patch of a pod a little later ([`ApiServer::keep_undoing`]).
+//! the RBAC message). Each request's `User-Agent` is recorded. Where it
+//! differs from the real server (found by running the same tests against
+//! both): a condition new to a list is appended, where the real server's
+//! strategic merge puts it first; a new node gets no
+//! `node.kubernetes.io/not-ready` taint (TaintNodesByCondition).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -29,7 +33,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use serde_json::{Value, json};
@@ -66,26 +69,12 @@ pub struct Request {
     pub user_agent: String,
 }
 
-/// A stand-in kubelet that undoes every status patch of one pod.
-#[derive(Clone)]
-struct Undoer {
-    ns: String,
-    name: String,
-    patch: Value,
-    after: Duration,
-}
-
-/// Runs when a pod status patch arrives, before it is applied.
-pub type Hook = Arc<dyn Fn(Request) -> BoxFuture<'static, ()> + Send + Sync>;
-
 /// The stand-in server; stops serving when dropped.
 pub struct ApiServer {
     /// Where it listens.
     pub addr: SocketAddr,
     state: Arc<Mutex<State>>,
     changed: broadcast::Sender<()>,
-    hook: Arc<Mutex<Option<Hook>>>,
-    undoer: Arc<Mutex<Option<Undoer>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -125,19 +114,17 @@ impl ApiServer {
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State::default()));
         let (changed, _) = broadcast::channel(256);
-        let hook: Arc<Mutex<Option<Hook>>> = Arc::default();
-        let undoer: Arc<Mutex<Option<Undoer>>> = Arc::default();
-        let (st, ch, hk, un) = (state.clone(), changed.clone(), hook.clone(), undoer.clone());
+        let (st, ch) = (state.clone(), changed.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (st, ch, hk, un) = (st.clone(), ch.clone(), hk.clone(), un.clone());
+                let (st, ch) = (st.clone(), ch.clone());
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
-                        let (st, ch, hk, un) = (st.clone(), ch.clone(), hk.clone(), un.clone());
-                        async move { Ok::<_, Infallible>(handle(st, ch, hk, un, req).await) }
+                        let (st, ch) = (st.clone(), ch.clone());
+                        async move { Ok::<_, Infallible>(handle(st, ch, req).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
@@ -149,8 +136,6 @@ impl ApiServer {
             addr,
             state,
             changed,
-            hook,
-            undoer,
             task,
         }
     }
@@ -176,30 +161,6 @@ impl ApiServer {
         s.objects
             .get(&(resource.into(), ns.into(), name.into()))
             .cloned()
-    }
-
-    /// Every object of `resource` in `ns`.
-    pub fn list(&self, resource: &str, ns: &str) -> Vec<Value> {
-        let s = self.state.lock().unwrap();
-        s.objects
-            .iter()
-            .filter(|((r, n, _), _)| r == resource && n == ns)
-            .map(|(_, v)| v.clone())
-            .collect()
-    }
-
-    /// Applies a strategic merge patch to a pod's status as the kubelet's
-    /// status manager does (e.g. writing `phase: Running` back).
-    pub fn patch_pod_status(&self, ns: &str, name: &str, patch: Value) -> u16 {
-        let key = ("pods".to_owned(), ns.to_owned(), name.to_owned());
-        let (code, _) = self.state.lock().unwrap().patch(
-            key,
-            Some("status"),
-            "application/strategic-merge-patch+json",
-            &patch,
-        );
-        let _ = self.changed.send(());
-        code
     }
 
     /// Deletes an object at once, as a controller or the pod GC would.
@@ -232,31 +193,6 @@ impl ApiServer {
             .denied
             .insert((verb.into(), resource.into()));
     }
-
-    /// Another writer (a label controller, say) changes the node just before
-    /// criguard's next patch of it arrives, so a resourceVersion
-    /// precondition in that patch fails with 409.
-    pub fn interfere_with_next_node_patch(&self) {
-        self.state.lock().unwrap().interfere = true;
-    }
-
-    /// Runs `hook` when a pod status patch arrives, before it is applied.
-    pub fn on_pod_status_patch(&self, hook: Hook) {
-        *self.hook.lock().unwrap() = Some(hook);
-    }
-
-    /// From now on, `after` each status patch of pod `ns/name` that a
-    /// client sends, applies `patch` to its status (a kubelet whose status
-    /// manager keeps writing its own status back).
-    #[allow(dead_code)] // used by some test binaries only
-    pub fn keep_undoing(&self, ns: &str, name: &str, patch: Value, after: Duration) {
-        *self.undoer.lock().unwrap() = Some(Undoer {
-            ns: ns.into(),
-            name: name.into(),
-            patch,
-            after,
-        });
-    }
 }
 
 impl Drop for ApiServer {
@@ -280,8 +216,6 @@ pub fn write_kubeconfig(dir: &Path, server: &str) -> PathBuf {
 async fn handle(
     state: Arc<Mutex<State>>,
     changed: broadcast::Sender<()>,
-    hook: Arc<Mutex<Option<Hook>>>,
-    undoer: Arc<Mutex<Option<Undoer>>>,
     req: hyper::Request<Incoming>,
 ) -> Answer {
     let method = req.method().as_str().to_owned();
@@ -377,12 +311,6 @@ async fn handle(
             ),
         );
     }
-    if verb == "patch" && resource == "pods" && sub.as_deref() == Some("status") {
-        let h = hook.lock().unwrap().clone();
-        if let Some(h) = h {
-            h(record.clone()).await;
-        }
-    }
     if verb == "watch" {
         record.status = 200;
         state.lock().unwrap().requests.push(record);
@@ -396,14 +324,7 @@ async fn handle(
                 Some(o) if sub.is_none() || sub.as_deref() == Some("status") => (200, o.clone()),
                 _ => State::not_found(&resource, n),
             },
-            ("patch", Some(n)) => {
-                if resource == "nodes" && sub.is_none() && std::mem::take(&mut s.interfere) {
-                    let other =
-                        json!({"metadata": {"annotations": {"example.com/touched": "yes"}}});
-                    s.patch(key(n), None, "application/merge-patch+json", &other);
-                }
-                s.patch(key(n), sub.as_deref(), &ctype, &body)
-            }
+            ("patch", Some(n)) => s.patch(key(n), sub.as_deref(), &ctype, &body),
             ("create", None) => s.create(&resource, &ns, body.clone()),
             ("delete", Some(n)) => s.delete(key(n), &body),
             _ => failure(
@@ -415,27 +336,6 @@ async fn handle(
     };
     if result.0 < 300 {
         let _ = changed.send(());
-        let undo = undoer.lock().unwrap().clone().filter(|u| {
-            verb == "patch"
-                && resource == "pods"
-                && sub.as_deref() == Some("status")
-                && u.ns == ns
-                && name.as_deref() == Some(u.name.as_str())
-        });
-        if let Some(u) = undo {
-            let (state, changed) = (state.clone(), changed.clone());
-            tokio::spawn(async move {
-                tokio::time::sleep(u.after).await;
-                let key = ("pods".to_owned(), u.ns, u.name);
-                state.lock().unwrap().patch(
-                    key,
-                    Some("status"),
-                    "application/strategic-merge-patch+json",
-                    &u.patch,
-                );
-                let _ = changed.send(());
-            });
-        }
     }
     answer(&state, record, result)
 }

@@ -19,8 +19,6 @@ pub(super) struct State {
     pub(super) denied: BTreeSet<(String, String)>,
     pub(super) delay: Duration,
     pub(super) uids: u64,
-    /// Another writer changes the node just before the next node patch.
-    pub(super) interfere: bool,
 }
 
 /// A `Status` failure, as the API answers errors.
