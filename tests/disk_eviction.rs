@@ -196,16 +196,29 @@ async fn node_reclaim_first_then_the_largest_disk_user_even_if_guaranteed() {
         "the unused image went first: {tags:?}"
     );
     assert!(tags.iter().any(|t| *t == BUSYBOX), "an image in use stays");
-    let containers: Vec<String> = direct
-        .rt
-        .list_containers(cri::ListContainersRequest { filter: None })
-        .await
-        .unwrap()
-        .into_inner()
-        .containers
-        .into_iter()
-        .map(|c| c.id)
-        .collect();
+    // The eviction is published when the pod is killed; its stop and the
+    // removal of its containers follow.
+    let containers: Vec<String> = common::poll_until(
+        Duration::from_secs(20),
+        "the evicted pod's containers removed",
+        || {
+            let mut rt = direct.rt.clone();
+            let big = big_ids[0].clone();
+            async move {
+                let ids: Vec<String> = rt
+                    .list_containers(cri::ListContainersRequest { filter: None })
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .containers
+                    .into_iter()
+                    .map(|c| c.id)
+                    .collect();
+                (!ids.contains(&big)).then_some(ids)
+            }
+        },
+    )
+    .await;
     assert!(
         !containers.contains(&dead_ids[0]),
         "the dead container went first"
