@@ -309,14 +309,27 @@ impl EvictionManager {
     /// changed: at once when the conditions held or the evictions did,
     /// else at most every [`PRESSURE_SAVE_EVERY`].
     async fn save_pressure(&mut self) {
+        self.save_pressure_with(None).await;
+    }
+
+    /// [`Self::save_pressure`] with `new`, an eviction about to be
+    /// published, among the evictions saved: what `criguard evictions`
+    /// lists is on disk before it is listed (unless the state directory
+    /// fails, which delays the listing by [`evicted::STATE_WRITE_DEADLINE`]
+    /// at most), so a crash right after cannot lose it.
+    async fn save_pressure_with(&mut self, new: Option<&Eviction>) {
         let Some(store) = self.store.clone() else {
             return;
         };
         let (held, snapshot, evictions) = {
             let st = self.status.read().unwrap_or_else(|e| e.into_inner());
             let held = st.conditions.clone();
+            let mut all = std::borrow::Cow::Borrowed(&st.evictions[..]);
+            if let Some(e) = new {
+                all.to_mut().push(e.clone());
+            }
             let urgent = held != self.pressure.saved_held
-                || st.evictions.len() != self.pressure.saved_evictions
+                || all.len() != self.pressure.saved_evictions
                 || self.pressure.ended;
             let due = self.pressure.dirty
                 && self
@@ -326,8 +339,8 @@ impl EvictionManager {
             if !urgent && !due {
                 return;
             }
-            let r = evicted::Remembered::of(&self.pressure.last, &st.evictions);
-            (held, r, st.evictions.len())
+            let r = evicted::Remembered::of(&self.pressure.last, &all);
+            (held, r, all.len())
         };
         if self
             .pressure
@@ -618,6 +631,7 @@ impl EvictionManager {
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
                 .set_sandbox_state(&pod.sandbox_id, SandboxState::NotReady);
+            self.save_pressure_with(Some(&e)).await;
             self.status
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
