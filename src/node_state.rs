@@ -58,6 +58,9 @@ pub struct NodeStatus {
     /// How many evictions were recorded; the admin API's WatchEvictions
     /// waits on it.
     pub recorded: tokio::sync::watch::Sender<usize>,
+    /// `--dry-run` in effect: the conditions are observed and shown, but
+    /// admission refuses nothing for them (an evicted pod stays refused).
+    pub dry_run: bool,
 }
 
 impl NodeStatus {

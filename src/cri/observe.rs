@@ -175,6 +175,12 @@ impl Observer {
         let mut st = status.write().unwrap_or_else(|e| e.into_inner());
         let decision = admission::admit(&st.conditions, st.evicted.get(&uid), qos, critical);
         let (refusal, why) = decision.err()?;
+        if st.dry_run && refusal != admission::Refusal::Evicted {
+            // A dry run changes nothing on the node: the pod starts.
+            drop(st);
+            crate::log_limited!(info, %uid, ?qos, reason = %why, "dry run: RunPodSandbox would be refused; admitted");
+            return None;
+        }
         if refusal == admission::Refusal::Evicted {
             // Saved with the next eviction round: asked for, not forgotten.
             st.evicted.asked(&uid, now_ms);
@@ -417,6 +423,38 @@ mod tests {
             let plan = observer.on_request(Method::CreateContainer, &create_request(parent));
             assert_eq!(plan.patch, None, "{parent:?}");
         }
+    }
+
+    #[test]
+    fn a_dry_run_refuses_no_pod_for_a_condition_but_still_an_evicted_one() {
+        let pod = crate::kubelet::PodSpec::new("p", "uid-1");
+        let mut sandbox = pod.sandbox_config();
+        sandbox.linux.get_or_insert_default().cgroup_parent =
+            "/kubepods/besteffort/poduid-1".into();
+        let run = cri::RunPodSandboxRequest {
+            config: Some(sandbox),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let refused = |dry_run: bool, evicted: bool| {
+            let mut status = NodeStatus {
+                conditions: [crate::signal::Condition::MemoryPressure].into(),
+                dry_run,
+                ..Default::default()
+            };
+            if evicted {
+                status.evicted.insert("uid-1", "default/p", "evicted", 0);
+            }
+            let observer = Observer::new(Arc::new(RwLock::new(NodeModel::new(8 << 30))))
+                .with_admission(Arc::new(RwLock::new(status)), Default::default());
+            observer
+                .on_request(Method::RunPodSandbox, &run)
+                .refuse
+                .is_some()
+        };
+        assert!(refused(false, false), "BestEffort under MemoryPressure");
+        assert!(!refused(true, false), "a dry run admits it");
+        assert!(refused(true, true), "an evicted pod stays refused");
     }
 
     #[test]

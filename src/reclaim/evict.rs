@@ -189,10 +189,11 @@ impl EvictionManager {
             tracing::info!(conditions = ?held, "pressure remembered from before the restart: its conditions hold until the transition period has passed since it was last observed");
         }
         self.pressure.saved_held = held.clone();
-        self.status
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .conditions = held;
+        {
+            let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
+            st.conditions = held;
+            st.dry_run = self.dry_run;
+        }
         self.store = Some(store);
         self
     }
@@ -260,10 +261,14 @@ impl EvictionManager {
         conditions.extend(self.remember_pressure(&obs));
         self.publish(&obs, &conditions);
         if let Some(r) = &self.report {
-            r.node_conditions(&conditions);
+            // A dry run writes no condition or taint (and clears what an
+            // earlier configuration set): it must not change scheduling.
+            let none = BTreeSet::new();
+            r.node_conditions(if self.dry_run { &none } else { &conditions });
         }
         let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
         st.conditions = conditions;
+        st.dry_run = self.dry_run;
         st.observations = Some(obs.clone());
         (obs, d.act_on)
     }
