@@ -222,7 +222,7 @@ impl Observer {
                     refuse: None,
                 },
                 Err(err) => {
-                    tracing::warn!(%err, "CreateContainer request not decodable; forwarded unpatched");
+                    crate::log_limited!(warn, %err, "CreateContainer request not decodable; forwarded unpatched");
                     RequestPlan::default()
                 }
             },
@@ -266,7 +266,7 @@ impl Observer {
     /// Looks at a successful answer (gRPC status OK) and updates the model.
     pub fn on_response(&self, method: Method, req: &[u8], resp: &[u8]) {
         if let Err(err) = self.apply(method, req, resp) {
-            tracing::warn!(?method, %err, "observed call not decodable; model not updated");
+            crate::log_limited!(warn, ?method, %err, "observed call not decodable; model not updated");
         }
     }
 
