@@ -27,9 +27,10 @@
 #       lines: STARTS (systemd's "Started criguard.service" lines), FAILURES
 #       (criguard.service "Failed with result" lines), NRESTARTS (systemd's
 #       automatic restarts, crashes: `systemctl restart` does not count),
-#       MAINPID, DOWNTIME_MS (for each restart, criguard's "SIGTERM:
-#       draining" to the next process's "forwarding CRI calls", ms: the
-#       time the kubelet's new connections wait in the socket's backlog),
+#       MAINPID, DOWNTIMES (for each restart SIGTERM_EPOCH_S:MS: criguard's
+#       "SIGTERM: draining" and how long until the next process's
+#       "forwarding CRI calls", the time the kubelet's new connections
+#       wait in the socket's backlog),
 #       KUBELET_CRI_ERRORS (kubelet journal lines with "rpc error"), then
 #       those lines (at most 500), each after "kubelet: ".
 set -uo pipefail
@@ -105,8 +106,10 @@ report() {
     echo "FAILURES=$(journalctl -u criguard.service --since "@$since" --no-pager -o cat | grep -c 'Failed with result')"
     echo "NRESTARTS=$(systemctl show -p NRestarts --value criguard.service)"
     echo "MAINPID=$(systemctl show -p MainPID --value criguard.service)"
-    echo "DOWNTIME_MS=$(journalctl -u criguard.service --since "@$since" --no-pager -o short-unix |
-        awk '/SIGTERM: draining/ { t = $1 } /forwarding CRI calls/ && t { printf "%d ", ($1 - t) * 1000; t = 0 }')"
+    local down
+    down="$(journalctl -u criguard.service --since "@$since" --no-pager -o short-unix |
+        awk '/SIGTERM: draining/ { t = $1 } /forwarding CRI calls/ && t { printf "%s:%d ", t, ($1 - t) * 1000; t = 0 }')"
+    echo "DOWNTIMES=$down"
     kubelet="$(journalctl -u kubelet.service --since "@$since" --no-pager -o short-unix)"
     errors="$(grep 'rpc error' <<<"$kubelet")"
     echo "KUBELET_CRI_ERRORS=$(grep -c . <<<"$errors")"
