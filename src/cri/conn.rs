@@ -10,12 +10,25 @@
 //! and the DATA of observed streams (see [`super::held`]). It validates
 //! nothing the runtime would accept; a frame larger than the receiving
 //! peer allows ends the connection with GOAWAY, as the peer itself would.
+//!
+//! A header block is held until its END_HEADERS, and no longer than
+//! [`MAX_HEADER_LIST`] bytes: the header list size containerd's gRPC
+//! server accepts (grpc-go's default, which containerd keeps). A client's
+//! block past it ends the connection with GOAWAY PROTOCOL_ERROR, as
+//! golang.org/x/net/http2 (under grpc-go) ends one whose CONTINUATION
+//! frames go past the limit; the runtime would refuse the call too. The
+//! bytes of a block beyond [`SMALL_BLOCK`] come from the relay's shared
+//! [`super::budget::Budget`]; while it has none to spare, that client is
+//! not read. A block reserves its whole cap when it grows past
+//! [`SMALL_BLOCK`], so that blocks never wait for each other: at most
+//! budget ÷ 16 MiB large blocks are received at once (4 by default).
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
+use super::budget::{self, BLOCKS_REFUSED, SMALL_BLOCK, Throttle};
 use super::flow::ToServer;
 use super::frame::{self, Head, error, flag, kind, setting};
 use super::headers::{Fields, Reader};
@@ -39,6 +52,29 @@ pub struct Io {
 const ANSWER_WAIT: Duration = Duration::from_secs(1);
 /// The most streams criguard remembers having answered itself.
 const ANSWERED_CAP: usize = 1024;
+/// The largest header block criguard holds: grpc-go's default server
+/// `MaxHeaderListSize` (`defaultServerMaxHeaderListSize`, 16 MiB), which
+/// containerd's CRI server does not change. Encoders use Huffman only
+/// where it is shorter, so a block's encoded size is at most its header
+/// list size: a block over this many bytes is one the runtime refuses.
+pub const MAX_HEADER_LIST: usize = 16 << 20;
+/// Bytes waiting for the runtime's windows above which the client is not
+/// read (the client was credited early for held bytes: it may have more
+/// window than the runtime granted).
+const QUEUE_HIGH: usize = 64 << 10;
+/// How often a client waiting for the hold budget tries again.
+const PAUSE_RETRY: Duration = Duration::from_millis(10);
+/// Complaints about oversized header blocks.
+static BLOCK_LOG: Throttle = Throttle::new(budget::LOG_EVERY);
+
+/// Whether a header block may grow by a frame.
+enum Admit {
+    Yes,
+    /// Not until the budget has room.
+    Wait,
+    /// Past [`MAX_HEADER_LIST`].
+    TooLarge,
+}
 
 /// A header block being received (HEADERS or PUSH_PROMISE, then CONTINUATION).
 #[derive(Debug)]
@@ -47,6 +83,8 @@ struct Block {
     end_stream: bool,
     buf: Vec<u8>,
     malformed: bool,
+    /// Bytes of `buf` taken from the hold budget.
+    charged: usize,
 }
 
 /// The parsing state of the bytes one peer sends.
@@ -120,18 +158,23 @@ pub struct Conn {
     last_client_stream: u32,
     goaway_sent: Option<u32>,
     closing: bool,
+    /// Budget bytes the client's next block frame waits for.
+    paused_need: Option<usize>,
+    /// Budget bytes taken for the client's next block frame.
+    charge_next: usize,
 }
 
 impl Conn {
     /// A connection relayed by `proxy`.
     pub fn new(proxy: Proxy) -> Self {
+        let to_server = ToServer::new(proxy.budget.clone());
         Self {
             proxy,
             client: Side::new(frame::PREFACE.len()),
             server: Side::new(0),
             streams: HashMap::new(),
             answered: BTreeSet::new(),
-            to_server: ToServer::default(),
+            to_server,
             client_block_open: false,
             deferred: Vec::new(),
             answers_waiting: Vec::new(),
@@ -145,7 +188,16 @@ impl Conn {
             last_client_stream: 0,
             goaway_sent: None,
             closing: false,
+            paused_need: None,
+            charge_next: 0,
         }
+    }
+
+    /// Whether the client is not read: its header block waits for room
+    /// in the hold budget.
+    pub fn client_paused(&self) -> bool {
+        self.to_server.queued() > QUEUE_HIGH
+            || self.paused_need.is_some_and(|n| !self.proxy.budget.fits(n))
     }
 
     /// Whether the connection should end once its queues are written: a
@@ -160,7 +212,12 @@ impl Conn {
 
     /// When [`Conn::on_deadline`] wants to run.
     pub fn deadline(&self) -> Option<Instant> {
-        self.answers_since.map(|t| t + ANSWER_WAIT)
+        let answers = self.answers_since.map(|t| t + ANSWER_WAIT);
+        if self.paused_need.is_some() {
+            let retry = Instant::now() + PAUSE_RETRY;
+            return Some(answers.map_or(retry, |a| a.min(retry)));
+        }
+        answers
     }
 
     /// The runtime sent no header block in time: criguard's answers go now.
@@ -195,7 +252,22 @@ impl Conn {
                 return;
             }
         }
-        while let Some((head, f)) = next_frame(input, self.client.max_frame) {
+        while input.len() >= frame::HEADER_LEN {
+            let head = Head::parse(input);
+            let whole = input.len() >= frame::HEADER_LEN + head.len as usize;
+            if whole && head.len <= self.client.max_frame && is_block(head.kind) {
+                match self.admit_block(&head) {
+                    Admit::Yes => self.paused_need = None,
+                    Admit::Wait => return,
+                    Admit::TooLarge => {
+                        input.clear();
+                        return self.refuse_block(io);
+                    }
+                }
+            }
+            let Some((head, f)) = next_frame(input, self.client.max_frame) else {
+                return;
+            };
             let Some(f) = f else {
                 return self.fail(io, error::FRAME_SIZE_ERROR);
             };
@@ -247,6 +319,63 @@ impl Conn {
                 _ => io.to_client.push(f.freeze()),
             }
         }
+    }
+
+    /// Whether the client's block may grow by the frame `head`, taking
+    /// what it needs from the hold budget.
+    fn admit_block(&mut self, head: &Head) -> Admit {
+        let fresh = matches!(head.kind, kind::HEADERS | kind::PUSH_PROMISE);
+        let (held, charged) = match (&self.client.block, fresh) {
+            (Some(b), false) => (b.buf.len(), b.charged),
+            _ => (0, 0),
+        };
+        let len = held + head.len as usize;
+        if len > MAX_HEADER_LIST {
+            return Admit::TooLarge;
+        }
+        if len <= SMALL_BLOCK || charged > 0 || self.charge_next > 0 {
+            return Admit::Yes;
+        }
+        // A block growing past SMALL_BLOCK reserves all it may become at
+        // once: blocks that each waited for a little more would wait for
+        // each other.
+        let reserve = MAX_HEADER_LIST.min(self.proxy.budget.limit());
+        if self.proxy.budget.try_take(reserve) {
+            self.charge_next = reserve;
+            Admit::Yes
+        } else {
+            self.paused_need = Some(reserve);
+            Admit::Wait
+        }
+    }
+
+    /// A client header block past [`MAX_HEADER_LIST`]: the connection ends
+    /// with GOAWAY PROTOCOL_ERROR and the block's bytes are dropped.
+    fn refuse_block(&mut self, io: &mut Io) {
+        BLOCK_LOG.allow(Instant::now()).inspect(|skipped| {
+            tracing::warn!(
+                limit = MAX_HEADER_LIST,
+                not_logged = skipped,
+                "a client's header block exceeds the runtime's header list size; connection ended"
+            );
+        });
+        BLOCKS_REFUSED.inc();
+        self.drop_block();
+        let msg = format!("criguard: header block over {MAX_HEADER_LIST} bytes");
+        io.to_client.push(frame::goaway_with(
+            self.last_client_stream,
+            error::PROTOCOL_ERROR,
+            msg.as_bytes(),
+        ));
+        self.closing = true;
+    }
+
+    /// Drops the client's block in progress and gives back its budget.
+    fn drop_block(&mut self) {
+        let charged = self.client.block.take().map_or(0, |b| b.charged);
+        self.proxy
+            .budget
+            .give(charged + std::mem::take(&mut self.charge_next));
     }
 
     /// Ends the connection the way the runtime would: GOAWAY with `code`.
@@ -365,7 +494,16 @@ impl Conn {
             // Trailers end a held body: the body must reach the runtime first.
             self.release(head.stream, io, false);
         }
+        if matches!(head.kind, kind::HEADERS | kind::PUSH_PROMISE)
+            && let Some(old) = self.client.block.take()
+        {
+            // A new block while one was open: the peer refuses it anyway.
+            self.proxy.budget.give(old.charged);
+        }
         let end = collect_block(&mut self.client.block, head, fragment);
+        if let Some(b) = self.client.block.as_mut() {
+            b.charged += std::mem::take(&mut self.charge_next);
+        }
         self.to_server.forward(&mut io.to_server, f.freeze(), 0);
         if !end {
             self.to_server.set_in_block(&mut io.to_server, true);
@@ -376,7 +514,10 @@ impl Conn {
             return;
         };
         let fields = read_block(&mut self.client.reader, &block);
-        self.client_headers(block.stream, block.end_stream, fields, io);
+        let (stream, end_stream) = (block.stream, block.end_stream);
+        self.proxy.budget.give(block.charged);
+        drop(block);
+        self.client_headers(stream, end_stream, fields, io);
     }
 
     fn client_headers(
@@ -429,6 +570,14 @@ impl Conn {
     fn server_block(&mut self, head: Head, f: BytesMut, io: &mut Io) {
         let fragment = frame::block_fragment(&head, &f[frame::HEADER_LEN..]);
         let end = collect_block(&mut self.server.block, head, fragment);
+        if let Some(b) = self.server.block.as_mut()
+            && b.buf.len() > MAX_HEADER_LIST
+        {
+            // More than the kubelet takes: not kept, not read.
+            b.buf = Vec::new();
+            b.malformed = true;
+            self.server.reader.set_broken();
+        }
         io.to_client.push(f.freeze());
         if !end {
             self.client_block_open = true;
@@ -553,6 +702,22 @@ impl Conn {
     }
 }
 
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // What this connection held goes back to the shared budget.
+        self.drop_block();
+        self.proxy.budget.give(self.held);
+    }
+}
+
+/// Whether frames of type `kind` carry a header block.
+fn is_block(kind: u8) -> bool {
+    matches!(
+        kind,
+        kind::HEADERS | kind::CONTINUATION | kind::PUSH_PROMISE
+    )
+}
+
 /// Takes the next whole frame off `input`: `None` when none is complete,
 /// `Some((head, None))` when it is larger than `max` allows.
 fn next_frame(input: &mut BytesMut, max: u32) -> Option<(Head, Option<BytesMut>)> {
@@ -582,12 +747,13 @@ fn collect_block(block: &mut Option<Block>, head: Head, fragment: Option<&[u8]>)
             end_stream: head.kind == kind::HEADERS && head.has(flag::END_STREAM),
             buf: Vec::new(),
             malformed: !fresh,
+            charged: 0,
         });
     }
     if let Some(b) = block.as_mut() {
         match fragment {
-            Some(frag) => b.buf.extend_from_slice(frag),
-            None => b.malformed = true,
+            Some(frag) if !b.malformed => b.buf.extend_from_slice(frag),
+            _ => b.malformed = true,
         }
     }
     head.has(flag::END_HEADERS)

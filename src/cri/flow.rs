@@ -12,11 +12,19 @@
 //!
 //! A frame criguard adds (RST_STREAM, a released body) never lands inside a
 //! header block the client is still sending: it waits for the block's end.
+//!
+//! A released body stays charged to the relay's hold budget until it has
+//! left for the runtime, and [`ToServer::queued`] tells the pump how much
+//! waits here, so that the client is not read while the runtime's windows
+//! hold back more than a little (the client was credited early for held
+//! bytes, so it may have more window than the runtime gave).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
+use super::budget::Budget;
 use super::frame::{self, flag, kind};
 use super::out::Out;
 
@@ -30,7 +38,18 @@ enum Queued {
         stream: u32,
         payload: Bytes,
         end_stream: bool,
+        /// Bytes still charged to the hold budget.
+        charged: usize,
     },
+}
+
+impl Queued {
+    fn len(&self) -> usize {
+        match self {
+            Queued::Frame { bytes, .. } => bytes.len(),
+            Queued::Body { payload, .. } => payload.len(),
+        }
+    }
 }
 
 /// Frames on their way to the runtime.
@@ -48,10 +67,36 @@ pub struct ToServer {
     /// A client header block is open: added frames wait.
     in_block: bool,
     deferred: Vec<Queued>,
+    /// Bytes in `queue` (not `deferred`: those wait for the client).
+    queued: usize,
+    /// Where charged bodies give their bytes back.
+    budget: Arc<Budget>,
 }
 
 impl Default for ToServer {
     fn default() -> Self {
+        Self::new(Arc::new(Budget::default()))
+    }
+}
+
+impl Drop for ToServer {
+    fn drop(&mut self) {
+        let charged: usize = self
+            .queue
+            .iter()
+            .chain(&self.deferred)
+            .map(|q| match q {
+                Queued::Body { charged, .. } => *charged,
+                Queued::Frame { .. } => 0,
+            })
+            .sum();
+        self.budget.give(charged);
+    }
+}
+
+impl ToServer {
+    /// Frames for the runtime; released bodies give their charge back to `budget`.
+    pub fn new(budget: Arc<Budget>) -> Self {
         Self {
             queue: VecDeque::new(),
             window: frame::DEFAULT_WINDOW,
@@ -60,11 +105,16 @@ impl Default for ToServer {
             stream_windows: HashMap::new(),
             in_block: false,
             deferred: Vec::new(),
+            queued: 0,
+            budget,
         }
     }
-}
 
-impl ToServer {
+    /// Bytes waiting for the runtime's windows.
+    pub fn queued(&self) -> usize {
+        self.queued
+    }
+
     /// Forwards a frame of the client's; `data` is its DATA length (0 for
     /// other types).
     pub fn forward(&mut self, out: &mut Out, bytes: Bytes, data: u32) {
@@ -72,6 +122,7 @@ impl ToServer {
             self.window -= i64::from(data);
             out.push(bytes);
         } else {
+            self.queued += bytes.len();
             self.queue.push_back(Queued::Frame { bytes, data });
         }
     }
@@ -86,12 +137,21 @@ impl ToServer {
         }
     }
 
-    /// Sends `payload` as the DATA of `stream`, framed to fit.
-    pub fn body(&mut self, out: &mut Out, stream: u32, payload: Bytes, end_stream: bool) {
+    /// Sends `payload` as the DATA of `stream`, framed to fit; `charged`
+    /// bytes of the hold budget are given back as it leaves.
+    pub fn body(
+        &mut self,
+        out: &mut Out,
+        stream: u32,
+        payload: Bytes,
+        end_stream: bool,
+        charged: usize,
+    ) {
         let q = Queued::Body {
             stream,
             payload,
             end_stream,
+            charged,
         };
         if self.in_block {
             self.deferred.push(q);
@@ -99,6 +159,7 @@ impl ToServer {
             self.stream_windows
                 .entry(stream)
                 .or_insert(self.initial_stream_window);
+            self.queued += q.len();
             self.queue.push_back(q);
             self.flush(out);
         }
@@ -116,7 +177,8 @@ impl ToServer {
                         stream,
                         payload,
                         end_stream,
-                    } => self.body(out, stream, payload, end_stream),
+                        charged,
+                    } => self.body(out, stream, payload, end_stream, charged),
                 }
             }
         }
@@ -165,6 +227,7 @@ impl ToServer {
                     }
                     self.window -= i64::from(*data);
                     if let Some(Queued::Frame { bytes, .. }) = self.queue.pop_front() {
+                        self.queued -= bytes.len();
                         out.push(bytes);
                     }
                 }
@@ -172,6 +235,7 @@ impl ToServer {
                     stream,
                     payload,
                     end_stream,
+                    charged,
                 } => {
                     let sw = self.stream_windows.get(stream).copied().unwrap_or(0);
                     let room = self.window.min(sw).min(i64::from(self.max_frame)).max(0);
@@ -180,7 +244,11 @@ impl ToServer {
                         return;
                     }
                     let chunk = payload.split_to(n);
+                    self.queued -= n;
                     let last = payload.is_empty();
+                    let give = if last { *charged } else { (*charged).min(n) };
+                    *charged -= give;
+                    self.budget.give(give);
                     let flags = if last && *end_stream {
                         flag::END_STREAM
                     } else {
@@ -256,7 +324,7 @@ mod tests {
         let mut out = Out::default();
         t.set_initial_window(&mut out, 20_000);
         t.granted(&mut out, 0, 1_000_000);
-        t.body(&mut out, 1, Bytes::from(vec![1u8; 30_000]), true);
+        t.body(&mut out, 1, Bytes::from(vec![1u8; 30_000]), true, 0);
         let heads = frames(&out.take_all());
         assert_eq!(
             heads.iter().map(|h| h.len).collect::<Vec<_>>(),
@@ -274,7 +342,7 @@ mod tests {
     fn an_empty_body_still_ends_the_stream() {
         let mut t = ToServer::default();
         let mut out = Out::default();
-        t.body(&mut out, 7, Bytes::new(), true);
+        t.body(&mut out, 7, Bytes::new(), true, 0);
         let heads = frames(&out.take_all());
         assert_eq!(heads.len(), 1);
         assert!(heads[0].has(flag::END_STREAM) && heads[0].len == 0);
@@ -286,7 +354,7 @@ mod tests {
         let mut out = Out::default();
         t.set_in_block(&mut out, true);
         t.inject(&mut out, frame::rst_stream(1, 8));
-        t.body(&mut out, 3, Bytes::from_static(b"x"), true);
+        t.body(&mut out, 3, Bytes::from_static(b"x"), true, 0);
         assert!(out.is_empty());
         t.forward(&mut out, frame::build(kind::CONTINUATION, 4, 9, b""), 0);
         t.set_in_block(&mut out, false);

@@ -70,6 +70,8 @@ pub mod error {
     pub const REFUSED_STREAM: u32 = 0x7;
     /// CANCEL.
     pub const CANCEL: u32 = 0x8;
+    /// ENHANCE_YOUR_CALM.
+    pub const ENHANCE_YOUR_CALM: u32 = 0xb;
 }
 
 /// SETTINGS identifiers the relay reads.
@@ -149,6 +151,15 @@ pub fn goaway(last_stream: u32, code: u32) -> Bytes {
     let mut p = [0u8; 8];
     p[..4].copy_from_slice(&last_stream.to_be_bytes());
     p[4..].copy_from_slice(&code.to_be_bytes());
+    build(kind::GOAWAY, 0, 0, &p)
+}
+
+/// GOAWAY naming the last stream processed, with `code` and `debug` data.
+pub fn goaway_with(last_stream: u32, code: u32, debug: &[u8]) -> Bytes {
+    let mut p = Vec::with_capacity(8 + debug.len());
+    p.extend_from_slice(&last_stream.to_be_bytes());
+    p.extend_from_slice(&code.to_be_bytes());
+    p.extend_from_slice(debug);
     build(kind::GOAWAY, 0, 0, &p)
 }
 

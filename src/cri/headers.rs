@@ -63,6 +63,12 @@ impl Reader {
         self.broken
     }
 
+    /// Marks this direction unreadable: a block was not decoded (too large
+    /// to hold), so the dynamic table is out of step from here on.
+    pub fn set_broken(&mut self) {
+        self.broken = true;
+    }
+
     /// Decodes a whole header block (all its fragments joined); `None` once
     /// this direction is broken.
     pub fn read(&mut self, block: &[u8]) -> Option<Fields> {

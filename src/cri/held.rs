@@ -17,11 +17,15 @@
 //! once. A body the runtime never sees is credited in full.
 //!
 //! Bodies larger than the runtime accepts (over 16 MiB by their gRPC length
-//! prefix) or beyond the connection's hold budget pass unobserved, so the
-//! runtime gives its own answer and criguard's memory stays bounded.
+//! prefix), beyond the connection's hold budget or beyond the relay's
+//! shared one ([`super::budget`]) pass unobserved, so the runtime gives
+//! its own answer and criguard's memory stays bounded: criguard never
+//! fails or stalls a call the runtime alone would take because of its
+//! own memory.
 
 use bytes::{Bytes, BytesMut};
 
+use super::budget::{self, Throttle, UNHELD_BODIES};
 use super::conn::{Conn, Io};
 use super::frame::{self, Head, error, flag};
 use super::observe::{self, Method};
@@ -30,6 +34,8 @@ use crate::runtime::MAX_MESSAGE;
 
 /// Request bytes one connection may hold across its observed calls.
 const HOLD_BUDGET: usize = 2 * MAX_MESSAGE;
+/// Complaints about bodies relayed unheld.
+static UNHELD_LOG: Throttle = Throttle::new(budget::LOG_EVERY);
 
 /// Where an observed call stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +138,12 @@ impl Conn {
             .and_then(|s| s.observed.as_deref_mut())
     }
 
+    /// `n` held bytes are let go.
+    fn unhold(&mut self, n: usize) {
+        self.held -= n;
+        self.proxy.budget.give(n);
+    }
+
     /// Holds a DATA frame of an observed request.
     pub(super) fn hold(&mut self, head: Head, f: BytesMut, io: &mut Io) {
         let stream = head.stream;
@@ -149,8 +161,23 @@ impl Conn {
         obs.body.extend_from_slice(payload);
         obs.client_bytes += u64::from(head.len);
         let too_big = declared_len(&obs.body).is_some_and(|n| n > MAX_MESSAGE);
-        self.held += payload.len();
-        if too_big || self.held > HOLD_BUDGET {
+        let n = payload.len();
+        let fits = self.proxy.budget.try_take(n);
+        if !fits {
+            // Given back with the rest of the body just below.
+            self.proxy.budget.take_anyway(n);
+            UNHELD_BODIES.inc();
+            let budget = self.proxy.budget.limit();
+            if let Some(skipped) = UNHELD_LOG.allow(std::time::Instant::now()) {
+                tracing::warn!(
+                    budget,
+                    not_logged = skipped,
+                    "hold budget spent: an observed call is relayed without inspection"
+                );
+            }
+        }
+        self.held += n;
+        if !fits || too_big || self.held > HOLD_BUDGET {
             tracing::debug!(
                 stream,
                 held = self.held,
@@ -211,13 +238,16 @@ impl Conn {
         if was_parked {
             self.parked -= 1;
         }
-        self.held -= body.len();
+        // Charged to the budget until it has left for the runtime.
+        let charged = body.len();
+        self.held -= charged;
         let msg = observe::single_message(&body).map(|m| body.slice_ref(m));
         let plan = match &msg {
             Some(m) => guarded(method, || observer.on_request(method, m)).unwrap_or_default(),
             None => observe::RequestPlan::default(),
         };
         if let Some(why) = plan.refuse {
+            self.proxy.budget.give(charged);
             return self.refuse(stream, &why, io);
         }
         if plan.patch.is_some() && !may_patch {
@@ -240,7 +270,7 @@ impl Conn {
         obs.state = State::Sent;
         obs.response = request.is_some().then(BytesMut::new);
         obs.request = request;
-        self.send_body(stream, payload, io);
+        self.send_body(stream, payload, charged, io);
     }
 
     /// Forwards what is held of `stream` unobserved; later frames pass as they come.
@@ -256,12 +286,13 @@ impl Conn {
         };
         obs.state = State::Passed;
         let body = obs.body.split().freeze();
-        self.held -= body.len();
-        self.send_body(stream, body, io);
+        let charged = body.len();
+        self.held -= charged;
+        self.send_body(stream, body, charged, io);
     }
 
     /// Sends `payload` as the body of `stream` and settles the credit.
-    fn send_body(&mut self, stream: u32, payload: Bytes, io: &mut Io) {
+    fn send_body(&mut self, stream: u32, payload: Bytes, charged: usize, io: &mut Io) {
         let Some(st) = self.streams.get_mut(&stream) else {
             return;
         };
@@ -283,7 +314,7 @@ impl Conn {
             self.inject_client(io, frame::window_update(0, short));
         }
         self.to_server
-            .body(&mut io.to_server, stream, payload, !open);
+            .body(&mut io.to_server, stream, payload, !open, charged);
     }
 
     /// Answers `stream` with RESOURCE_EXHAUSTED and cancels the runtime's copy.
@@ -307,7 +338,7 @@ impl Conn {
         let Some(obs) = st.observed.as_deref().filter(|o| o.is_holding()) else {
             return;
         };
-        self.held -= obs.body.len();
+        self.unhold(obs.body.len());
         if obs.is_parked() {
             self.parked -= 1;
         }

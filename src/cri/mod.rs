@@ -6,8 +6,10 @@
 //! header blocks of any size the runtime takes) and changes nothing but
 //! the observed requests it patches or refuses. See `conn` for the frame
 //! handling, `held` for observed calls and flow control, `pump` for the
-//! I/O loop and `standin` for a runtime that is down.
+//! I/O loop, `standin` for a runtime that is down and `budget` for what
+//! the relay may hold.
 
+pub mod budget;
 pub mod conn;
 mod flow;
 pub mod frame;

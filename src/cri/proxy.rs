@@ -1,10 +1,13 @@
 //! What every relayed connection shares: the runtime's address, the
-//! observer, the call metrics and whether the node model is ready.
+//! observer, the call metrics, whether the node model is ready, the
+//! memory budget for held bytes and the connection limit.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::watch;
 
+use super::budget::Budget;
 use super::methods::MethodInfo;
 use super::observe::{Method, Observer};
 use crate::metrics::{CriMetrics, Metrics};
@@ -17,7 +20,15 @@ pub struct Proxy {
     pub(super) observer: Option<Observer>,
     metrics: CriMetrics,
     ready: Option<watch::Receiver<bool>>,
+    pub(super) budget: Arc<Budget>,
+    pub(super) max_connections: usize,
 }
+
+/// Relay connections served at once by default: a kubelet keeps one or
+/// two, crictl and node agents (cAdvisor, node-problem-detector, log and
+/// monitoring daemons) one each while they run; 256 leaves room for
+/// bursts of them at about 3 descriptors and one thread each.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
 impl Proxy {
     /// A proxy to `upstream`'s runtime that observes nothing.
@@ -32,7 +43,28 @@ impl Proxy {
             observer: None,
             metrics: Metrics::new().cri,
             ready: None,
+            budget: Arc::new(Budget::default()),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
+    }
+
+    /// The same proxy, holding at most `bytes` for inspection across its
+    /// connections (see [`super::budget`]).
+    pub fn with_hold_budget(mut self, bytes: usize) -> Self {
+        self.budget = Arc::new(Budget::new(bytes));
+        self
+    }
+
+    /// The same proxy, serving at most `n` connections at once; a client
+    /// past it is refused with `UNAVAILABLE`.
+    pub fn with_max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// The connection limit.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
     }
 
     /// The same proxy, recording its calls in `metrics`.

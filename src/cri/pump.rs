@@ -9,7 +9,12 @@
 //! thread is woken by the kernel directly (an async runtime adds a
 //! readiness round trip through its reactor per direction per call,
 //! measured by `hack/bench-proxy.sh`). Reading from a side pauses while
-//! more than [`HIGH_WATER`] bytes wait for the other.
+//! more than [`HIGH_WATER`] bytes wait for the other, and reading from the
+//! client also while as much waits for the client itself (criguard's own
+//! answers to it: refusals, credit, acknowledgements), or while the engine
+//! asks ([`Engine::client_paused`]): back-pressure reaches the client as
+//! it reaches a client of the runtime itself, and a flood reaches the
+//! runtime no harder than direct.
 //!
 //! The async side ([`relay`]) only passes on what the thread must hear of
 //! (the node model ready, a drain, a stop when the drain period is over)
@@ -18,7 +23,9 @@
 //! When either peer closes, what is queued for the other is written (for
 //! at most [`FINAL_FLUSH`]) and the connection ends, as a plain relay
 //! ends: a kubelet sees its runtime connection close when the runtime's
-//! closes.
+//! closes. A runtime that stops taking bytes (it closed after a GOAWAY,
+//! e.g. ENHANCE_YOUR_CALM for a PING flood) is still read to its end, so
+//! its last frames reach the client.
 
 use std::io::{ErrorKind, Read};
 use std::os::fd::AsFd;
@@ -35,8 +42,11 @@ use tokio::sync::{oneshot, watch};
 use super::conn::{Conn, Io};
 use super::out::write_out;
 
-/// Bytes waiting for a peer above which the other peer is not read.
-pub const HIGH_WATER: usize = 4 << 20;
+/// Bytes waiting for a peer above which the other peer is not read. The
+/// kernel's socket buffers hold about as much again; more only absorbs
+/// the back-pressure a flood should meet (4 MiB let a SETTINGS flood put
+/// 200 000 frames into containerd where 14 000 got in directly).
+pub const HIGH_WATER: usize = 64 << 10;
 /// Read buffer growth step.
 const READ_CHUNK: usize = 64 << 10;
 /// How long queued bytes may take to leave once a peer has closed.
@@ -50,6 +60,11 @@ pub trait Engine {
     fn on_server(&mut self, input: &mut BytesMut, io: &mut Io);
     /// Whether the connection should end once its queues are written.
     fn done(&self) -> bool {
+        false
+    }
+    /// Whether the client's bytes must wait (e.g. for memory to hold a
+    /// header block); [`Engine::deadline`] says when to try again.
+    fn client_paused(&self) -> bool {
         false
     }
     /// When [`Engine::on_deadline`] wants to run.
@@ -77,6 +92,9 @@ impl Engine for Conn {
     }
     fn done(&self) -> bool {
         Conn::done(self)
+    }
+    fn client_paused(&self) -> bool {
+        Conn::client_paused(self)
     }
     fn deadline(&self) -> Option<Instant> {
         Conn::deadline(self)
@@ -150,24 +168,36 @@ impl Drop for StopOnDrop {
 /// `ready` (if any) turning true lets held calls go on; `drain` turning
 /// true starts a drain; dropping the returned future stops the thread.
 pub async fn relay<E: Engine + Send + 'static>(
+    engine: E,
+    client: tokio::net::UnixStream,
+    server: tokio::net::UnixStream,
+    ready: Option<watch::Receiver<bool>>,
+    drain: watch::Receiver<bool>,
+) {
+    if let Err((err, _)) = try_relay(engine, client, server, ready, drain).await {
+        tracing::error!(%err, "could not relay a connection");
+    }
+}
+
+/// [`relay`], handing the client back when the connection cannot be
+/// relayed at all (no eventfd: out of descriptors), so that it can be
+/// answered.
+pub async fn try_relay<E: Engine + Send + 'static>(
     mut engine: E,
     client: tokio::net::UnixStream,
     server: tokio::net::UnixStream,
     mut ready: Option<watch::Receiver<bool>>,
     mut drain: watch::Receiver<bool>,
-) {
+) -> Result<(), (std::io::Error, tokio::net::UnixStream)> {
+    let signals = match Signals::new() {
+        Ok(s) => Arc::new(s),
+        Err(err) => return Err((err, client)),
+    };
     let (client, server) = match (client.into_std(), server.into_std()) {
         (Ok(c), Ok(s)) => (c, s),
         (Err(err), _) | (_, Err(err)) => {
             tracing::error!(%err, "could not take over a relayed connection");
-            return;
-        }
-    };
-    let signals = match Signals::new() {
-        Ok(s) => Arc::new(s),
-        Err(err) => {
-            tracing::error!(%err, "no eventfd for a relayed connection");
-            return;
+            return Ok(());
         }
     };
     let (done_tx, mut done) = oneshot::channel::<()>();
@@ -180,13 +210,13 @@ pub async fn relay<E: Engine + Send + 'static>(
         });
     if let Err(err) = spawned {
         tracing::error!(%err, "no thread for a relayed connection");
-        return;
+        return Ok(());
     }
     let _stop = StopOnDrop(signals.clone());
     let (mut ready_told, mut drain_told) = (false, false);
     loop {
         tokio::select! {
-            _ = &mut done => return,
+            _ = &mut done => return Ok(()),
             () = ready_or_gone(&mut ready), if !ready_told => {
                 ready_told = true;
                 signals.raise(&signals.ready);
@@ -277,6 +307,9 @@ fn pump<E: Engine>(engine: &mut E, client: &UnixStream, server: &UnixStream, sig
         open: true,
     };
     let mut draining = false;
+    // Since when the runtime takes no more bytes (it is closing).
+    let mut server_gone: Option<Instant> = None;
+    let mut was_paused = false;
     loop {
         if signals.stop.load(Ordering::Acquire) {
             return;
@@ -291,19 +324,40 @@ fn pump<E: Engine>(engine: &mut E, client: &UnixStream, server: &UnixStream, sig
         if engine.deadline().is_some_and(|d| d <= Instant::now()) {
             engine.on_deadline(&mut io);
         }
-        s.open &= write_out(server, &mut io.to_server);
+        if was_paused && !engine.client_paused() && !c.input.is_empty() {
+            // What was read before the pause goes on now.
+            engine.on_client(&mut c.input, &mut io);
+        }
+        was_paused = engine.client_paused();
+        if server_gone.is_none() && !write_out(server, &mut io.to_server) {
+            // The runtime closed its side: what it sent before (a GOAWAY)
+            // is still to be read and passed on.
+            server_gone = Some(Instant::now());
+        }
+        if server_gone.is_some() {
+            io.to_server = Default::default();
+        }
         c.open &= write_out(client, &mut io.to_client);
-        if !(c.open && s.open) || engine.done() {
+        let server_done = server_gone.is_some_and(|t| t.elapsed() >= FINAL_FLUSH);
+        if !(c.open && s.open) || server_done || engine.done() {
             break;
         }
-        let read_c = io.to_server.len() < HIGH_WATER;
+        let read_c = server_gone.is_none()
+            && !was_paused
+            && io.to_server.len() < HIGH_WATER
+            && io.to_client.len() < HIGH_WATER;
         let read_s = io.to_client.len() < HIGH_WATER;
+        let write_s = server_gone.is_none() && !io.to_server.is_empty();
         let mut fds = [
             PollFd::new(client.as_fd(), interest(read_c, !io.to_client.is_empty())),
-            PollFd::new(server.as_fd(), interest(read_s, !io.to_server.is_empty())),
+            PollFd::new(server.as_fd(), interest(read_s, write_s)),
             PollFd::new(signals.wake.as_fd(), PollFlags::POLLIN),
         ];
-        match poll(&mut fds, timeout_for(engine.deadline())) {
+        let deadline = match (engine.deadline(), server_gone) {
+            (Some(d), Some(t)) => Some(d.min(t + FINAL_FLUSH)),
+            (d, t) => d.or(t.map(|t| t + FINAL_FLUSH)),
+        };
+        match poll(&mut fds, timeout_for(deadline)) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(err) => {
                 tracing::error!(%err, "poll failed on a relayed connection");
@@ -311,9 +365,12 @@ fn pump<E: Engine>(engine: &mut E, client: &UnixStream, server: &UnixStream, sig
             }
         }
         let (rc, rs, rw) = (fds[0].revents(), fds[1].revents(), fds[2].revents());
-        if wants_read(rc) {
+        // A hang-up or an error is read even while reading is paused, so
+        // a gone client never spins the loop.
+        let hup = rc.is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR));
+        if wants_read(rc) && (read_c || hup) {
             c.open = c.read(&mut scratch);
-            if !c.input.is_empty() {
+            if !c.input.is_empty() && !engine.client_paused() {
                 engine.on_client(&mut c.input, &mut io);
             }
         }
@@ -329,6 +386,7 @@ fn pump<E: Engine>(engine: &mut E, client: &UnixStream, server: &UnixStream, sig
     }
     // What is queued for a peer still open goes out, briefly.
     let end = Instant::now() + FINAL_FLUSH;
+    s.open &= server_gone.is_none();
     loop {
         c.open = c.open && write_out(client, &mut io.to_client);
         s.open = s.open && write_out(server, &mut io.to_server);

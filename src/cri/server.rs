@@ -13,18 +13,96 @@
 //! (filesystem walks, statvfs of a hung mount, cgroup reads, state files)
 //! can delay a relayed frame: a relay thread only moves bytes and takes
 //! the model's lock briefly to observe a call.
+//!
+//! At most [`Proxy::max_connections`] connections are served at once
+//! (relayed or stand-in). A client past the limit, or one that arrives
+//! while criguard is out of file descriptors, is refused as what it is:
+//! its first call is answered `UNAVAILABLE` naming the reason (`criguard:
+//! connection limit N reached`, `criguard: out of file descriptors`), a
+//! warning is logged (at most once per [`budget::LOG_EVERY`], with the
+//! count since) and `criguard_cri_connections_refused_total` counts it.
+//! At most [`MAX_REFUSING`] refusals are answered at once; past that a
+//! connection is closed at once.
 
 use std::future::Future;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 use tokio::task::JoinSet;
 
+use super::budget::{self, CONNECTIONS, REFUSED, RefusedLabels, Throttle};
 use super::conn::Conn;
 use super::proxy::Proxy;
 use super::{pump, standin};
 use crate::accept::Acceptor;
+
+/// Refused connections answered at once; past this they are closed.
+pub const MAX_REFUSING: usize = 64;
+
+/// Complaints about connections past the limit.
+static LIMIT_LOG: Throttle = Throttle::new(budget::LOG_EVERY);
+/// Complaints about a runtime that cannot be reached.
+static DOWN_LOG: Throttle = Throttle::new(budget::LOG_EVERY);
+/// Complaints about running out of descriptors.
+static FDS_LOG: Throttle = Throttle::new(budget::LOG_EVERY);
+
+/// Why a connection is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// At the connection limit.
+    Limit(usize),
+    /// Out of file descriptors.
+    Fds,
+}
+
+impl Refusal {
+    /// The message the client's call gets.
+    pub fn message(self) -> String {
+        match self {
+            Refusal::Limit(n) => format!("criguard: connection limit {n} reached"),
+            Refusal::Fds => "criguard: out of file descriptors (Too many open files); \
+                 the connection cannot be relayed to the runtime"
+                .to_owned(),
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Refusal::Limit(_) => "limit",
+            Refusal::Fds => "fds",
+        }
+    }
+
+    /// Counts the refusal and logs it (rate-limited).
+    fn report(self) {
+        REFUSED
+            .get_or_create(&RefusedLabels {
+                reason: self.label(),
+            })
+            .inc();
+        let throttle = match self {
+            Refusal::Limit(_) => &LIMIT_LOG,
+            Refusal::Fds => &FDS_LOG,
+        };
+        if let Some(skipped) = throttle.allow(Instant::now()) {
+            tracing::warn!(
+                not_logged = skipped,
+                "{}; a client connection was refused",
+                self.message()
+            );
+        }
+    }
+}
+
+/// Whether an error means the process or the system is out of descriptors.
+pub fn out_of_fds(err: &std::io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(nix::libc::EMFILE | nix::libc::ENFILE)
+    )
+}
 
 /// Serves `proxy` on `listener` until `shutdown` resolves, then drains.
 pub async fn serve(
@@ -33,15 +111,30 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) {
+    budget::tune_allocator();
     let (drain_tx, drain_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
+    let slots = Arc::new(Semaphore::new(proxy.max_connections()));
+    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
     // EMFILE and the like: the shared loop backs off and keeps serving.
     let mut acceptor = Acceptor::new(listener, "cri");
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             stream = acceptor.accept() => {
-                conns.spawn(connection(stream, proxy.clone(), drain_rx.clone()));
+                match slots.clone().try_acquire_owned() {
+                    Ok(slot) => {
+                        conns.spawn(connection(stream, proxy.clone(), drain_rx.clone(), slot));
+                    }
+                    Err(_) => {
+                        let why = Refusal::Limit(proxy.max_connections());
+                        if let Ok(permit) = refusing.clone().try_acquire_owned() {
+                            conns.spawn(refuse(stream, proxy.clone(), why, drain_rx.clone(), permit));
+                        } else {
+                            why.report();
+                        }
+                    }
+                }
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             () = &mut shutdown => break,
@@ -60,15 +153,96 @@ pub async fn serve(
     }
 }
 
+/// Counts a connection served while it lives.
+struct Served {
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Served {
+    fn new(slot: OwnedSemaphorePermit) -> Self {
+        CONNECTIONS.inc();
+        Self { _slot: slot }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        CONNECTIONS.dec();
+    }
+}
+
 /// Relays one kubelet connection to a fresh runtime connection.
-async fn connection(client: UnixStream, proxy: Proxy, drain: watch::Receiver<bool>) {
-    match UnixStream::connect(proxy.endpoint().path()).await {
+async fn connection(
+    client: UnixStream,
+    proxy: Proxy,
+    drain: watch::Receiver<bool>,
+    slot: OwnedSemaphorePermit,
+) {
+    let _served = Served::new(slot);
+    let client = match dial(&proxy).await {
         Ok(server) => {
             let ready = proxy.ready();
-            pump::relay(Conn::new(proxy), client, server, ready, drain).await;
+            let relayed = pump::try_relay(
+                Conn::new(proxy.clone()),
+                client,
+                server,
+                ready,
+                drain.clone(),
+            );
+            match relayed.await {
+                Ok(()) => return,
+                Err((err, client)) if out_of_fds(&err) => client,
+                Err((err, _)) => {
+                    tracing::error!(%err, "could not relay a connection");
+                    return;
+                }
+            }
         }
-        Err(err) => standin::serve(client, proxy, err, drain).await,
+        Err(err) if out_of_fds(&err) => client,
+        Err(err) => {
+            if let Some(skipped) = DOWN_LOG.allow(Instant::now()) {
+                tracing::warn!(%err, not_logged = skipped, "runtime unreachable; answering calls UNAVAILABLE");
+            }
+            return standin::serve(client, proxy, err, drain).await;
+        }
+    };
+    Refusal::Fds.report();
+    standin::refuse(client, proxy, Refusal::Fds.message(), drain).await;
+}
+
+/// How long a dial that finds the runtime's accept queue full is retried.
+const DIAL_BUSY: Duration = Duration::from_secs(5);
+
+/// Connects to the runtime. A full accept queue (`EAGAIN` on a unix
+/// socket, a burst of connections) is retried for at most [`DIAL_BUSY`]:
+/// it is not a runtime that is down.
+async fn dial(proxy: &Proxy) -> std::io::Result<UnixStream> {
+    let give_up = tokio::time::Instant::now() + DIAL_BUSY;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match UnixStream::connect(proxy.endpoint().path()).await {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if tokio::time::Instant::now() + pause > give_up {
+                    return Err(e);
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            other => return other,
+        }
     }
+}
+
+/// Answers a connection criguard does not relay.
+async fn refuse(
+    client: UnixStream,
+    proxy: Proxy,
+    why: Refusal,
+    drain: watch::Receiver<bool>,
+    _permit: OwnedSemaphorePermit,
+) {
+    why.report();
+    standin::refuse(client, proxy, why.message(), drain).await;
 }
 
 /// The proxy serving on a thread of its own.

@@ -10,6 +10,17 @@
 //! GOAWAY: a call that arrives then is left unprocessed (a gRPC client
 //! retries it on a new connection at once), and an idle connection is
 //! ended by a probe every [`PROBE`].
+//!
+//! The same responder refuses a connection criguard will not relay (at
+//! its connection limit, or out of file descriptors, see [`refuse`]): the
+//! client's first call is answered `UNAVAILABLE` with the reason, then
+//! GOAWAY carries the reason too and the connection ends.
+//!
+//! Its memory is bounded: header blocks are read only up to
+//! [`SMALL_BLOCK`] bytes (past it the call is still answered, its path
+//! unknown), a block over [`MAX_HEADER_LIST`] ends the connection with
+//! GOAWAY PROTOCOL_ERROR as the runtime's server would, and the client is
+//! not read while [`HIGH_WATER`] bytes of answers wait for it.
 
 use std::time::{Duration, Instant};
 
@@ -18,14 +29,19 @@ use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 
+use super::budget::SMALL_BLOCK;
+use super::conn::MAX_HEADER_LIST;
 use super::frame::{self, Head, error, flag, kind};
 use super::headers::{self, Reader};
 use super::methods;
 use super::out::{Out, write_some};
 use super::proxy::Proxy;
+use super::pump::HIGH_WATER;
 
 /// How often an idle stand-in connection checks for the runtime.
 pub const PROBE: Duration = Duration::from_millis(250);
+/// How long a refused connection waits for its first call.
+pub const REFUSE_WAIT: Duration = Duration::from_secs(5);
 
 /// Whether the runtime accepts connections now.
 pub async fn runtime_up(proxy: &Proxy) -> bool {
@@ -45,9 +61,24 @@ struct Parsed {
 struct Client {
     preface: usize,
     block: Vec<u8>,
+    /// Bytes of the block in progress, kept or not.
+    block_len: usize,
     block_stream: u32,
     reader: Reader,
     last_stream: u32,
+}
+
+impl Client {
+    fn new() -> Self {
+        Self {
+            preface: frame::PREFACE.len(),
+            block: Vec::new(),
+            block_len: 0,
+            block_stream: 0,
+            reader: Reader::new(),
+            last_stream: 0,
+        }
+    }
 }
 
 impl Client {
@@ -84,14 +115,33 @@ impl Client {
                 kind::DATA if head.len > 0 => out.push(frame::window_update(0, head.len)),
                 kind::HEADERS | kind::CONTINUATION => {
                     if head.kind == kind::HEADERS {
-                        self.block.clear();
+                        self.block = Vec::new();
+                        self.block_len = 0;
                         self.block_stream = head.stream;
                     }
                     if let Some(frag) = frame::block_fragment(&head, payload) {
-                        self.block.extend_from_slice(frag);
+                        self.block_len += frag.len();
+                        if self.block_len > MAX_HEADER_LIST {
+                            let debug =
+                                format!("criguard: header block over {MAX_HEADER_LIST} bytes");
+                            out.push(frame::goaway_with(
+                                self.last_stream,
+                                error::PROTOCOL_ERROR,
+                                debug.as_bytes(),
+                            ));
+                            parsed.end = true;
+                            return parsed;
+                        }
+                        if self.block_len <= SMALL_BLOCK {
+                            self.block.extend_from_slice(frag);
+                        } else if !self.block.is_empty() {
+                            // Not kept: the table is out of step from here.
+                            self.block = Vec::new();
+                            self.reader.set_broken();
+                        }
                     }
                     if head.has(flag::END_HEADERS) {
-                        let fields = self.reader.read(&self.block);
+                        let fields = self.reader.read(&std::mem::take(&mut self.block));
                         if self.block_stream > self.last_stream {
                             self.last_stream = self.block_stream;
                             let path = fields.and_then(|f| f.path).unwrap_or_default();
@@ -109,51 +159,95 @@ impl Client {
 
 /// Serves `client` as described in the module docs; `why` is the dial error.
 pub async fn serve(
-    mut client: UnixStream,
+    client: UnixStream,
     proxy: Proxy,
     why: std::io::Error,
-    mut drain: watch::Receiver<bool>,
+    drain: watch::Receiver<bool>,
 ) {
     let msg = format!("criguard: runtime {} unavailable: {why}", proxy.endpoint());
     tracing::debug!(%msg, "serving a kubelet connection without a runtime");
+    respond(client, proxy, msg, Mode::RuntimeDown, drain).await;
+}
+
+/// Refuses `client`: its first call is answered `UNAVAILABLE` with `msg`,
+/// then GOAWAY (with `msg` as debug data) ends the connection; so does a
+/// wait of [`REFUSE_WAIT`] for a call.
+pub async fn refuse(client: UnixStream, proxy: Proxy, msg: String, drain: watch::Receiver<bool>) {
+    respond(client, proxy, msg, Mode::Refuse, drain).await;
+}
+
+/// Why calls are answered rather than relayed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The runtime is down: every call until it is back.
+    RuntimeDown,
+    /// criguard will not relay this connection: its first call.
+    Refuse,
+}
+
+/// How long what is queued for the client may take once the connection
+/// is ending.
+const FINAL_FLUSH: Duration = Duration::from_secs(1);
+
+async fn respond(
+    mut client: UnixStream,
+    proxy: Proxy,
+    msg: String,
+    mode: Mode,
+    mut drain: watch::Receiver<bool>,
+) {
     let (mut r, mut w) = client.split();
     let mut out = Out::default();
     out.push(frame::build(kind::SETTINGS, 0, 0, &[]));
-    let mut state = Client {
-        preface: frame::PREFACE.len(),
-        block: Vec::new(),
-        block_stream: 0,
-        reader: Reader::new(),
-        last_stream: 0,
-    };
+    let mut state = Client::new();
     let mut answered = 0u32;
     let mut input = BytesMut::with_capacity(16 << 10);
     let mut probe = tokio::time::interval(PROBE);
+    let give_up = tokio::time::sleep(REFUSE_WAIT);
+    tokio::pin!(give_up);
+    let goaway = |last: u32| match mode {
+        Mode::RuntimeDown => frame::goaway(last, error::NO_ERROR),
+        Mode::Refuse => frame::goaway_with(last, error::NO_ERROR, msg.as_bytes()),
+    };
     let mut closing = *drain.borrow_and_update();
     if closing {
-        out.push(frame::goaway(0, error::NO_ERROR));
+        out.push(goaway(0));
     }
+    let flushed = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(flushed);
+    let mut flush_armed = false;
     loop {
         if closing && out.is_empty() {
             return;
         }
+        if closing && !flush_armed {
+            flush_armed = true;
+            flushed
+                .as_mut()
+                .reset(tokio::time::Instant::now() + FINAL_FLUSH);
+        }
         tokio::select! {
             biased;
-            read = r.read_buf(&mut input), if !closing => {
+            read = r.read_buf(&mut input), if !closing && out.len() < HIGH_WATER => {
                 if !matches!(read, Ok(n) if n > 0) {
                     return;
                 }
                 let parsed = state.parse(&mut input, &mut out);
                 for (stream, path) in parsed.calls {
-                    if runtime_up(&proxy).await {
+                    if mode == Mode::RuntimeDown && runtime_up(&proxy).await {
                         // Unprocessed: the client retries it on a new connection.
-                        out.push(frame::goaway(answered, error::NO_ERROR));
+                        out.push(goaway(answered));
                         closing = true;
                         break;
                     }
                     out.push(headers::trailers_only(stream, 14, &msg, frame::DEFAULT_MAX_FRAME));
                     proxy.record(methods::lookup(&path), 14, Instant::now());
                     answered = stream;
+                    if mode == Mode::Refuse {
+                        out.push(goaway(answered));
+                        closing = true;
+                        break;
+                    }
                 }
                 closing |= parsed.end;
             }
@@ -162,14 +256,19 @@ pub async fn serve(
                     return;
                 }
             }
-            _ = probe.tick(), if !closing => {
+            () = &mut flushed, if flush_armed => return,
+            _ = probe.tick(), if !closing && mode == Mode::RuntimeDown => {
                 if runtime_up(&proxy).await {
-                    out.push(frame::goaway(answered, error::NO_ERROR));
+                    out.push(goaway(answered));
                     closing = true;
                 }
             }
+            () = &mut give_up, if !closing && mode == Mode::Refuse => {
+                out.push(goaway(answered));
+                closing = true;
+            }
             _ = drain.changed(), if !closing => {
-                out.push(frame::goaway(answered, error::NO_ERROR));
+                out.push(goaway(answered));
                 closing = true;
             }
         }

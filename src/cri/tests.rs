@@ -346,3 +346,113 @@ fn bytes_split_anywhere_relay_the_same() {
     assert_eq!(whole.io.to_server.take_all(), split.io.to_server.take_all());
     assert_eq!(whole.io.to_client.take_all(), split.io.to_client.take_all());
 }
+
+impl Harness {
+    /// A harness whose proxy holds at most `budget` bytes for inspection.
+    fn with_budget(budget: usize) -> Self {
+        let mut h = Self::new(None);
+        let proxy = h.conn.proxy.clone().with_hold_budget(budget);
+        h.conn = Conn::new(proxy);
+        let mut hello = BytesMut::from(&frame::PREFACE[..]);
+        hello.extend_from_slice(&frame::build(kind::SETTINGS, 0, 0, &[]));
+        h.client(&hello);
+        h.take();
+        h
+    }
+}
+
+#[test]
+fn a_header_block_past_the_header_list_size_ends_the_connection_and_is_not_kept() {
+    let mut h = Harness::new(None);
+    let budget = h.conn.proxy.budget.clone();
+    let chunk = vec![0x40u8; 16_384];
+    h.client(&frame::build(kind::HEADERS, 0, 1, &chunk));
+    let mut sent = chunk.len();
+    while sent + chunk.len() <= super::conn::MAX_HEADER_LIST {
+        h.client(&frame::build(kind::CONTINUATION, 0, 1, &chunk));
+        sent += chunk.len();
+        h.take();
+    }
+    assert_eq!(
+        budget.used(),
+        super::conn::MAX_HEADER_LIST,
+        "a block past 64 KiB reserves its cap in the shared budget"
+    );
+    assert!(!h.conn.done());
+    h.client(&frame::build(kind::CONTINUATION, 0, 1, &chunk));
+    let (to_server, to_client) = h.take();
+    assert!(
+        to_server.is_empty(),
+        "the frame past the limit is not forwarded"
+    );
+    let (goaway, payload) = &to_client[0];
+    assert_eq!(goaway.kind, kind::GOAWAY);
+    assert_eq!(
+        u32::from_be_bytes(payload[4..8].try_into().unwrap()),
+        error::PROTOCOL_ERROR
+    );
+    assert!(String::from_utf8_lossy(&payload[8..]).contains("header block over"));
+    assert!(h.conn.done());
+    assert_eq!(budget.used(), 0, "the block's bytes are let go");
+}
+
+#[test]
+fn an_observed_body_past_the_shared_budget_is_relayed_unheld() {
+    let mut h = Harness::with_budget(10_000);
+    let budget = h.conn.proxy.budget.clone();
+    let body = create_body(30_000);
+    let req = h.request(1, CREATE);
+    h.client(&req);
+    h.client(&data(1, &body[..8_000], false));
+    let (to_server, _) = h.take();
+    assert_eq!(data_len(&to_server, 1), 0, "held while it fits");
+    assert_eq!(budget.used(), 8_000);
+    h.client(&data(1, &body[8_000..16_000], false));
+    let (to_server, _) = h.take();
+    assert_eq!(
+        data_len(&to_server, 1),
+        16_000,
+        "past the budget, what was held goes on unheld"
+    );
+    assert_eq!(budget.used(), 0);
+    h.client(&data(1, &body[16_000..], true));
+    let (to_server, _) = h.take();
+    let rest: Vec<u8> = to_server
+        .iter()
+        .filter(|(f, _)| f.kind == kind::DATA)
+        .flat_map(|(_, p)| p.clone())
+        .collect();
+    assert_eq!(rest, &body[16_000..], "the rest passes as it is, unpatched");
+}
+
+#[test]
+fn a_large_header_block_waits_for_room_in_the_budget() {
+    let mut h = Harness::with_budget(100_000);
+    let budget = h.conn.proxy.budget.clone();
+    assert!(
+        budget.try_take(90_000),
+        "another connection holds most of it"
+    );
+    let chunk = vec![0x40u8; 16_384];
+    let mut input = BytesMut::new();
+    input.extend_from_slice(&frame::build(kind::HEADERS, 0, 1, &chunk));
+    for _ in 0..5 {
+        input.extend_from_slice(&frame::build(kind::CONTINUATION, 0, 1, &chunk));
+    }
+    h.conn.on_client(&mut input, &mut h.io);
+    assert!(
+        h.conn.client_paused(),
+        "a block past 64 KiB needs a reservation"
+    );
+    assert!(h.conn.deadline().is_some(), "and it tries again soon");
+    let left = input.len();
+    assert!(left > 0 && left < 6 * (16_384 + 9));
+    budget.give(90_000);
+    assert!(!h.conn.client_paused());
+    h.conn.on_client(&mut input, &mut h.io);
+    assert!(input.is_empty());
+    let (to_server, _) = h.take();
+    assert!(!to_server.is_empty());
+    drop(h);
+    assert_eq!(budget.used(), 0, "a connection gives back what it held");
+}
