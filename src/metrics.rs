@@ -110,6 +110,7 @@ impl CriMetrics {
             "CRI calls through criguard: time from request to the end of the answer, by method and gRPC code",
             duration.clone(),
         );
+        crate::cri::budget::register(registry);
         Self { duration }
     }
 
