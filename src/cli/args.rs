@@ -146,6 +146,10 @@ pub struct ServeCmd {
     /// How long calls in flight may finish after SIGTERM.
     #[arg(long, default_value = "10s", value_parser = parse_seconds)]
     pub drain: Duration,
+    /// Kubelet connections served at once; a client past it gets
+    /// `UNAVAILABLE: criguard: connection limit N reached`.
+    #[arg(long, default_value_t = criguard::cri::proxy::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
     /// criguard's admin socket (`criguard pods` reads it).
     #[arg(long, default_value = DEFAULT_ADMIN)]
     pub admin_socket: PathBuf,

@@ -345,7 +345,7 @@ async fn serve(
         (status, guarding),
         image_uses,
         &metrics,
-        cmd.drain,
+        (cmd.drain, cmd.max_connections),
     )?;
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);

@@ -149,7 +149,7 @@ pub fn start_proxy(
     (status, guarding): (Arc<RwLock<NodeStatus>>, Arc<std::sync::atomic::AtomicBool>),
     image_uses: ImageUses,
     metrics: &Metrics,
-    drain: Duration,
+    (drain, max_connections): (Duration, usize),
 ) -> anyhow::Result<cri::server::ProxyThread> {
     let proxy = cri::Proxy::new(upstream)
         .with_observer(
@@ -159,7 +159,8 @@ pub fn start_proxy(
                 .with_guarding(guarding),
         )
         .with_metrics(metrics.cri.clone())
-        .with_ready(ready);
+        .with_ready(ready)
+        .with_max_connections(max_connections);
     cri::server::ProxyThread::spawn(listener.into_std()?, proxy, drain)
         .context("start the proxy thread")
 }
