@@ -14,6 +14,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod frozen_runtime;
 mod guest;
 mod pressure;
 mod scores;
