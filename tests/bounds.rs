@@ -33,6 +33,14 @@ struct Guard {
     _dir: tempfile::TempDir,
 }
 
+/// These tests exhaust connections, descriptors and memory on purpose and
+/// measure threads, descriptors and RSS, so they take turns. Run side by
+/// side, the limit test's extra call was relayed and the fd test logged past
+/// its bound, in 2 of 2 runs; alone each passed every time. Why they
+/// disturb each other is not found yet (each has its own criguard and
+/// containerd).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 impl Guard {
     async fn start(runtime: &Path, wrapper: &[&str], extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
@@ -288,6 +296,7 @@ fn write_until_stalled(s: &mut UnixStream, unit: &[u8], total: usize, stall: Dur
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_blocks_are_capped_at_the_runtimes_header_list_size() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let ctrd = PrivateContainerd::start();
     let g = Guard::start(&ctrd.socket, &[], &[]).await;
     let base = g.status("VmHWM");
@@ -400,6 +409,7 @@ fn besteffort_pod(uid: &str) -> PodSpec {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_bodies_stay_within_the_shared_budget_and_are_given_back() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let ctrd = PrivateContainerd::start();
     let g = Guard::start(&ctrd.socket, &[], &[]).await;
     let base = g.status("VmHWM");
@@ -450,6 +460,7 @@ async fn held_bodies_stay_within_the_shared_budget_and_are_given_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_refusals_to_a_client_that_never_reads_stay_bounded() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let ctrd = PrivateContainerd::start();
     // Under MemoryPressure from the start: BestEffort pods are refused.
     let g = Guard::start(
@@ -550,6 +561,7 @@ fn settings_flood(socket: &Path) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn floods_reach_the_runtime_no_harder_than_direct_and_its_goaway_comes_back() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let ctrd = PrivateContainerd::start();
     let g = Guard::start(&ctrd.socket, &[], &[]).await;
     let base = g.status("VmHWM");
@@ -640,6 +652,7 @@ fn call_on(s: &mut UnixStream) -> Option<(i32, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_past_the_limit_are_refused_clearly() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let ctrd = PrivateContainerd::start();
     // The default limit (256) with the flag set as an operator would.
     let g = Guard::start(&ctrd.socket, &[], &["--max-connections", "256"]).await;
@@ -676,6 +689,7 @@ async fn connections_past_the_limit_are_refused_clearly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fd_exhaustion_is_answered_and_logged_as_what_it_is() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let ctrd = PrivateContainerd::start();
     let g = Guard::start(&ctrd.socket, &["prlimit", "--nofile=512:512"], &[]).await;
     // 300 clients at once, each keeping its connection once answered.
