@@ -111,7 +111,8 @@ impl<L: Listen> Acceptor<L> {
                     }
                     self.backoff = Duration::ZERO;
                     self.failures = 0;
-                    self.logged_at = None;
+                    // `logged_at` stays: descriptors that run out, free
+                    // up and run out again log once per LOG_EVERY.
                     return Poll::Ready(conn);
                 }
                 Err(err) if per_connection(&err) => {

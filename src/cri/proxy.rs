@@ -24,11 +24,14 @@ pub struct Proxy {
     pub(super) max_connections: usize,
 }
 
-/// Relay connections served at once by default: a kubelet keeps one or
-/// two, crictl and node agents (cAdvisor, node-problem-detector, log and
-/// monitoring daemons) one each while they run; 256 leaves room for
-/// bursts of them at about 3 descriptors and one thread each.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Relay connections served at once by default. A kubelet keeps one or
+/// two, crictl and node agents one each while they run, but clients that
+/// never close theirs exist: critest v1.37 opened more than 256 in one run
+/// (each spec dials anew), and containerd alone would have served them all.
+/// 4096 (about 3 descriptors and one mostly idle thread each, within the
+/// unit's `LimitNOFILE=65536`) bounds a runaway client without refusing
+/// what a node really sees.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
 impl Proxy {
     /// A proxy to `upstream`'s runtime that observes nothing.
