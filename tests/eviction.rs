@@ -218,6 +218,17 @@ async fn memory_pressure_evicts_the_first_ranked_pod_only_and_admission_follows(
 
     // The same story in the metrics.
     use common::metrics::{parse, scrape, value};
+    // The eviction is published at the kill; pressure-to-action is
+    // observed once StopPodSandbox returns, in the background.
+    common::poll_until(
+        Duration::from_secs(20),
+        "the StopPodSandbox timed",
+        || async {
+            let m = parse(&scrape(port));
+            value(&m, "criguard_pressure_to_action_seconds_count", &[]).filter(|v| *v >= 1.0)
+        },
+    )
+    .await;
     let m = parse(&scrape(port));
     let evicted = [
         ("signal", "allocatableMemory.available"),

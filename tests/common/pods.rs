@@ -231,8 +231,25 @@ pub async fn remove_pods(
         })
         .await
         .unwrap();
-        rt.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
-            .await
-            .unwrap();
+        // criguard may still be removing an evicted pod's containers in the
+        // background ("already in removing state"): the kubelet retries,
+        // so does this, for at most 10 s; NotFound means it is gone.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let r = rt
+                .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                    pod_sandbox_id: id.clone(),
+                })
+                .await;
+            match r {
+                Ok(_) => break,
+                Err(e) if e.code() == tonic::Code::NotFound => break,
+                Err(e) if std::time::Instant::now() < end => {
+                    eprintln!("remove_pods: {id}: {} (retrying)", e.message());
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("RemovePodSandbox {id}: {e}"),
+            }
+        }
     }
 }
