@@ -17,7 +17,6 @@ use bytes::{BufMut, BytesMut};
 use common::containerd::PrivateContainerd;
 use criguard::cri::frame::{self, Head, flag, kind};
 use criguard::cri::headers::Reader;
-use criguard::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri_api;
 use prost::Message;
 
@@ -397,23 +396,13 @@ async fn header_blocks_are_capped_at_the_runtimes_header_list_size() {
     );
 }
 
-fn besteffort_pod(uid: &str) -> PodSpec {
-    let mut pod = PodSpec::new("p", uid).container(ContainerSpec {
-        name: "app".into(),
-        image: "busybox".into(),
-        ..Default::default()
-    });
-    pod.cgroup_root = "/kubepods".into();
-    pod
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_bodies_stay_within_the_shared_budget_and_are_given_back() {
     let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let ctrd = PrivateContainerd::start();
     let g = Guard::start(&ctrd.socket, &[], &[]).await;
     let base = g.status("VmHWM");
-    let pod = besteffort_pod("uid-big");
+    let pod = common::pods::besteffort_pod("uid-big");
     let mut config = pod.container_config(0);
     config
         .annotations
@@ -471,7 +460,7 @@ async fn own_refusals_to_a_client_that_never_reads_stay_bounded() {
     .await;
     let base = g.status("VmHWM");
     let body = cri_api::RunPodSandboxRequest {
-        config: Some(besteffort_pod("uid-refused").sandbox_config()),
+        config: Some(common::pods::besteffort_pod("uid-refused").sandbox_config()),
         runtime_handler: String::new(),
     }
     .encode_to_vec();

@@ -62,20 +62,7 @@ fn pod_cgroup_empty(cgroup_parent: &str) -> bool {
     } else {
         Path::new("/sys/fs/cgroup").join(cgroup_parent.trim_start_matches('/'))
     };
-    fn procs(dir: &Path) -> usize {
-        let own = std::fs::read_to_string(dir.join("cgroup.procs"))
-            .map(|s| s.lines().count())
-            .unwrap_or(0);
-        let sub: usize = std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|e| procs(&e.path()))
-            .sum();
-        own + sub
-    }
-    procs(&root) == 0
+    common::memcg::procs_below(&root) == 0
 }
 
 /// A ListPodSandbox with a client deadline of `d`: its gRPC code and how long it took.

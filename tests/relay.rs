@@ -11,7 +11,6 @@ use bytes::Bytes;
 use common::h2peer::{self, Settings};
 use common::rawgrpc;
 use criguard::cri::{self, observe::Observer};
-use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::model::NodeModel;
 use criguard::policy::thresholds::Condition;
 use criguard::reclaim::evict::NodeStatus;
@@ -23,19 +22,9 @@ const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
 const RUN: &str = "/runtime.v1.RuntimeService/RunPodSandbox";
 const VERSION: &str = "/runtime.v1.RuntimeService/Version";
 
-fn besteffort_pod(uid: &str) -> PodSpec {
-    let mut pod = PodSpec::new("p", uid).container(ContainerSpec {
-        name: "app".into(),
-        image: "busybox".into(),
-        ..Default::default()
-    });
-    pod.cgroup_root = "/kubepods".into();
-    pod
-}
-
 /// A CreateContainer request about `padding` bytes long (an annotation).
 fn create_request(padding: usize) -> Vec<u8> {
-    let pod = besteffort_pod("uid-1");
+    let pod = common::pods::besteffort_pod("uid-1");
     let mut config = pod.container_config(0);
     config
         .annotations
@@ -206,7 +195,7 @@ async fn a_refusal_is_answered_by_criguard_and_the_connection_stays_in_step() {
     for round in 0..5 {
         // Metadata that changes each round exercises both HPACK tables.
         let meta = [("x-round", format!("round-{round}"))];
-        let pod = besteffort_pod(&format!("uid-{round}"));
+        let pod = common::pods::besteffort_pod(&format!("uid-{round}"));
         let run = cri_api::RunPodSandboxRequest {
             config: Some(pod.sandbox_config()),
             runtime_handler: String::new(),

@@ -207,3 +207,18 @@ pub fn limited(path: &str, memory_bytes: Option<i64>, pids_max: Option<i64>) {
         assert_eq!(got.trim(), want.to_string(), "{}", p.display());
     }
 }
+
+/// Processes left in cgroup `dir` and every cgroup below it.
+pub fn procs_below(dir: &Path) -> usize {
+    let own = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|s| s.lines().count())
+        .unwrap_or(0);
+    let sub: usize = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| procs_below(&e.path()))
+        .sum();
+    own + sub
+}

@@ -27,6 +27,18 @@ pub fn mem_total() -> i64 {
 }
 
 /// A busybox container that sleeps.
+/// A one-container BestEffort pod under `/kubepods`, as the relay tests
+/// send it.
+pub fn besteffort_pod(uid: &str) -> PodSpec {
+    let mut pod = PodSpec::new("p", uid).container(ContainerSpec {
+        name: "app".into(),
+        image: "busybox".into(),
+        ..Default::default()
+    });
+    pod.cgroup_root = "/kubepods".into();
+    pod
+}
+
 pub fn sleeper(name: &str) -> ContainerSpec {
     ContainerSpec {
         name: name.into(),

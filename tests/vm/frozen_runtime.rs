@@ -66,21 +66,6 @@ fn exit_witness(fd: OwnedFd) -> std::thread::JoinHandle<Option<Instant>> {
     })
 }
 
-/// Processes left in cgroup `dir` and below.
-fn procs(dir: &Path) -> usize {
-    let own = std::fs::read_to_string(dir.join("cgroup.procs"))
-        .map(|s| s.lines().count())
-        .unwrap_or(0);
-    let sub: usize = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| procs(&e.path()))
-        .sum();
-    own + sub
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "inside the VM only: hack/vm.sh test"]
 async fn v2_containerd_frozen_the_grower_is_killed_and_the_eviction_published_before_it_thaws() {
@@ -143,7 +128,11 @@ async fn v2_containerd_frozen_the_grower_is_killed_and_the_eviction_published_be
     let pod_dir = Path::new("/sys/fs/cgroup").join(
         criguard::signals::cgroup_path::kubepods(&grower.cgroup_parent()).trim_start_matches('/'),
     );
-    assert!(procs(&pod_dir) >= 2, "{} holds the pod", pod_dir.display());
+    assert!(
+        crate::common::memcg::procs_below(&pod_dir) >= 2,
+        "{} holds the pod",
+        pod_dir.display()
+    );
     let pause = init_pid(&mut d, None, Some(&grower_sb)).await;
     let awk = init_pid(&mut d, Some(&grower_c[0]), None).await;
     let (pause_exit, awk_exit) = (exit_witness(pidfd(pause)), exit_witness(pidfd(awk)));
@@ -197,7 +186,7 @@ async fn v2_containerd_frozen_the_grower_is_killed_and_the_eviction_published_be
     });
     let died = died[0].max(died[1]);
     guest::wait_for(Duration::from_secs(5), "the pod's cgroup empty", || {
-        (procs(&pod_dir) == 0).then_some(())
+        (crate::common::memcg::procs_below(&pod_dir) == 0).then_some(())
     });
     let still = proc_state(ctrd.into());
     assert_eq!(still, Some('T'), "containerd still stopped after the kill");
