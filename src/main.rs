@@ -29,5 +29,6 @@ fn main() -> ExitCode {
         Command::Rank { admin_socket, json } => client::run(client::rank(admin_socket, json)),
         Command::Usage { admin_socket, json } => client::run(client::usage(admin_socket, json)),
         Command::Serve(cmd) => serve::main(*cmd, flag_error),
+        Command::Generate(cmd) => cli::generate::run(cmd),
     }
 }

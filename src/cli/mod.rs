@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod client;
+pub mod generate;
 pub mod settings;
 
 use std::path::PathBuf;
@@ -99,6 +100,9 @@ pub enum Command {
     },
     /// Print criguard's version.
     Version,
+    /// Write the man pages or shell completions (for packaging).
+    #[command(subcommand, hide = true)]
+    Generate(generate::GenerateCmd),
 }
 
 /// Parses the command line. For `serve`, a flag whose value clap cannot
