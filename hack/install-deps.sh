@@ -63,6 +63,39 @@ else
         "go, grpc-go, socat, python3-venv, docker-registry, openssl, ip, curl, CNI plugins, bindfs, mkfs.ext4 present" >&2
 fi
 
+# promtool (deploy/: `promtool test rules` and `check metrics`, tests/deploy.rs)
+# comes with Debian's prometheus package, whose postinst would also enable and
+# start a Prometheus server listening on every interface (:9090) through its
+# init script or unit. Installed with starting denied (policy-rc.d 101), then
+# the server disabled and stopped, should anything have started it anyway:
+# this machine needs the tool, not the server.
+if ! command -v promtool >/dev/null 2>&1; then
+    echo "install-deps: missing: promtool; installing prometheus (server left disabled)" >&2
+    if [[ "$(id -u)" -ne 0 ]]; then
+        echo "install-deps: need root to run apt-get" >&2
+        exit 1
+    fi
+    policy=""
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        policy=/usr/sbin/policy-rc.d
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+    fi
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus ||
+        { [[ -n "$policy" ]] && rm -f "$policy"; exit 1; }
+    [[ -n "$policy" ]] && rm -f "$policy"
+    if [[ -d /run/systemd/system ]]; then
+        systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    else
+        deb-systemd-helper disable prometheus.service >/dev/null 2>&1 || true
+    fi
+    update-rc.d prometheus disable >/dev/null 2>&1 || true
+    if [[ -x /etc/init.d/prometheus ]] && /etc/init.d/prometheus status >/dev/null 2>&1; then
+        /etc/init.d/prometheus stop || true
+    fi
+fi
+
 # cargo is not ours to install: say so clearly instead of failing later.
 if ! command -v cargo >/dev/null 2>&1; then
     echo "install-deps: ERROR: cargo not found on PATH. The Rust toolchain must be" \
