@@ -88,7 +88,8 @@ if ! command -v promtool >/dev/null 2>&1; then
     if [[ -d /run/systemd/system ]]; then
         systemctl disable --now prometheus.service >/dev/null 2>&1 || true
     else
-        deb-systemd-helper disable prometheus.service >/dev/null 2>&1 || true
+        # What `systemctl disable` would remove, should systemd boot here later.
+        rm -f /etc/systemd/system/multi-user.target.wants/prometheus.service
     fi
     update-rc.d prometheus disable >/dev/null 2>&1 || true
     if [[ -x /etc/init.d/prometheus ]] && /etc/init.d/prometheus status >/dev/null 2>&1; then
