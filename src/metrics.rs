@@ -131,6 +131,8 @@ impl CriMetrics {
 pub struct OomMetrics {
     /// Processes whose score criguard wrote.
     pub writes: Counter,
+    /// Rounds that ranked the pods for memory (with or without writes).
+    pub rounds: Counter,
 }
 
 /// Labels of a kernel OOM kill.
@@ -547,6 +549,11 @@ impl Metrics {
             "criguard_oom_score_adj_writes",
             "Processes whose oom_score_adj criguard set to follow its memory ranking",
             oom.writes.clone(),
+        );
+        registry.register(
+            "criguard_oom_rank_rounds",
+            "Rounds of the oom_score_adj adjuster, each ranking the pods for memory: the ranking kernel OOM kills are matched against",
+            oom.rounds.clone(),
         );
         let eviction = EvictionMetrics::new(&mut registry);
         let reclaim = ReclaimMetrics::new(&mut registry);

@@ -143,6 +143,17 @@ async fn oom_scenario(dynamic: bool) -> Outcome {
             y_static,
             "the kubelet's score must stand"
         );
+        // The kill is matched against the adjuster's latest ranking: let
+        // one round start after every hog holds its memory (two counted
+        // from now: the one running may have started before).
+        let rounds = || value(&parse(&scrape(port)), "criguard_oom_rank_rounds_total", &[]);
+        let before = rounds().unwrap_or(0.0);
+        common::poll_until(
+            Duration::from_secs(20),
+            "a ranking round after the pods hold their memory",
+            || async move { rounds().is_some_and(|n| n >= before + 2.0).then_some(()) },
+        )
+        .await;
     }
 
     // X grows into the limit; the kernel kills someone.

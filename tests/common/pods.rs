@@ -26,7 +26,6 @@ pub fn mem_total() -> i64 {
     criguard::model::sync::mem_total(&std::fs::read_to_string("/proc/meminfo").unwrap()).unwrap()
 }
 
-/// A busybox container that sleeps.
 /// A one-container BestEffort pod under `/kubepods`, as the relay tests
 /// send it.
 pub fn besteffort_pod(uid: &str) -> PodSpec {
@@ -39,6 +38,7 @@ pub fn besteffort_pod(uid: &str) -> PodSpec {
     pod
 }
 
+/// A busybox container that sleeps.
 pub fn sleeper(name: &str) -> ContainerSpec {
     ContainerSpec {
         name: name.into(),

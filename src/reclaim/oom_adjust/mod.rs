@@ -173,6 +173,7 @@ impl OomAdjuster {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .record(started_ms, round.first_victim.clone());
+        self.metrics.rounds.inc();
         round
     }
 

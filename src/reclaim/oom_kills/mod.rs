@@ -66,6 +66,8 @@ struct Target {
     pod_cgroup: Option<String>,
     /// Every task of the pod: its sandbox and its containers.
     tasks: Vec<String>,
+    /// The task's creation time, ms since the epoch (0: not known yet).
+    created_at_ms: u64,
 }
 
 /// Why a task's counter is read.
@@ -80,12 +82,17 @@ enum Look {
 }
 
 fn target(model: &NodeModel, task_id: &str) -> Option<Target> {
-    let (pod, container) = match model.pod_of_container(task_id) {
+    let (pod, container, created_at_ns) = match model.pod_of_container(task_id) {
         Some(p) => {
-            let name = p.containers.get(task_id)?.name.clone();
-            (p, name)
+            let c = p.containers.get(task_id)?;
+            let (name, at) = (c.name.clone(), c.created_at_ns);
+            (p, name, at)
         }
-        None => (model.pod(task_id)?, SANDBOX_TASK.to_owned()),
+        None => {
+            let p = model.pod(task_id)?;
+            let at = p.created_at_ns;
+            (p, SANDBOX_TASK.to_owned(), at)
+        }
     };
     Some(Target {
         // The pause task's cgroup sits where a container's would.
@@ -99,6 +106,7 @@ fn target(model: &NodeModel, task_id: &str) -> Option<Target> {
         uid: pod.uid,
         container,
         qos: pod.qos,
+        created_at_ms: u64::try_from(created_at_ns / 1_000_000).unwrap_or(0),
     })
 }
 
@@ -121,6 +129,9 @@ pub struct OomKillWatcher {
     ranks: Arc<Mutex<RankHistory>>,
     store: OomKills,
     counter: Family<OomKillLabels, Counter>,
+    /// When the baseline was read, ms since the epoch: a task created
+    /// later has had every kill of its counter while criguard watched.
+    baseline_ms: u64,
 }
 
 impl OomKillWatcher {
@@ -135,6 +146,7 @@ impl OomKillWatcher {
             ranks,
             store,
             counter: Family::default(),
+            baseline_ms: u64::MAX,
         }
     }
 
@@ -147,6 +159,9 @@ impl OomKillWatcher {
     /// Reads every known task's counter as the starting point, so kills
     /// from before criguard started are not recorded as new.
     pub fn baseline(&mut self, model: &NodeModel) {
+        self.baseline_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         let (sandboxes, containers) = model.ids();
         self.seen.clear();
         self.accounted.clear();
@@ -239,15 +254,22 @@ impl OomKillWatcher {
         self.seen.retain(|id, _| live.contains(id));
         let mut out = Vec::new();
         for id in &live {
-            if self.seen.contains_key(id) {
+            if self.seen.contains_key(id) || self.created_since_baseline(model, id) {
+                // Read before, or created while criguard watched (its
+                // counter started at 0 then): what it holds is new.
                 out.extend(self.check(model, id, at_ms, Look::Recheck));
             } else {
-                // First read of a task learned meanwhile: its past kills
-                // cannot be dated, so they are its starting point.
+                // First read of a task from before the baseline: its past
+                // kills cannot be dated, so they are its starting point.
                 self.start_from_now(model, id);
             }
         }
         out
+    }
+
+    /// Whether `id` was created after the baseline (its creation time known).
+    fn created_since_baseline(&self, model: &NodeModel, id: &str) -> bool {
+        target(model, id).is_some_and(|t| t.created_at_ms > self.baseline_ms)
     }
 
     /// Reads `task_id`'s counter and records what is new, with what its

@@ -285,3 +285,38 @@ fn on_v2_a_kill_in_a_readable_sibling_stays_the_siblings() {
         "the kill is cy's, not the stopped cx's"
     );
 }
+
+#[test]
+fn a_sweep_counts_every_kill_of_a_container_created_since_the_baseline() {
+    // The events missed a kill (the subscription came up late): the sweep
+    // after the catch-up reads the container for the first time. Created
+    // after criguard started watching, its whole counter is new.
+    let (t, mut m) = fixture();
+    let mut w = watcher(t.path(), "sx");
+    w.baseline(&m);
+    let later_ns = i64::try_from(w.baseline_ms + 1_000).unwrap() * 1_000_000;
+    m.upsert_container(ContainerInfo {
+        id: "cz".into(),
+        sandbox_id: "sy".into(),
+        name: "late".into(),
+        created_at_ns: later_ns,
+        state: Some(ContainerState::Running),
+        ..Default::default()
+    });
+    set(t.path(), "/kubepods/burstable/podsy/cz", 1);
+    let kills = w.sweep(&m, 5_000);
+    assert_eq!(kills.len(), 1, "{kills:#?}");
+    assert_eq!((kills[0].container.as_str(), kills[0].kills), ("late", 1));
+    // One created before the baseline is only a starting point.
+    m.upsert_container(ContainerInfo {
+        id: "cw".into(),
+        sandbox_id: "sy".into(),
+        name: "old".into(),
+        created_at_ns: 1_000_000,
+        state: Some(ContainerState::Running),
+        ..Default::default()
+    });
+    set(t.path(), "/kubepods/burstable/podsy/cw", 3);
+    assert!(w.sweep(&m, 6_000).is_empty());
+    assert_eq!(w.seen.get("cw"), Some(&3));
+}
