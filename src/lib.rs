@@ -11,6 +11,8 @@ pub mod cri;
 pub mod kube;
 #[cfg(any(test, feature = "test-pods"))]
 pub mod kubelet;
+#[cfg(test)]
+mod layers;
 pub mod limits;
 pub mod listen;
 pub mod lograte;
