@@ -83,8 +83,23 @@ impl LogRate {
 
     /// The verdict for a line now.
     pub fn admit(&self) -> Verdict {
+        self.admit_at(Instant::now())
+    }
+
+    /// The verdict for a line at `now`.
+    pub fn admit_at(&self, now: Instant) -> Verdict {
         let mut w = self.window.lock().unwrap_or_else(|e| e.into_inner());
-        w.admit(Instant::now(), self.burst, self.period)
+        w.admit(now, self.burst, self.period)
+    }
+
+    /// `Some(suppressed)` when a line may be logged at `now` (`suppressed`
+    /// lines were not logged since the last one), `None` otherwise: for
+    /// call sites that put the count in their own line.
+    pub fn allow(&self, now: Instant) -> Option<u64> {
+        match self.admit_at(now) {
+            Verdict::Log { suppressed, .. } => Some(suppressed),
+            Verdict::Suppress => None,
+        }
     }
 }
 
@@ -177,6 +192,17 @@ mod tests {
             let v = w.admit(t0 + Duration::from_secs(4 * s), 3, Duration::from_secs(10));
             assert!(matches!(v, Verdict::Log { suppressed: 0, .. }), "{v:?}");
         }
+    }
+
+    #[test]
+    fn one_line_a_period_logs_once_per_period_and_counts_the_rest() {
+        let t = LogRate::new(1, Duration::from_secs(10));
+        let t0 = Instant::now();
+        assert_eq!(t.allow(t0), Some(0));
+        assert_eq!(t.allow(t0 + Duration::from_secs(1)), None);
+        assert_eq!(t.allow(t0 + Duration::from_secs(9)), None);
+        assert_eq!(t.allow(t0 + Duration::from_secs(10)), Some(2));
+        assert_eq!(t.allow(t0 + Duration::from_secs(11)), None);
     }
 
     #[test]

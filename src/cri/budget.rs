@@ -1,5 +1,5 @@
 //! What the relay may hold in memory across all its connections, and the
-//! relay's own metrics and rate-limited complaints.
+//! relay's own metrics and how often its complaints are logged.
 //!
 //! criguard holds bytes for inspection in two places: the request bodies
 //! of observed calls (until their END_STREAM, see [`super::held`]) and
@@ -23,9 +23,8 @@
 //! in criguard's RSS.
 
 use std::sync::LazyLock;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -192,40 +191,14 @@ pub fn register(registry: &mut Registry) {
     );
 }
 
-/// At most one log line per period for a repeated event, saying how many
-/// were not logged.
-#[derive(Debug)]
-pub struct Throttle {
-    period: Duration,
-    last: Mutex<Option<Instant>>,
-    skipped: AtomicU64,
-}
-
-impl Throttle {
-    /// One line per `period`.
-    pub const fn new(period: Duration) -> Self {
-        Self {
-            period,
-            last: Mutex::new(None),
-            skipped: AtomicU64::new(0),
-        }
-    }
-
-    /// `Some(skipped)` when a line may be logged now (`skipped` events
-    /// were not logged since the last line); `None` otherwise.
-    pub fn allow(&self, now: Instant) -> Option<u64> {
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        if last.is_some_and(|t| now.duration_since(t) < self.period) {
-            self.skipped.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        *last = Some(now);
-        Some(self.skipped.swap(0, Ordering::Relaxed))
-    }
-}
-
 /// How often a repeated complaint of the relay is logged.
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// A repeated complaint of the relay: one line per [`LOG_EVERY`], saying
+/// how many were not logged (usable in a `static`).
+pub const fn complaint() -> crate::lograte::LogRate {
+    crate::lograte::LogRate::new(1, LOG_EVERY)
+}
 
 #[cfg(test)]
 mod tests {
@@ -243,16 +216,5 @@ mod tests {
         assert_eq!(b.used(), 0);
         assert!(b.try_take(100));
         assert!(!b.try_take(usize::MAX), "no overflow");
-    }
-
-    #[test]
-    fn throttle_logs_once_per_period_and_counts_the_rest() {
-        let t = Throttle::new(Duration::from_secs(10));
-        let t0 = Instant::now();
-        assert_eq!(t.allow(t0), Some(0));
-        assert_eq!(t.allow(t0 + Duration::from_secs(1)), None);
-        assert_eq!(t.allow(t0 + Duration::from_secs(9)), None);
-        assert_eq!(t.allow(t0 + Duration::from_secs(10)), Some(2));
-        assert_eq!(t.allow(t0 + Duration::from_secs(11)), None);
     }
 }

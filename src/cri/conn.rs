@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
-use super::budget::{self, BLOCKS_REFUSED, SMALL_BLOCK, Throttle};
+use super::budget::{self, BLOCKS_REFUSED, SMALL_BLOCK};
 use super::flow::ToServer;
 use super::frame::{self, Head, error, flag, kind, setting};
 use super::headers::{Fields, Reader};
@@ -36,6 +36,7 @@ use super::held::Observed;
 use super::methods::{self, MethodInfo};
 use super::out::Out;
 use super::proxy::Proxy;
+use crate::lograte::LogRate;
 
 /// The two byte queues of a connection, one per peer.
 #[derive(Debug, Default)]
@@ -65,7 +66,7 @@ const QUEUE_HIGH: usize = 64 << 10;
 /// How often a client waiting for the hold budget tries again.
 const PAUSE_RETRY: Duration = Duration::from_millis(10);
 /// Complaints about oversized header blocks.
-static BLOCK_LOG: Throttle = Throttle::new(budget::LOG_EVERY);
+static BLOCK_LOG: LogRate = budget::complaint();
 
 /// Whether a header block may grow by a frame.
 enum Admit {

@@ -25,17 +25,18 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::budget::{self, Throttle, UNHELD_BODIES};
+use super::budget::{self, UNHELD_BODIES};
 use super::conn::{Conn, Io};
 use super::frame::{self, Head, error, flag};
 use super::observe::{self, Method};
 use super::proxy::{Proxy, guarded};
+use crate::lograte::LogRate;
 use crate::runtime::MAX_MESSAGE;
 
 /// Request bytes one connection may hold across its observed calls.
 const HOLD_BUDGET: usize = 2 * MAX_MESSAGE;
 /// Complaints about bodies relayed unheld.
-static UNHELD_LOG: Throttle = Throttle::new(budget::LOG_EVERY);
+static UNHELD_LOG: LogRate = budget::complaint();
 
 /// Where an observed call stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

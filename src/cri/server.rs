@@ -32,21 +32,22 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 use tokio::task::JoinSet;
 
-use super::budget::{self, CONNECTIONS, REFUSED, RefusedLabels, Throttle};
+use super::budget::{self, CONNECTIONS, REFUSED, RefusedLabels};
 use super::conn::Conn;
 use super::proxy::Proxy;
 use super::{pump, standin};
 use crate::accept::Acceptor;
+use crate::lograte::LogRate;
 
 /// Refused connections answered at once; past this they are closed.
 pub const MAX_REFUSING: usize = 64;
 
 /// Complaints about connections past the limit.
-static LIMIT_LOG: Throttle = Throttle::new(budget::LOG_EVERY);
+static LIMIT_LOG: LogRate = budget::complaint();
 /// Complaints about a runtime that cannot be reached.
-static DOWN_LOG: Throttle = Throttle::new(budget::LOG_EVERY);
+static DOWN_LOG: LogRate = budget::complaint();
 /// Complaints about running out of descriptors.
-static FDS_LOG: Throttle = Throttle::new(budget::LOG_EVERY);
+static FDS_LOG: LogRate = budget::complaint();
 
 /// Why a connection is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
