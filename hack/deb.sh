@@ -32,9 +32,14 @@ trap 'rm -rf "$stage"' EXIT
 root="$stage/criguard_${version}_${arch}"
 doc="$root/usr/share/doc/criguard"
 
-# The binary, without its debug info (the release profile keeps line tables).
+# The binary, without its debug info (the release profile keeps line
+# tables); as it is where binutils is missing (the VM tier's guest).
 install -d "$root/usr/bin"
-objcopy --strip-debug "$CRIGUARD_BIN" "$root/usr/bin/criguard"
+if command -v objcopy >/dev/null; then
+    objcopy --strip-debug "$CRIGUARD_BIN" "$root/usr/bin/criguard"
+else
+    cp "$CRIGUARD_BIN" "$root/usr/bin/criguard"
+fi
 chmod 0755 "$root/usr/bin/criguard"
 
 # The units, with the packaged paths (hack/install.sh's are under /usr/local).
@@ -82,7 +87,13 @@ chmod -R u=rwX,go=rX "$root/usr" "$root/etc" "$root/lib"
 
 # Control files.
 install -d "$root/DEBIAN"
-glibc="$(objdump -T "$root/usr/bin/criguard" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)"
+# The newest glibc symbol version the binary needs; without binutils, the
+# glibc of the machine it was built for (an upper bound).
+if command -v objdump >/dev/null; then
+    glibc="$(objdump -T "$root/usr/bin/criguard" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)"
+else
+    glibc="$(getconf GNU_LIBC_VERSION | cut -d' ' -f2)"
+fi
 size="$(du -sk --exclude=DEBIAN "$root" | cut -f1)"
 sed -e "s/@VERSION@/$version/" -e "s/@ARCH@/$arch/" -e "s/@GLIBC@/$glibc/" -e "s/@SIZE@/$size/" \
     packaging/deb/control.in >"$root/DEBIAN/control"
