@@ -599,25 +599,25 @@ impl Default for Metrics {
 
 /// The canonical name of a gRPC status code.
 pub fn code_name(code: i32) -> &'static str {
-    match code {
-        0 => "OK",
-        1 => "Cancelled",
-        2 => "Unknown",
-        3 => "InvalidArgument",
-        4 => "DeadlineExceeded",
-        5 => "NotFound",
-        6 => "AlreadyExists",
-        7 => "PermissionDenied",
-        8 => "ResourceExhausted",
-        9 => "FailedPrecondition",
-        10 => "Aborted",
-        11 => "OutOfRange",
-        12 => "Unimplemented",
-        13 => "Internal",
-        14 => "Unavailable",
-        15 => "DataLoss",
-        16 => "Unauthenticated",
-        _ => "Unknown",
+    use tonic::Code;
+    match Code::from_i32(code) {
+        Code::Ok => "OK",
+        Code::Cancelled => "Cancelled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
     }
 }
 

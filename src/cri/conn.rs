@@ -772,11 +772,13 @@ fn read_block(reader: &mut Reader, block: &Block) -> Option<Fields> {
 /// The gRPC code a client reports for a stream reset with an HTTP/2
 /// error code (as grpc-go maps them).
 fn rst_to_grpc(h2: u32) -> i32 {
-    match h2 {
-        0x7 => 14,      // REFUSED_STREAM: Unavailable
-        0x8 => 1,       // CANCEL: Cancelled
-        0x3 | 0xb => 8, // FLOW_CONTROL_ERROR, ENHANCE_YOUR_CALM: ResourceExhausted
-        0xc => 7,       // INADEQUATE_SECURITY: PermissionDenied
-        _ => 13,        // Internal
-    }
+    use tonic::Code;
+    let code = match h2 {
+        0x7 => Code::Unavailable,             // REFUSED_STREAM
+        0x8 => Code::Cancelled,               // CANCEL
+        0x3 | 0xb => Code::ResourceExhausted, // FLOW_CONTROL_ERROR, ENHANCE_YOUR_CALM
+        0xc => Code::PermissionDenied,        // INADEQUATE_SECURITY
+        _ => Code::Internal,
+    };
+    code as i32
 }

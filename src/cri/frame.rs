@@ -12,6 +12,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Length of a frame header.
 pub const HEADER_LEN: usize = 9;
+/// The prefix of every gRPC message in DATA frames: a compressed flag and
+/// the message length (4 bytes, big-endian).
+pub const GRPC_PREFIX: usize = 5;
 /// The largest frame payload HTTP/2 can express (2^24 − 1).
 pub const MAX_FRAME_LIMIT: u32 = (1 << 24) - 1;
 /// SETTINGS_MAX_FRAME_SIZE and SETTINGS_INITIAL_WINDOW_SIZE defaults, and

@@ -106,7 +106,7 @@ impl Observed {
             return;
         };
         match frame::unpadded(head, payload) {
-            Some((a, b)) if resp.len() + (b - a) <= MAX_MESSAGE + 5 => {
+            Some((a, b)) if resp.len() + (b - a) <= MAX_MESSAGE + frame::GRPC_PREFIX => {
                 resp.extend_from_slice(&payload[a..b]);
             }
             _ => self.response = None,
@@ -126,9 +126,9 @@ impl Observed {
     }
 }
 
-/// The message length a gRPC body announces in its 5-byte prefix.
+/// The message length a gRPC body announces in its prefix.
 fn declared_len(body: &[u8]) -> Option<usize> {
-    let b: [u8; 4] = body.get(1..5)?.try_into().ok()?;
+    let b: [u8; 4] = body.get(1..frame::GRPC_PREFIX)?.try_into().ok()?;
     Some(u32::from_be_bytes(b) as usize)
 }
 
@@ -260,7 +260,7 @@ impl Conn {
         let (payload, request) = match (msg, plan.patch.filter(|_| may_patch)) {
             (Some(m), Some(patch)) => {
                 let framed = observe::frame(&m, Some(&patch));
-                let request = framed.slice(5..);
+                let request = framed.slice(frame::GRPC_PREFIX..);
                 (framed, Some(request))
             }
             (msg, _) => (body, msg),
@@ -330,7 +330,13 @@ impl Conn {
         {
             self.inject_client(io, frame::window_update(0, obs.owed() as u32));
         }
-        self.answer(io, stream, &st, 8, &format!("criguard: {why}"));
+        self.answer(
+            io,
+            stream,
+            &st,
+            tonic::Code::ResourceExhausted as i32,
+            &format!("criguard: {why}"),
+        );
     }
 
     /// A held body that will never be forwarded (the call was reset):

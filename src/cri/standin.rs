@@ -240,8 +240,9 @@ async fn respond(
                         closing = true;
                         break;
                     }
-                    out.push(headers::trailers_only(stream, 14, &msg, frame::DEFAULT_MAX_FRAME));
-                    proxy.record(methods::lookup(&path), 14, Instant::now());
+                    let code = tonic::Code::Unavailable as i32;
+                    out.push(headers::trailers_only(stream, code, &msg, frame::DEFAULT_MAX_FRAME));
+                    proxy.record(methods::lookup(&path), code, Instant::now());
                     answered = stream;
                     if mode == Mode::Refuse {
                         out.push(goaway(answered));
