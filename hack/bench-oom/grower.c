@@ -3,7 +3,8 @@
  * (0: as fast as it can, the physical limit), up to MAX MiB, then holds it.
  * One write per 4 KiB page, as a program filling its heap would.
  *
- * Usage: grower PREFILL_MIB RATE_MIB_S MAX_MIB
+ * Usage: grower PREFILL_MIB RATE_MIB_S MAX_MIB [GOFILE]
+ *        (with GOFILE: waits, polling every millisecond, until it exists)
  *        grower --measure MIB   (touches MIB MiB at full speed, prints MiB/s)
  * Built static (gcc -O2 -static) so that it runs in the busybox image.
  */
@@ -49,10 +50,13 @@ int main(int argc, char **argv) {
 		printf("%.0f\n", bytes / MIB / dt);
 		return 0;
 	}
-	if (argc != 4) {
-		fprintf(stderr, "usage: grower PREFILL_MIB RATE_MIB_S MAX_MIB\n");
+	if (argc != 4 && argc != 5) {
+		fprintf(stderr, "usage: grower PREFILL_MIB RATE_MIB_S MAX_MIB [GOFILE]\n");
 		return 2;
 	}
+	if (argc == 5)
+		while (access(argv[4], F_OK) != 0)
+			usleep(1000);
 	unsigned long prefill = strtoul(argv[1], NULL, 10) * MIB;
 	double rate = strtod(argv[2], NULL) * MIB;
 	unsigned long max = strtoul(argv[3], NULL, 10) * MIB;
