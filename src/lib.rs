@@ -19,6 +19,7 @@ pub mod lograte;
 pub mod metrics;
 pub mod model;
 pub mod node_state;
+pub mod pidfd;
 pub mod policy;
 pub mod quantity;
 pub mod reclaim;

@@ -17,7 +17,6 @@
 //! be hit.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use crate::signals::cgroup_path::Controller;
 use crate::signals::memory::{CgroupFs, Layout};
@@ -94,17 +93,9 @@ pub fn is_pod_cgroup_of(cgroup: &str, uid: &str) -> bool {
 /// Sends SIGKILL to `pid` if it is (still) in `cgroup` or below; whether it
 /// was sent. A process that is already gone is not an error.
 fn kill_if_in(pid: i32, layout: Layout, cgroup: &str) -> io::Result<bool> {
-    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        let err = io::Error::last_os_error();
-        return match err.raw_os_error() {
-            Some(libc::ESRCH) => Ok(false),
-            _ => Err(err),
-        };
-    }
-    // SAFETY: the fd was just returned by pidfd_open and is owned by no one else.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let Some(pidfd) = crate::pidfd::open(pid)? else {
+        return Ok(false);
+    };
     // The pidfd pins the process: if /proc/<pid> shows it in the pod's
     // cgroup now, the signal through the pidfd reaches that process.
     let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
@@ -113,25 +104,7 @@ fn kill_if_in(pid: i32, layout: Layout, cgroup: &str) -> io::Result<bool> {
     if !in_cgroup(&text, layout, cgroup) {
         return Ok(false);
     }
-    // SAFETY: pidfd_send_signal(2) with a valid pidfd, a signal number, no
-    // siginfo (null) and flags 0.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            libc::SIGKILL,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    if r < 0 {
-        let err = io::Error::last_os_error();
-        return match err.raw_os_error() {
-            Some(libc::ESRCH) => Ok(false),
-            _ => Err(err),
-        };
-    }
-    Ok(true)
+    crate::pidfd::send_signal(&pidfd, libc::SIGKILL)
 }
 
 /// Whether `/proc/<pid>/cgroup` text puts the process in `cgroup` or below

@@ -9,7 +9,7 @@
 //! after SIGCONT the StopPodSandbox it could not complete goes through and
 //! containerd has the sandbox NotReady.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -46,10 +46,9 @@ fn proc_state(pid: i64) -> Option<char> {
 
 /// A pidfd on `pid`, readable once the process has exited.
 fn pidfd(pid: i64) -> OwnedFd {
-    // SAFETY: pidfd_open(2) takes a pid and flags; the fd is owned at once.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    assert!(fd >= 0, "pidfd_open: {}", std::io::Error::last_os_error());
-    unsafe { OwnedFd::from_raw_fd(fd as i32) }
+    criguard::pidfd::open(pid as i32)
+        .expect("pidfd_open")
+        .expect("the process exists")
 }
 
 /// When the process behind `fd` exits (a thread polling it; `None` after 120 s).

@@ -13,7 +13,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -78,10 +78,9 @@ fn holds(pid: u32, path: &str) -> bool {
 
 /// A pidfd on `pid`: when the process exits.
 fn death_witness(pid: i64) -> JoinHandle<Option<Instant>> {
-    // SAFETY: pidfd_open(2) takes a pid and flags; the fd is owned at once.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    assert!(fd >= 0, "pidfd_open: {}", std::io::Error::last_os_error());
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let fd = criguard::pidfd::open(pid as i32)
+        .expect("pidfd_open")
+        .expect("the process exists");
     std::thread::spawn(move || polled_at(fd.as_raw_fd(), libc::POLLIN, Duration::from_secs(600)))
 }
 
