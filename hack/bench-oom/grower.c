@@ -4,7 +4,8 @@
  * One write per 4 KiB page, as a program filling its heap would.
  *
  * Usage: grower PREFILL_MIB RATE_MIB_S MAX_MIB [GOFILE]
- *        (with GOFILE: waits, polling every millisecond, until it exists)
+ *        (with GOFILE: after the prefill, waits until it exists, polling
+ *        every millisecond)
  *        grower --measure MIB   (touches MIB MiB at full speed, prints MiB/s)
  * Built static (gcc -O2 -static) so that it runs in the busybox image.
  */
@@ -54,9 +55,7 @@ int main(int argc, char **argv) {
 		fprintf(stderr, "usage: grower PREFILL_MIB RATE_MIB_S MAX_MIB [GOFILE]\n");
 		return 2;
 	}
-	if (argc == 5)
-		while (access(argv[4], F_OK) != 0)
-			usleep(1000);
+
 	unsigned long prefill = strtoul(argv[1], NULL, 10) * MIB;
 	double rate = strtod(argv[2], NULL) * MIB;
 	unsigned long max = strtoul(argv[3], NULL, 10) * MIB;
@@ -65,6 +64,9 @@ int main(int argc, char **argv) {
 		prefill = max;
 	touch(p, 0, prefill);
 	unsigned long done = prefill;
+	if (argc == 5)
+		while (access(argv[4], F_OK) != 0)
+			usleep(1000);
 	double t0 = now();
 	printf("prefilled %lu MiB\n", prefill / MIB);
 	fflush(stdout);

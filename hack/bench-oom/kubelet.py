@@ -113,7 +113,10 @@ def kubelet_evictions(lines):
     out, decided = [], None
     for l in lines:
         if "Eviction manager: must evict pod(s) to reclaim" in l:
-            decided = klog_mono(l, year)
+            # The first decision of a round (a memcg notification and the
+            # next housekeeping can each decide before the kill returns).
+            if decided is None:
+                decided = klog_mono(l, year)
         elif "Eviction manager: pod is evicted successfully" in l:
             pod = l.split('pod="', 1)[1].split('"')[0].split("/")[-1] if 'pod="' in l else "?"
             out.append((decided if decided is not None else klog_mono(l, year), pod))

@@ -50,6 +50,10 @@ TAIL_S = env("CRIGUARD_OOM_TAIL_S", 12.0)
 # The housekeeping period of the tick-only contenders (criguard's and the
 # kubelet's default, 10 s).
 TICK_S = 10.0
+# Seconds the grower pod runs (holding a few MiB) before it grows: the
+# kubelet ranks pods by cAdvisor's stats, which a pod only a few seconds old
+# does not have yet.
+SETTLE_S = env("CRIGUARD_OOM_SETTLE_S", 0.0)
 
 # name, qos, request MiB, limit MiB, held MiB.
 STEADY = [
@@ -178,7 +182,7 @@ def one_run(node, steady, contender, rate, run, out_dir):
         specs[2] = f"{node.psi_path}:full"
     sampler = subprocess.Popen([node.sampler, samples, str(SAMPLE_US), "300", stop, *specs])
     kills_before = {p.uid: p.oom_kills() for p in steady}
-    time.sleep(0.1 + (random.uniform(0, TICK_S) if contender.endswith("-tick") else 0))
+    time.sleep(0.1 + SETTLE_S + (random.uniform(0, TICK_S) if contender.endswith("-tick") else 0))
     open(f"{node.tools}/{gofile}", "w").close()
     t0 = time.monotonic()
     budget = (LEAD + THRESHOLD + 64) / (rate if rate else 1000) + TAIL_S + 5

@@ -53,7 +53,7 @@ def main():
             if not rs:
                 continue
             n = len(rs)
-            wins = sum(1 for r in rs if r["actor"] == c.split("-")[0] and r["actor"] != "kernel"
+            wins = sum(1 for r in rs if r["actor"] in (c, c.split("-")[0]) and c != "kernel"
                        and int(r["kernel_kills"]) == 0)
             right = sum(1 for r in rs if r["right"] == "True")
             act = [float(r["act_ms"]) for r in rs if r["act_ms"]]
@@ -72,7 +72,7 @@ def main():
     head = (f"{meta['date']}, kernel {meta['kernel']}, {meta['nproc']} cores; kubepods limit "
             f"{meta['limit_mib']} MiB, allocatableMemory.available<{meta['threshold_mib']}Mi, "
             f"housekeeping {meta['housekeeping']}; physical limit {physical} MiB/s; "
-            f"load: {open(f'{out}/load.txt').read().strip() if os.path.exists(f'{out}/load.txt') else meta['uptime']}")
+            f"{open(f'{out}/load.txt').read().strip() if os.path.exists(f'{out}/load.txt') else meta['uptime']}")
     table = head + "\n\n" + "\n".join(lines) + "\n"
     open(f"{out}/table.md", "w").write(table)
     print(table)
