@@ -23,6 +23,8 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 
+use crate::backoff::Backoff;
+
 /// The first pause after a failed accept.
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 /// The longest pause between accepts while they keep failing.
@@ -69,7 +71,7 @@ fn per_connection(err: &io::Error) -> bool {
 pub struct Acceptor<L> {
     listener: L,
     name: &'static str,
-    backoff: Duration,
+    backoff: Backoff,
     pause: Option<Pin<Box<Sleep>>>,
     failures: u64,
     logged_at: Option<Instant>,
@@ -81,7 +83,7 @@ impl<L: Listen> Acceptor<L> {
         Self {
             listener,
             name,
-            backoff: Duration::ZERO,
+            backoff: Backoff::new(FIRST_BACKOFF, MAX_BACKOFF),
             pause: None,
             failures: 0,
             logged_at: None,
@@ -109,7 +111,7 @@ impl<L: Listen> Acceptor<L> {
                             "accepting again"
                         );
                     }
-                    self.backoff = Duration::ZERO;
+                    self.backoff.reset();
                     self.failures = 0;
                     // `logged_at` stays: descriptors that run out, free
                     // up and run out again log once per LOG_EVERY.
@@ -120,16 +122,16 @@ impl<L: Listen> Acceptor<L> {
                 }
                 Err(err) => {
                     self.failures += 1;
-                    self.backoff = (self.backoff * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
+                    let wait = self.backoff.next_wait();
                     let now = Instant::now();
                     if self.logged_at.is_none_or(|t| now - t >= LOG_EVERY) {
                         self.logged_at = Some(now);
                         tracing::warn!(
-                            server = self.name, %err, failed = self.failures, backoff = ?self.backoff,
+                            server = self.name, %err, failed = self.failures, backoff = ?wait,
                             "accept failed; pausing before the next (out of file descriptors?)"
                         );
                     }
-                    self.pause = Some(Box::pin(tokio::time::sleep(self.backoff)));
+                    self.pause = Some(Box::pin(tokio::time::sleep(wait)));
                 }
             }
         }

@@ -6,6 +6,7 @@
 
 pub mod accept;
 pub mod admin;
+pub mod backoff;
 pub mod config;
 pub mod cri;
 pub mod kube;

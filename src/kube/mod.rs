@@ -42,6 +42,7 @@ use tokio::sync::{oneshot, watch};
 
 pub use body::PodEviction;
 
+use crate::backoff::Backoff;
 use crate::metrics::KubeMetrics;
 use crate::policy::thresholds::Condition;
 
@@ -277,28 +278,9 @@ impl KubeReport {
     }
 }
 
-/// Exponential backoff between retries: 200 ms, doubling, at most 30 s.
-#[derive(Debug)]
-struct Backoff {
-    next: Duration,
-    attempts: u32,
-}
-
-impl Backoff {
-    fn new() -> Self {
-        Self {
-            next: Duration::from_millis(200),
-            attempts: 0,
-        }
-    }
-
-    /// The wait before the next attempt.
-    fn next(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(Duration::from_secs(30));
-        self.attempts += 1;
-        d
-    }
+/// The API writes' back-off: 200 ms, doubling, at most 30 s.
+fn backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(200), Duration::from_secs(30))
 }
 
 /// A request with [`REQUEST_TIMEOUT`]; a timeout reads as an error.
@@ -330,13 +312,13 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_thirty_seconds() {
-        let mut b = Backoff::new();
-        let waits: Vec<u64> = (0..10).map(|_| b.next().as_millis() as u64).collect();
+        let mut b = backoff();
+        let waits: Vec<u64> = (0..10).map(|_| b.next_wait().as_millis() as u64).collect();
         assert_eq!(
             waits,
             [200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000, 30000]
         );
-        assert_eq!(b.attempts, 10);
+        assert_eq!(b.attempts(), 10);
     }
 
     #[test]

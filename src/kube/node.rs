@@ -20,7 +20,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::{Backoff, Inner, body, bounded};
+use super::{Inner, backoff as new_backoff, body, bounded};
 use crate::metrics::KubeWrite;
 use crate::policy::thresholds::Condition;
 
@@ -36,7 +36,7 @@ pub(super) async fn reconcile(
 ) {
     let api: Api<Node> = Api::all(inner.client.clone());
     let mut applied: Option<BTreeSet<Condition>> = None;
-    let mut backoff = Backoff::new();
+    let mut backoff = new_backoff();
     let mut conflicts = 0;
     loop {
         let wanted = rx.borrow_and_update().clone();
@@ -45,7 +45,7 @@ pub(super) async fn reconcile(
                 Ok(()) => {
                     inner.applied.send_replace(Some(wanted.clone()));
                     applied = Some(wanted);
-                    backoff = Backoff::new();
+                    backoff.reset();
                     conflicts = 0;
                 }
                 Err(err) => {
@@ -58,7 +58,7 @@ pub(super) async fn reconcile(
                         conflicts += 1;
                         CONFLICT_WAIT
                     } else {
-                        backoff.next()
+                        backoff.next_wait()
                     };
                     tracing::warn!(node = %inner.node, %err, retry_in = ?wait, "node conditions/taints not updated; retrying");
                     tokio::select! {

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use super::pending::{PendingPod, unix_ms};
 use super::reassert::{Next, Reasserts, Seen, Undo, judge};
-use super::{Backoff, Inner, PodEviction, body, bounded, code_of};
+use super::{Inner, PodEviction, backoff as new_backoff, body, bounded, code_of};
 use crate::metrics::{KubeWrite, PodOutcome};
 
 /// How long a pod is watched after its status was written (the kubelet
@@ -119,7 +119,7 @@ async fn first_status(
     since: SystemTime,
 ) -> Option<String> {
     let pod = name(e);
-    let mut backoff = Backoff::new();
+    let mut backoff = new_backoff();
     loop {
         let answer = write_status(inner, api, e, since).await;
         if let Some(f) = first.take() {
@@ -137,12 +137,12 @@ async fn first_status(
                     tracing::warn!(%pod, uid = %e.uid, %err, "pod status not written: the pod is gone from the API (or a new pod has its name)");
                     return None;
                 }
-                if backoff.attempts + 1 >= STATUS_ATTEMPTS {
+                if backoff.attempts() + 1 >= STATUS_ATTEMPTS {
                     inner.metrics.pod(PodOutcome::Failed);
                     tracing::error!(%pod, uid = %e.uid, %err, attempts = STATUS_ATTEMPTS, "pod status not written; giving up");
                     return None;
                 }
-                let wait = backoff.next();
+                let wait = backoff.next_wait();
                 tracing::warn!(%pod, %err, retry_in = ?wait, "pod status write failed; retrying in the background");
                 tokio::time::sleep(wait).await;
             }
@@ -153,7 +153,7 @@ async fn first_status(
 /// The Warning event, retried a few times.
 async fn event(inner: &Inner, e: &PodEviction, rv: &str) {
     let api: Api<Event> = Api::namespaced(inner.client.clone(), &e.namespace);
-    let mut backoff = Backoff::new();
+    let mut backoff = new_backoff();
     loop {
         let body = body::pod_event(e, &inner.node, rv, SystemTime::now());
         let ev: Event = match serde_json::from_value(body) {
@@ -170,11 +170,11 @@ async fn event(inner: &Inner, e: &PodEviction, rv: &str) {
             }
             Err(err) => {
                 inner.metrics.write(KubeWrite::Event, false);
-                if backoff.attempts + 1 >= EVENT_ATTEMPTS || code_of(&err) == Some(403) {
+                if backoff.attempts() + 1 >= EVENT_ATTEMPTS || code_of(&err) == Some(403) {
                     tracing::warn!(pod = %e.name, %err, "eviction event not recorded");
                     return;
                 }
-                tokio::time::sleep(backoff.next()).await;
+                tokio::time::sleep(backoff.next_wait()).await;
             }
         }
     }
@@ -206,7 +206,7 @@ async fn hold(
 ) {
     let pod = name(e);
     let mut reasserts = Reasserts::default();
-    let mut backoff = Backoff::new();
+    let mut backoff = new_backoff();
     while Instant::now() < end {
         let from = match rv.take() {
             Some(v) => v,
@@ -224,7 +224,7 @@ async fn hold(
                 },
                 Ok(None) => break,
                 Err(err) => {
-                    let wait = backoff.next();
+                    let wait = backoff.next_wait();
                     tracing::debug!(%pod, %err, retry_in = ?wait, "cannot read the evicted pod; trying again");
                     tokio::time::sleep(wait.min(end.saturating_duration_since(Instant::now())))
                         .await;
@@ -242,7 +242,7 @@ async fn hold(
             WatchEnd::Gone | WatchEnd::Over => break,
             WatchEnd::Again(next) => {
                 if next.is_none() {
-                    tokio::time::sleep(backoff.next()).await;
+                    tokio::time::sleep(backoff.next_wait()).await;
                 }
                 rv = next;
             }
@@ -355,7 +355,7 @@ async fn delete(inner: &Inner, api: &Api<Pod>, e: &PodEviction) {
         }),
         ..Default::default()
     };
-    let mut backoff = Backoff::new();
+    let mut backoff = new_backoff();
     loop {
         match bounded(api.delete(&e.name, &dp)).await {
             Ok(_) => {
@@ -367,12 +367,12 @@ async fn delete(inner: &Inner, api: &Api<Pod>, e: &PodEviction) {
             Err(err) => {
                 inner.metrics.write(KubeWrite::PodDelete, false);
                 if matches!(code_of(&err), Some(404 | 409))
-                    || backoff.attempts + 1 >= STATUS_ATTEMPTS
+                    || backoff.attempts() + 1 >= STATUS_ATTEMPTS
                 {
                     tracing::warn!(pod = %e.name, %err, "evicted pod not deleted");
                     return;
                 }
-                tokio::time::sleep(backoff.next()).await;
+                tokio::time::sleep(backoff.next_wait()).await;
             }
         }
     }

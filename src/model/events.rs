@@ -30,6 +30,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{NodeModel, sync};
+use crate::backoff::Backoff;
 use crate::metrics::{TaskEventMetrics, TopicLabels};
 use crate::reclaim::oom_kills::OomKillWatcher;
 use crate::runtime::Upstream;
@@ -44,36 +45,6 @@ pub const OOM_READ_DEADLINE: Duration = Duration::from_secs(2);
 /// How long after subscribing the catch-up sync runs: containerd has
 /// registered the subscriber by then (it sends nothing to say so).
 pub const SETTLE: Duration = Duration::from_millis(250);
-
-/// Waits between subscription attempts: doubling, capped, reset by health.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    /// Waits from `min` doubling to `max`.
-    pub fn new(min: Duration, max: Duration) -> Self {
-        Self {
-            min,
-            max,
-            next: min,
-        }
-    }
-
-    /// The wait after an attempt ended; `healthy` (it delivered events or
-    /// lived long) starts the doubling over.
-    pub fn after(&mut self, healthy: bool) -> Duration {
-        if healthy {
-            self.next = self.min;
-        }
-        let wait = self.next;
-        self.next = (self.next * 2).min(self.max);
-        wait
-    }
-}
 
 /// How one subscription ended.
 enum Ended {
@@ -320,25 +291,6 @@ async fn sleep_until(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const MS: Duration = Duration::from_millis(1);
-
-    #[test]
-    fn waits_double_up_to_the_cap() {
-        let mut b = Backoff::new(100 * MS, 2000 * MS);
-        let waits: Vec<u64> = (0..8).map(|_| b.after(false).as_millis() as u64).collect();
-        assert_eq!(waits, [100, 200, 400, 800, 1600, 2000, 2000, 2000]);
-    }
-
-    #[test]
-    fn a_healthy_subscription_starts_the_waits_over() {
-        let mut b = Backoff::new(100 * MS, 2000 * MS);
-        for _ in 0..5 {
-            b.after(false);
-        }
-        assert_eq!(b.after(true), 100 * MS);
-        assert_eq!(b.after(false), 200 * MS);
-    }
 
     #[test]
     fn a_runtime_down_for_a_minute_costs_a_few_dozen_attempts() {
