@@ -24,7 +24,11 @@ fn main() -> ExitCode {
             json,
             watch,
         } => client::run(client::evictions(admin_socket, json, watch)),
-        Command::Status { admin_socket, json } => client::status(admin_socket, json),
+        Command::Status {
+            admin_socket,
+            json,
+            checks,
+        } => client::status(admin_socket, json, checks),
         Command::Pods { admin_socket, json } => client::run(client::pods(admin_socket, json)),
         Command::Rank { admin_socket, json } => client::run(client::rank(admin_socket, json)),
         Command::Usage { admin_socket, json } => client::run(client::usage(admin_socket, json)),

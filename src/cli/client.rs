@@ -8,7 +8,13 @@ use std::process::ExitCode;
 
 use criguard::admin;
 
+use super::display;
 use super::settings::NodeArgs;
+
+/// When `at_ms` was, for people: local time and age.
+fn when(at_ms: u64) -> String {
+    display::when(at_ms, display::now_ms(), display::local_time)
+}
 
 /// Runs a client command to completion; errors go to stderr.
 pub fn run(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
@@ -31,18 +37,129 @@ pub fn run(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode
     }
 }
 
-/// `criguard status`: the configuration a running criguard runs with, or
-/// why it fails open. Exit 2 (as `check-config`) while it fails open.
-pub fn status(admin_socket: PathBuf, json: bool) -> ExitCode {
+/// What `criguard status` checks besides the admin socket: the runtime
+/// and criguard's CRI socket (a CRI Version call on each) and the metrics
+/// endpoint (the API report's writes).
+#[derive(clap::Args, Debug, Clone)]
+pub struct StatusChecks {
+    /// The runtime criguard forwards to.
+    #[arg(long, default_value = "unix:///run/containerd/containerd.sock")]
+    pub runtime_endpoint: String,
+    /// criguard's CRI socket (the kubelet's endpoint).
+    #[arg(long, default_value = "/run/criguard/criguard.sock")]
+    pub cri_socket: String,
+    /// criguard's metrics endpoint (`none`: not read).
+    #[arg(long, default_value = "127.0.0.1:9809")]
+    pub metrics_address: String,
+}
+
+/// How many evictions and kernel OOM kills `criguard status` shows.
+const STATUS_LAST: usize = 5;
+/// How long `criguard status` waits for each connection it checks.
+const CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A CRI Version call on `endpoint`, within [`CHECK_TIMEOUT`].
+async fn version_check(endpoint: &str) -> display::Reach {
+    use display::Reach;
+    let ep = match criguard::runtime::RuntimeEndpoint::parse(endpoint) {
+        Ok(ep) => ep,
+        Err(e) => return Reach::Failed(e.to_string()),
+    };
+    let mut rt = criguard::runtime::Upstream::new(ep).runtime();
+    let t0 = std::time::Instant::now();
+    let call = rt.version(k8s_cri::v1::VersionRequest::default());
+    match tokio::time::timeout(CHECK_TIMEOUT, call).await {
+        Ok(Ok(v)) => {
+            let v = v.into_inner();
+            Reach::Answered {
+                what: format!("{} {}", v.runtime_name, v.runtime_version),
+                ms: t0.elapsed().as_millis() as u64,
+            }
+        }
+        Ok(Err(e)) => Reach::Failed(format!("{:?}: {}", e.code(), e.message())),
+        Err(_) => Reach::Failed(format!("no answer within {CHECK_TIMEOUT:?}")),
+    }
+}
+
+/// GET /metrics on `address`, within [`CHECK_TIMEOUT`]; the body.
+async fn scrape(address: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(address).await?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: criguard\r\n\r\n")
+            .await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        anyhow::Ok(out)
+    };
+    let out = tokio::time::timeout(CHECK_TIMEOUT, fetch).await??;
+    out.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .ok_or_else(|| anyhow::anyhow!("not an HTTP answer"))
+}
+
+/// The Kubernetes API report's state: off without a kubeconfig, else the
+/// writes counted in the metrics.
+async fn api_check(settings: &str, metrics_address: &str) -> display::Reach {
+    use display::Reach;
+    if settings.contains("kubeconfig: none") {
+        return Reach::Off("off (no kubeconfig)".into());
+    }
+    if metrics_address == "none" {
+        return Reach::Off("configured; metrics not read (--metrics-address none)".into());
+    }
+    match scrape(metrics_address).await {
+        Ok(text) => display::api_from_metrics(&text)
+            .unwrap_or_else(|| Reach::Off("configured; no write yet".into())),
+        Err(e) => Reach::Failed(format!("metrics at {metrics_address} not read: {e}")),
+    }
+}
+
+/// `criguard status`: one screen: the configuration a running criguard
+/// runs with (or why it fails open), each signal against its threshold,
+/// the conditions, the last evictions, the runtime and API connections,
+/// then the settings. Exit 2 (as `check-config`) while it fails open.
+pub fn status(admin_socket: PathBuf, json: bool, checks: StatusChecks) -> ExitCode {
     let mut failing_open = false;
     let code = run(async {
         let s = admin::get_status(&admin_socket).await?;
         failing_open = !s.valid();
         if json {
             println!("{}", serde_json::to_string_pretty(&s)?);
-        } else {
-            print!("{}", s.text());
+            return Ok(());
         }
+        let text = s.text();
+        let head = text.strip_suffix(&s.settings).unwrap_or(&text);
+        print!("{head}");
+        let conditions = admin::get_conditions(&admin_socket).await;
+        let evictions = admin::get_evictions_report(&admin_socket).await;
+        let connections = display::Connections {
+            runtime: (
+                checks.runtime_endpoint.clone(),
+                version_check(&checks.runtime_endpoint).await,
+            ),
+            cri: (
+                checks.cri_socket.clone(),
+                version_check(&checks.cri_socket).await,
+            ),
+            api: api_check(&s.settings, &checks.metrics_address).await,
+        };
+        match (conditions, evictions) {
+            (Ok(c), Ok(e)) => print!(
+                "{}",
+                display::status_overview(
+                    &display::hard_thresholds(&s.settings),
+                    &c,
+                    &e,
+                    STATUS_LAST,
+                    &connections,
+                    when
+                )
+            ),
+            (Err(e), _) | (_, Err(e)) => println!("\nconditions and evictions not read: {e}"),
+        }
+        println!("\nsettings:");
+        print!("{}", s.settings);
         Ok(())
     });
     if failing_open {
@@ -60,7 +177,7 @@ pub async fn evictions(admin_socket: PathBuf, json: bool, watch: bool) -> anyhow
         if json {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
-            print!("{}", admin::evictions_text(&report));
+            print!("{}", display::evictions_text(&report, when));
         }
         return Ok(());
     }
@@ -70,7 +187,7 @@ pub async fn evictions(admin_socket: PathBuf, json: bool, watch: bool) -> anyhow
         if json {
             println!("{}", serde_json::to_string(&e)?);
         } else {
-            println!("{}", admin::eviction_line(&e));
+            println!("{}", display::eviction_line(&e, &when(e.at_unix_ms)));
         }
     }
     Ok(())
@@ -107,9 +224,42 @@ pub async fn pods(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&pods)?);
     } else {
-        print!("{}", admin::pods_table(&pods));
+        let pids = effective_scores(&pods);
+        print!("{}", display::pods_table(&pods, |id| pids.get(id).cloned()));
     }
     Ok(())
+}
+
+/// The `oom_score_adj` each container's processes hold now, by container
+/// id, read from its cgroup's `cgroup.procs` (v2 unified or v1 memory
+/// hierarchy) and `/proc/PID/oom_score_adj`. A container whose processes
+/// cannot be read (exited, another mount namespace) is left out.
+fn effective_scores(
+    pods: &[criguard::model::Pod],
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<i64>> {
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    let mut out = std::collections::BTreeMap::new();
+    for c in pods.iter().flat_map(|p| p.containers.values()) {
+        if c.cgroup_path.is_empty() {
+            continue;
+        }
+        let rel = c.cgroup_path.trim_start_matches('/');
+        let procs = [root.join(rel), root.join("memory").join(rel)]
+            .into_iter()
+            .find_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok());
+        let Some(procs) = procs else { continue };
+        let scores: std::collections::BTreeSet<i64> = procs
+            .lines()
+            .filter_map(|pid| {
+                std::fs::read_to_string(format!("/proc/{}/oom_score_adj", pid.trim())).ok()
+            })
+            .filter_map(|v| v.trim().parse().ok())
+            .collect();
+        if !scores.is_empty() {
+            out.insert(c.id.clone(), scores);
+        }
+    }
+    out
 }
 
 /// `criguard signals`: the eviction signals, read now, with when.

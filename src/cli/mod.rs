@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod client;
+pub mod display;
 pub mod generate;
 pub mod settings;
 
@@ -47,15 +48,19 @@ pub enum Command {
         #[command(flatten)]
         node: NodeArgs,
     },
-    /// Print the configuration a running criguard runs with, or why it
-    /// fails open (relaying only); exit 2 while it fails open.
+    /// Print a running criguard's state on one screen: its configuration
+    /// (or why it fails open, relaying only), each signal against its
+    /// threshold, the conditions, the last evictions, the runtime and API
+    /// connections; exit 2 while it fails open.
     Status {
         /// criguard's admin socket.
         #[arg(long, default_value = DEFAULT_ADMIN)]
         admin_socket: PathBuf,
-        /// JSON instead of lines.
+        /// JSON instead of lines (the configuration only).
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        checks: client::StatusChecks,
     },
     /// Print the evictions a running criguard made and the kernel OOM kills in pods it saw.
     Evictions {

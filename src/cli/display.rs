@@ -1,0 +1,645 @@
+//! What the client commands print for people: evictions with local time
+//! and age, pods with the `oom_score_adj` the kernel holds beside the one
+//! asked for, and `criguard status` as one screen. Pure formatting; the
+//! clock, the time zone, `/proc` and the sockets are read by the callers
+//! ([`super::client`]) and passed in.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+
+use criguard::admin::{ConditionsReport, EvictionsReport};
+use criguard::config::{Amount, Signal, Threshold};
+use criguard::model::Pod;
+use criguard::node_state::Eviction;
+use criguard::reclaim::oom_kills::OomKill;
+
+/// A broken-down local time, as `localtime_r` gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalTime {
+    /// Year, e.g. 2026.
+    pub year: i32,
+    /// Month, 1 to 12.
+    pub month: u32,
+    /// Day of the month, 1 to 31.
+    pub day: u32,
+    /// Hour, 0 to 23.
+    pub hour: u32,
+    /// Minute.
+    pub minute: u32,
+    /// Second.
+    pub second: u32,
+    /// The zone's abbreviation, e.g. `UTC`, `CET`.
+    pub zone: String,
+}
+
+/// `ms` (since the epoch) in this machine's time zone (`TZ`, else
+/// /etc/localtime); `None` if the C library cannot convert it.
+pub fn local_time(ms: u64) -> Option<LocalTime> {
+    let t = libc::time_t::try_from(ms / 1000).ok()?;
+    // SAFETY: tm is plain data; localtime_r writes it and keeps no pointer.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to a time_t and a tm for the call's duration.
+    let r = unsafe { libc::localtime_r(&t, &mut tm) };
+    if r.is_null() {
+        return None;
+    }
+    let zone = if tm.tm_zone.is_null() {
+        String::new()
+    } else {
+        // SAFETY: tm_zone points to a NUL-terminated string of the C
+        // library's that lives as long as the process's time zone data.
+        unsafe { std::ffi::CStr::from_ptr(tm.tm_zone) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    Some(LocalTime {
+        year: tm.tm_year + 1900,
+        month: (tm.tm_mon + 1) as u32,
+        day: tm.tm_mday as u32,
+        hour: tm.tm_hour as u32,
+        minute: tm.tm_min as u32,
+        second: tm.tm_sec as u32,
+        zone,
+    })
+}
+
+/// Milliseconds since the epoch, now.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `2026-11-26 01:02:03 CET`.
+pub fn format_local(t: &LocalTime) -> String {
+    let mut s = format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        t.year, t.month, t.day, t.hour, t.minute, t.second
+    );
+    if !t.zone.is_empty() {
+        s.push(' ');
+        s.push_str(&t.zone);
+    }
+    s
+}
+
+/// How long ago `at_ms` was at `now_ms`, in its two largest units:
+/// `42s ago`, `3m12s ago`, `2h05m ago`, `4d03h ago`; `just now` under a
+/// second, `in the future` for a clock that went back.
+pub fn age(at_ms: u64, now_ms: u64) -> String {
+    let Some(ms) = now_ms.checked_sub(at_ms) else {
+        return "in the future".into();
+    };
+    let s = ms / 1000;
+    match s {
+        0 => "just now".into(),
+        1..60 => format!("{s}s ago"),
+        60..3600 => format!("{}m{:02}s ago", s / 60, s % 60),
+        3600..86400 => format!("{}h{:02}m ago", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h ago", s / 86400, s % 86400 / 3600),
+    }
+}
+
+/// When something happened, for people: local time and age
+/// (`2026-11-26 01:02:03 CET (3m12s ago)`); the raw milliseconds if the
+/// time cannot be converted.
+pub fn when(at_ms: u64, now_ms: u64, local: impl Fn(u64) -> Option<LocalTime>) -> String {
+    match local(at_ms) {
+        Some(t) => format!("{} ({})", format_local(&t), age(at_ms, now_ms)),
+        None => format!("{at_ms} ms ({})", age(at_ms, now_ms)),
+    }
+}
+
+/// One eviction as a line: when, the pod, the threshold, the message.
+pub fn eviction_line(e: &Eviction, when: &str) -> String {
+    let dry = if e.dry_run { " (dry run)" } else { "" };
+    format!("{when} {} [{}]{dry}: {}", e.pod, e.threshold, e.message)
+}
+
+/// One kernel OOM kill as a line.
+pub fn oom_kill_line(k: &OomKill, when: &str) -> String {
+    let first = k.first_ranked.as_deref().unwrap_or("none");
+    let matched = if k.matched_rank {
+        "criguard's first-ranked pod"
+    } else {
+        "not criguard's first-ranked pod"
+    };
+    format!(
+        "{when} {} [kernel OOM kill] container {} ({:?}), {} process(es): {matched} (first ranked: {first})",
+        k.pod, k.container, k.qos, k.kills
+    )
+}
+
+/// `criguard evictions`: the evictions, then the kernel OOM kills, each
+/// with its local time and age.
+pub fn evictions_text(r: &EvictionsReport, when: impl Fn(u64) -> String) -> String {
+    let mut out = String::new();
+    for e in &r.evictions {
+        let _ = writeln!(out, "{}", eviction_line(e, &when(e.at_unix_ms)));
+    }
+    for k in &r.kernel_oom_kills {
+        let _ = writeln!(out, "{}", oom_kill_line(k, &when(k.at_unix_ms)));
+    }
+    out
+}
+
+/// The `oom_score_adj` values a container's processes hold now, as one
+/// column: `0`, `-997,0` when they differ, `-` when none could be read
+/// (an exited container, another mount namespace).
+pub fn effective_column(values: Option<&BTreeSet<i64>>) -> String {
+    match values {
+        Some(v) if !v.is_empty() => v.iter().map(i64::to_string).collect::<Vec<_>>().join(","),
+        _ => "-".into(),
+    }
+}
+
+/// `criguard pods`: one line per container, with the `oom_score_adj` it
+/// was created with (WANT: the kubelet's, after criguard's patch) beside
+/// the values its processes hold (EFF: what the kernel's OOM killer uses;
+/// the dynamic adjuster's, or 0 where the kernel refused a negative one).
+/// `effective` gives a container's, by container id.
+pub fn pods_table(pods: &[Pod], effective: impl Fn(&str) -> Option<BTreeSet<i64>>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<30} {:<11} {:>9} {:<8} {:<9} {:<13} {:<16} {:<9} {:>9} {:>9} {:>8} {:>8}",
+        "NAMESPACE/POD",
+        "QOS",
+        "PRIORITY",
+        "CRITICAL",
+        "STATE",
+        "SANDBOX",
+        "CONTAINER",
+        "C-STATE",
+        "MEM-REQ",
+        "MEM-LIM",
+        "OOM-WANT",
+        "OOM-EFF"
+    );
+    for p in pods {
+        let pod = format!("{}/{}", p.namespace, p.name);
+        let crit = if p.critical { "yes" } else { "no" };
+        let head = format!(
+            "{pod:<30} {:<11} {:>9} {crit:<8} {:<9} {:<13}",
+            format!("{:?}", p.qos),
+            p.priority,
+            format!("{:?}", p.state),
+            p.sandbox_id.get(..12).unwrap_or(&p.sandbox_id),
+        );
+        if p.containers.is_empty() {
+            let _ = writeln!(out, "{head}");
+        }
+        for c in p.containers.values() {
+            let _ = writeln!(
+                out,
+                "{head} {:<16} {:<9} {:>9} {:>9} {:>8} {:>8}",
+                c.name,
+                format!("{:?}", c.state),
+                mib(c.memory_request),
+                mib(c.memory_limit),
+                c.oom_score_adj,
+                effective_column(effective(&c.id).as_ref())
+            );
+        }
+    }
+    out
+}
+
+fn mib(bytes: i64) -> String {
+    if bytes <= 0 {
+        "-".into()
+    } else {
+        format!("{}Mi", bytes >> 20)
+    }
+}
+
+fn amount(signal: Signal, v: i64) -> String {
+    if signal.is_bytes() && v >= 0 {
+        criguard::quantity::format_bytes(v as u64)
+    } else {
+        v.to_string()
+    }
+}
+
+/// The hard thresholds named on the settings' `evictionHard:` line
+/// (`memory.available<100Mi, nodefs.available<10%`), which is how the admin
+/// API serves them; an entry that does not parse is left out.
+pub fn hard_thresholds(settings: &str) -> Vec<Threshold> {
+    let Some(line) = settings
+        .lines()
+        .find_map(|l| l.strip_prefix("evictionHard: "))
+    else {
+        return Vec::new();
+    };
+    line.split(',')
+        .filter_map(|e| {
+            let (name, value) = e.trim().split_once('<')?;
+            let signal = Signal::parse(name)?;
+            let amount = match value.strip_suffix('%') {
+                Some(_) => Amount::Percentage(criguard::quantity::parse_percentage(value).ok()?),
+                None => Amount::Quantity(criguard::quantity::parse_quantity(value).ok()?),
+            };
+            Some(Threshold::hard(signal, amount))
+        })
+        .collect()
+}
+
+/// Whether a connection answered, for the status screen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// It answered: what it said (e.g. `containerd 1.7.24`) and how fast.
+    Answered {
+        /// What it answered.
+        what: String,
+        /// Round trip, milliseconds.
+        ms: u64,
+    },
+    /// It did not: why.
+    Failed(String),
+    /// Not configured.
+    Off(String),
+}
+
+impl Reach {
+    fn text(&self) -> String {
+        match self {
+            Reach::Answered { what, ms } => format!("ok ({what}, {ms} ms)"),
+            Reach::Failed(why) => format!("FAILED: {why}"),
+            Reach::Off(why) => why.clone(),
+        }
+    }
+}
+
+/// The connections `criguard status` checks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Connections {
+    /// The runtime's socket, and a CRI Version call on it.
+    pub runtime: (String, Reach),
+    /// criguard's CRI socket (the kubelet's endpoint), and a Version call through it.
+    pub cri: (String, Reach),
+    /// The Kubernetes API report: writes by outcome, from the metrics.
+    pub api: Reach,
+}
+
+/// The overview `criguard status` prints between the configuration's state
+/// and its settings: each signal against its hard threshold, the
+/// conditions, the last `last` evictions and kernel OOM kills, the
+/// connections.
+pub fn status_overview(
+    thresholds: &[Threshold],
+    conditions: &ConditionsReport,
+    evictions: &EvictionsReport,
+    last: usize,
+    connections: &Connections,
+    when: impl Fn(u64) -> String,
+) -> String {
+    let mut out = String::new();
+    let observed = conditions
+        .observed_at_unix_ms
+        .map_or("no round yet".to_owned(), &when);
+    let _ = writeln!(out, "\nsignals (read {observed}):");
+    let _ = writeln!(
+        out,
+        "  {:<28} {:>14} {:>14} {:>14}  ",
+        "SIGNAL", "AVAILABLE", "THRESHOLD", "CAPACITY"
+    );
+    let mut hard: BTreeMap<Signal, &Threshold> = BTreeMap::new();
+    for t in thresholds.iter().filter(|t| t.grace_period.is_none()) {
+        hard.insert(t.signal, t);
+    }
+    let mut signals: BTreeSet<Signal> = conditions.observations.keys().copied().collect();
+    signals.extend(hard.keys().copied());
+    for s in signals {
+        let o = conditions.observations.get(&s);
+        // Resolved against the observed capacity; as configured (`15%`)
+        // for a signal not observed.
+        let threshold = hard.get(&s).map(|t| match o {
+            Some(o) => {
+                let t = t.amount.resolve(o.capacity) as i64;
+                (Some(t), amount(s, t))
+            }
+            None => (None, t.amount_display()),
+        });
+        let met = matches!((o, &threshold), (Some(o), Some((Some(t), _))) if o.available < *t);
+        let _ = writeln!(
+            out,
+            "  {:<28} {:>14} {:>14} {:>14}  {}",
+            s.name(),
+            o.map_or("-".into(), |o| amount(s, o.available)),
+            threshold.map_or("-".into(), |(_, shown)| shown),
+            o.map_or("-".into(), |o| amount(s, o.capacity as i64)),
+            if met { "MET" } else { "" }
+        );
+    }
+    let conds: Vec<String> = conditions
+        .conditions
+        .iter()
+        .map(|c| format!("{c:?}"))
+        .collect();
+    let _ = writeln!(
+        out,
+        "conditions: {}",
+        if conds.is_empty() {
+            "none".to_owned()
+        } else {
+            conds.join(", ")
+        }
+    );
+    let mut events: Vec<(u64, String)> = evictions
+        .evictions
+        .iter()
+        .map(|e| (e.at_unix_ms, eviction_line(e, &when(e.at_unix_ms))))
+        .chain(
+            evictions
+                .kernel_oom_kills
+                .iter()
+                .map(|k| (k.at_unix_ms, oom_kill_line(k, &when(k.at_unix_ms)))),
+        )
+        .collect();
+    events.sort_by_key(|(at, _)| *at);
+    let total = events.len();
+    let _ = writeln!(
+        out,
+        "last evictions and kernel OOM kills ({} of {total}):",
+        total.min(last)
+    );
+    if total == 0 {
+        let _ = writeln!(out, "  none");
+    }
+    for (_, line) in events.iter().skip(total.saturating_sub(last)) {
+        let _ = writeln!(out, "  {line}");
+    }
+    let _ = writeln!(out, "connections:");
+    let (rt, rt_reach) = &connections.runtime;
+    let _ = writeln!(out, "  runtime {rt}: {}", rt_reach.text());
+    let (cri, cri_reach) = &connections.cri;
+    let _ = writeln!(out, "  CRI through criguard {cri}: {}", cri_reach.text());
+    let _ = writeln!(out, "  Kubernetes API: {}", connections.api.text());
+    out
+}
+
+/// The API report's state from a metrics scrape (exposition text): the
+/// writes by outcome, and the kind of the failed ones; `None` when the
+/// scrape has no API write at all.
+pub fn api_from_metrics(text: &str) -> Option<Reach> {
+    let mut ok = 0f64;
+    let mut failed: BTreeMap<String, f64> = BTreeMap::new();
+    let mut any = false;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("criguard_kube_writes_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let v: f64 = value.trim().parse().unwrap_or(0.0);
+        any = true;
+        let label = |k: &str| {
+            labels.split(',').find_map(|kv| {
+                let (name, val) = kv.split_once('=')?;
+                (name == k).then(|| val.trim_matches('"').to_owned())
+            })
+        };
+        match label("outcome").as_deref() {
+            Some("ok") => ok += v,
+            Some("failed") if v > 0.0 => {
+                *failed
+                    .entry(label("write").unwrap_or_default())
+                    .or_default() += v
+            }
+            _ => {}
+        }
+    }
+    if !any {
+        return None;
+    }
+    if failed.is_empty() {
+        return Some(Reach::Answered {
+            what: format!("{ok} writes, none failed"),
+            ms: 0,
+        });
+    }
+    let kinds: Vec<String> = failed.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    Some(Reach::Failed(format!(
+        "{ok} writes ok, failed: {}",
+        kinds.join(", ")
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use criguard::admin::Observed;
+    use criguard::policy::thresholds::Condition;
+
+    fn utc(ms: u64) -> Option<LocalTime> {
+        let s = ms / 1000;
+        // 2026-11-26 is day 20538 since the epoch.
+        let day = s / 86400;
+        (day == 20538).then(|| LocalTime {
+            year: 2026,
+            month: 11,
+            day: 26,
+            hour: (s % 86400 / 3600) as u32,
+            minute: (s % 3600 / 60) as u32,
+            second: (s % 60) as u32,
+            zone: "UTC".into(),
+        })
+    }
+
+    const T: u64 = 20538 * 86400 * 1000 + 3_723_000; // 01:02:03 UTC
+
+    fn eviction(pod: &str, at: u64) -> Eviction {
+        Eviction {
+            at_unix_ms: at,
+            pod: format!("default/{pod}"),
+            uid: "u".into(),
+            sandbox_id: "s".into(),
+            signal: "memory.available".into(),
+            threshold: "memory.available<100Mi".into(),
+            available: 1,
+            usage: 2,
+            request: 0,
+            grace_s: 0,
+            message: "The node was low on resource: memory.".into(),
+            dry_run: false,
+        }
+    }
+
+    #[test]
+    fn ages_use_their_two_largest_units() {
+        assert_eq!(age(T, T + 400), "just now");
+        assert_eq!(age(T, T + 42_000), "42s ago");
+        assert_eq!(age(T, T + 192_000), "3m12s ago");
+        assert_eq!(age(T, T + 7_500_000), "2h05m ago");
+        assert_eq!(age(T, T + 356_400_000), "4d03h ago");
+        assert_eq!(age(T + 1, T), "in the future");
+    }
+
+    #[test]
+    fn evictions_show_local_time_and_age_not_raw_milliseconds() {
+        let report = EvictionsReport {
+            evictions: vec![eviction("a", T)],
+            kernel_oom_kills: vec![],
+        };
+        let text = evictions_text(&report, |at| when(at, T + 192_000, utc));
+        assert_eq!(
+            text,
+            "2026-11-26 01:02:03 UTC (3m12s ago) default/a [memory.available<100Mi]: The node was low on resource: memory.\n"
+        );
+        assert!(!text.contains(&T.to_string()));
+        // A time the C library cannot convert keeps the milliseconds.
+        assert_eq!(when(5, 1005, |_| None), "5 ms (1s ago)");
+    }
+
+    #[test]
+    fn the_real_local_time_round_trips_the_date() {
+        let t = local_time(T).unwrap();
+        assert_eq!(t.year, 2026);
+        assert!(t.minute < 60 && t.second == 3, "{t:?}");
+    }
+
+    #[test]
+    fn the_effective_score_column_shows_every_distinct_value() {
+        assert_eq!(effective_column(None), "-");
+        assert_eq!(effective_column(Some(&BTreeSet::new())), "-");
+        assert_eq!(effective_column(Some(&BTreeSet::from([0]))), "0");
+        assert_eq!(effective_column(Some(&BTreeSet::from([0, -997]))), "-997,0");
+    }
+
+    #[test]
+    fn the_overview_puts_each_signal_against_its_threshold() {
+        let thresholds = vec![
+            Threshold::hard(Signal::MemoryAvailable, Amount::Quantity(100 << 20)),
+            Threshold::hard(Signal::NodefsAvailable, Amount::Percentage(10.0)),
+            Threshold::hard(Signal::ImagefsAvailable, Amount::Percentage(15.0)),
+        ];
+        let conditions = ConditionsReport {
+            conditions: BTreeSet::from([Condition::MemoryPressure]),
+            observations: BTreeMap::from([
+                (
+                    Signal::MemoryAvailable,
+                    Observed {
+                        available: 50 << 20,
+                        capacity: 1 << 30,
+                    },
+                ),
+                (
+                    Signal::NodefsAvailable,
+                    Observed {
+                        available: 500 << 20,
+                        capacity: 1 << 30,
+                    },
+                ),
+            ]),
+            observed_at_unix_ms: Some(T),
+        };
+        let evictions = EvictionsReport {
+            evictions: (0..8).map(|i| eviction(&format!("p{i}"), T + i)).collect(),
+            kernel_oom_kills: vec![],
+        };
+        let connections = Connections {
+            runtime: (
+                "unix:///run/containerd/containerd.sock".into(),
+                Reach::Answered {
+                    what: "containerd 1.7".into(),
+                    ms: 2,
+                },
+            ),
+            cri: (
+                "/run/criguard/criguard.sock".into(),
+                Reach::Failed("connection refused".into()),
+            ),
+            api: Reach::Off("not configured (no kubeconfig)".into()),
+        };
+        let text = status_overview(
+            &thresholds,
+            &conditions,
+            &evictions,
+            3,
+            &connections,
+            |at| when(at, T + 60_000, utc),
+        );
+        let mem = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("memory.available"))
+            .unwrap();
+        assert!(
+            mem.contains("50Mi") && mem.contains("100Mi") && mem.ends_with("MET"),
+            "{mem}"
+        );
+        let nodefs = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("nodefs.available"))
+            .unwrap();
+        // 10% of 1Gi, not met.
+        assert!(
+            nodefs.contains("500Mi") && !nodefs.contains("MET"),
+            "{nodefs}"
+        );
+        assert!(text.contains("conditions: MemoryPressure"), "{text}");
+        // Not observed: the threshold as configured.
+        let imagefs = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("imagefs.available"))
+            .unwrap();
+        assert!(
+            imagefs.contains(" 15%") && !imagefs.contains("MET"),
+            "{imagefs}"
+        );
+        assert!(text.contains("(3 of 8)"), "{text}");
+        assert!(
+            text.contains("default/p7") && !text.contains("default/p4"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "runtime unix:///run/containerd/containerd.sock: ok (containerd 1.7, 2 ms)"
+            )
+        );
+        assert!(text.contains(
+            "CRI through criguard /run/criguard/criguard.sock: FAILED: connection refused"
+        ));
+        assert!(text.contains("Kubernetes API: not configured"));
+        assert!(
+            text.contains("signals (read 2026-11-26 01:02:03 UTC (1m00s ago))"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn hard_thresholds_are_read_from_the_settings_line() {
+        let t = hard_thresholds(
+            "dryRun: false\nevictionHard: imagefs.available<15%, memory.available<100Mi\nevictionSoft: (none)\n",
+        );
+        assert_eq!(
+            t,
+            vec![
+                Threshold::hard(Signal::ImagefsAvailable, Amount::Percentage(15.0)),
+                Threshold::hard(Signal::MemoryAvailable, Amount::Quantity(100 << 20)),
+            ]
+        );
+        assert!(hard_thresholds("evictionHard: (none)\n").is_empty());
+    }
+
+    #[test]
+    fn api_writes_are_summed_from_the_scrape() {
+        assert_eq!(api_from_metrics("criguard_config_valid 1\n"), None);
+        let ok = "criguard_kube_writes_total{write=\"event\",outcome=\"ok\"} 3\n\
+                  criguard_kube_writes_total{write=\"pod_status\",outcome=\"failed\"} 0\n";
+        assert_eq!(
+            api_from_metrics(ok),
+            Some(Reach::Answered {
+                what: "3 writes, none failed".into(),
+                ms: 0
+            })
+        );
+        let bad = format!(
+            "{ok}criguard_kube_writes_total{{write=\"node_taints\",outcome=\"failed\"}} 2\n"
+        );
+        assert_eq!(
+            api_from_metrics(&bad),
+            Some(Reach::Failed("3 writes ok, failed: node_taints 2".into()))
+        );
+    }
+}
