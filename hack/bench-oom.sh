@@ -2,29 +2,47 @@
 # The race against the OOM killer (issue #24): a grower of our own touches
 # memory at a fixed rate in one BestEffort pod beside steady Guaranteed,
 # Burstable (one above its request) and BestEffort pods, until something
-# frees it; at 5-6 rates from 8 MiB/s to the fastest the grower can touch
+# frees it; at 5 rates from 8 MiB/s to the fastest the grower can touch
 # pages (measured first: the physical limit), 5 runs each, per contender.
 #
-# Host tier (cgroup v1): a kubepods memcg limited to 768 MiB, the hard
+# Host tier (cgroup v1): the pods' memcg limited to 768 MiB, the hard
 # threshold allocatableMemory.available<100Mi (the kubelet's default amount).
-# Contenders: the kernel alone (the memcg OOM killer), criguard with memory
-# events, criguard on its 10 s housekeeping tick alone (both through
-# `criguard serve` in front of a private containerd; the pods are created
-# through it with crictl, the kubelet's requests). The bench measures
-# everything itself (hack/bench-oom/host.py): 2 ms samples of the memcgs,
-# memory.oom_control's oom_kill, the kernel log, criguard's log.
+# Contenders:
+#   kernel           nothing but the memcg OOM killer;
+#   criguard-events  `criguard serve` with memory events (the default);
+#   criguard-tick    the same with --memory-events=false: its 10 s
+#                    housekeeping tick alone;
+#   (both in front of a private containerd, the pods created through them
+#   with crictl, the kubelet's requests; hack/bench-oom/host.py)
+#   kubelet-memcg    the kubelet v1.37.2 eviction manager with
+#                    kernelMemcgNotification: true, on the cluster tier's
+#                    node (hack/cluster.sh: pods from the API server, since a
+#                    standalone kubelet never evicts its static pods; criguard
+#                    there in --dry-run; hack/bench-oom/kubelet.py);
+#   kubelet-tick     the same with kernelMemcgNotification: false;
+#   kubelet-memcg-settled
+#                    kubelet-memcg with the grower pod running 15 s
+#                    (CRIGUARD_OOM_SETTLE_S) before it grows, so that
+#                    cAdvisor's stats, which the kubelet ranks by, know it.
+# Tick contenders start each run at a random phase of their 10 s period.
+# The bench measures everything itself (hack/bench-oom/race.py): 2 ms samples
+# of the memcgs, memory.oom_control's oom_kill, the kernel log, the
+# contender's log.
 #
-# Usage: hack/bench-oom.sh   (root; about 10 minutes on 2 cores)
+# Usage: hack/bench-oom.sh   (root; about 10 minutes for the host
+#   contenders, 15 for the kubelet's, on 2 cores)
 #   CRIGUARD_OOM_RUNS (5), CRIGUARD_OOM_RATES (e.g. 8,128,0; 0 = full speed),
 #   CRIGUARD_OOM_CONTENDERS (kernel,criguard-events,criguard-tick; "" skips
 #   the host contenders, then CRIGUARD_OOM_OUT must hold a meta.json),
-#   CRIGUARD_OOM_KUBELET (kubelet-memcg,kubelet-tick; "" skips the kubelet),
-#   CRIGUARD_OOM_LIMIT_MIB (768), CRIGUARD_OOM_THRESHOLD_MIB (100),
-#   CRIGUARD_BIN (a criguard binary instead of building one),
-#   CRIGUARD_OOM_OUT (results directory; default a new one under /tmp).
+#   CRIGUARD_OOM_KUBELET (kubelet-memcg,kubelet-tick,kubelet-memcg-settled;
+#   "" skips the kubelet), CRIGUARD_OOM_LIMIT_MIB (768),
+#   CRIGUARD_OOM_THRESHOLD_MIB (100), CRIGUARD_BIN (a criguard binary
+#   instead of building one), CRIGUARD_OOM_OUT (results directory; default
+#   a new one under /tmp).
 # Prints the table (rate x contender) and writes runs.csv, table.md,
-# losses.txt (criguard's log around each run it lost) and the plots
-# oom-freed.png and oom-lowest.png to the results directory.
+# losses.txt (the contender's log around each run it lost), the samples,
+# criguard's and the kubelet's logs, and the plots oom-freed.png and
+# oom-lowest.png to the results directory.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [[ "$(id -u)" -eq 0 ]] || { echo "bench-oom.sh: run as root" >&2; exit 1; }
@@ -60,7 +78,8 @@ fi
 # The kubelet's eviction manager: the cluster tier's node-a (kubelet v1.37.2
 # from hack/k8s/build.sh, pods from the API server), criguard there in
 # --dry-run; CRIGUARD_OOM_KUBELET="" skips it.
-if [[ "${CRIGUARD_OOM_KUBELET-kubelet-memcg,kubelet-tick}" != "" ]]; then
+kubelets="${CRIGUARD_OOM_KUBELET-kubelet-memcg,kubelet-tick,kubelet-memcg-settled}"
+if [[ -n "$kubelets" ]]; then
     rates="$(/usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["rates"])))' "$out/meta.json")"
     CRIGUARD_BIN="$CRIGUARD_BIN" CRIGUARD_CLUSTER_DRY_RUN=1 \
         CRIGUARD_CLUSTER_CRIGUARD_ARGS="--dynamic-oom-score-adj=false --memory-events=false" \
@@ -68,8 +87,11 @@ if [[ "${CRIGUARD_OOM_KUBELET-kubelet-memcg,kubelet-tick}" != "" ]]; then
         CRIGUARD_CLUSTER_KUBELET_EVICTION="${CRIGUARD_OOM_THRESHOLD_MIB:-100}Mi" \
         CRIGUARD_CLUSTER_EVICTION="${CRIGUARD_OOM_THRESHOLD_MIB:-100}Mi" \
         CRIGUARD_CLUSTER_TRANSITION=1s hack/cluster.sh up "$dir/cluster" >&2
-    CRICTL="$crictl" /usr/bin/python3 hack/bench-oom/kubelet.py "$dir/cluster" "$dir/tools" "$out" "$rates"
+    CRICTL="$crictl" CRIGUARD_OOM_KUBELET="$kubelets" /usr/bin/python3 hack/bench-oom/kubelet.py \
+        "$dir/cluster" "$dir/tools" "$out" "$rates" || status=$?
+    cp "$dir/cluster/node-node-a/kubelet.log" "$out/kubelet.log" || true
     hack/cluster.sh down "$dir/cluster" --purge >&2
+    ((${status:-0} == 0)) || exit "$status"
 fi
 echo "load: before: $uptime_before; after: $(uptime)" >"$out/load.txt"
 /usr/bin/python3 hack/bench-oom/report.py "$out"

@@ -108,18 +108,23 @@ def klog_mono(line, year):
 
 
 def kubelet_evictions(lines):
-    """(monotonic ns of the decision, pod name) per eviction in the kubelet's log."""
+    """(monotonic ns of the decision, pod name) per eviction in the kubelet's
+    log: the first "must evict" of a round and the pod ranked first after it
+    (the one the kubelet then evicts; its "evicted successfully" comes only
+    when the runtime has stopped it, seconds later)."""
     year = time.gmtime().tm_year
     out, decided = [], None
     for l in lines:
         if "Eviction manager: must evict pod(s) to reclaim" in l:
-            # The first decision of a round (a memcg notification and the
-            # next housekeeping can each decide before the kill returns).
             if decided is None:
                 decided = klog_mono(l, year)
-        elif "Eviction manager: pod is evicted successfully" in l:
-            pod = l.split('pod="', 1)[1].split('"')[0].split("/")[-1] if 'pod="' in l else "?"
-            out.append((decided if decided is not None else klog_mono(l, year), pod))
+        elif "Eviction manager: pods ranked for eviction" in l and decided is not None:
+            ranked = l.split("pods=[", 1)[1].split("]")[0].replace('"', "").split(",")
+            pod = ranked[0].split("/")[-1] if ranked and ranked[0] else "?"
+            if all(p != pod for _, p in out):
+                out.append((decided, pod))
+        elif ("Eviction manager: pod is evicted successfully" in l
+              or "Eviction manager: pod failed to evict" in l):
             decided = None
     return out
 
@@ -249,7 +254,7 @@ def main():
             results.flush()
 
     names = os.environ.get("CRIGUARD_OOM_KUBELET", "kubelet-memcg,kubelet-tick").split(",")
-    contenders = [(n, (lambda on: lambda: node.restart_kubelet(on))(n == "kubelet-memcg"),
+    contenders = [(n, (lambda on: lambda: node.restart_kubelet(on))(n.startswith("kubelet-memcg")),
                    lambda: None) for n in names]
     try:
         race.race(node, contenders, rates, out_dir, Flush(), losses)

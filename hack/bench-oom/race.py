@@ -50,10 +50,10 @@ TAIL_S = env("CRIGUARD_OOM_TAIL_S", 12.0)
 # The housekeeping period of the tick-only contenders (criguard's and the
 # kubelet's default, 10 s).
 TICK_S = 10.0
-# Seconds the grower pod runs (holding a few MiB) before it grows: the
-# kubelet ranks pods by cAdvisor's stats, which a pod only a few seconds old
-# does not have yet.
-SETTLE_S = env("CRIGUARD_OOM_SETTLE_S", 0.0)
+# Seconds the grower pod runs, holding its prefill, before it grows, for a
+# contender named *-settled: the kubelet ranks pods by cAdvisor's stats,
+# which a pod only a few seconds old does not have yet.
+SETTLE_S = env("CRIGUARD_OOM_SETTLE_S", 15.0)
 
 # name, qos, request MiB, limit MiB, held MiB.
 STEADY = [
@@ -182,7 +182,8 @@ def one_run(node, steady, contender, rate, run, out_dir):
         specs[2] = f"{node.psi_path}:full"
     sampler = subprocess.Popen([node.sampler, samples, str(SAMPLE_US), "300", stop, *specs])
     kills_before = {p.uid: p.oom_kills() for p in steady}
-    time.sleep(0.1 + SETTLE_S + (random.uniform(0, TICK_S) if contender.endswith("-tick") else 0))
+    settle = SETTLE_S if contender.endswith("-settled") else 0
+    time.sleep(0.1 + settle + (random.uniform(0, TICK_S) if contender.endswith("-tick") else 0))
     open(f"{node.tools}/{gofile}", "w").close()
     t0 = time.monotonic()
     budget = (LEAD + THRESHOLD + 64) / (rate if rate else 1000) + TAIL_S + 5
@@ -244,8 +245,11 @@ def analyse(samples, steady, grower, kernel_kills_seen, counted, evictions, dead
     usage = {p.name: rows[crossing][5 + i] for i, p in enumerate(steady)}
     usage["grower"] = rows[crossing][4]
     first = kubelet_first(pods, usage)
-    acts = [(t, "kernel", name_of(m)) for t, m in kernel_kills_seen]
-    acts += [(t, "contender", name_of(k)) for t, k in evictions if t is not None]
+    # Actions from before the crossing (less the sampling period and the
+    # event's own lead) belong to the pressure of the run before.
+    early = tc - 100_000_000
+    acts = [(t, "kernel", name_of(m)) for t, m in kernel_kills_seen if t >= early]
+    acts += [(t, "contender", name_of(k)) for t, k in evictions if t is not None and t >= early]
     if kernel_kills and not kernel_kills_seen:
         acts.append((float("inf"), "kernel", "?"))
     acts.sort()
