@@ -255,12 +255,20 @@ impl Observer {
         // crictl's) keeps the score its client asked for.
         derive::qos_from_cgroup_parent(&pod.cgroup_parent)?;
         let container = pod.containers.get(PROBE)?;
-        Some(derive::kubelet_oom_score_adj(
+        let to = derive::kubelet_oom_score_adj(
             pod.qos,
             pod.critical && container.oom_score_adj == derive::GUARANTEED_OOM_SCORE_ADJ,
             container.memory_request,
             capacity,
-        ))
+        );
+        tracing::debug!(
+            pod = %format_args!("{}/{}", pod.namespace, pod.name),
+            container = %config.metadata.as_ref().map_or("", |m| m.name.as_str()),
+            from = container.oom_score_adj,
+            to,
+            "CreateContainer oom_score_adj patched"
+        );
+        Some(to)
     }
 
     /// Looks at a successful answer (gRPC status OK) and updates the model.
