@@ -1,0 +1,198 @@
+//! What the client commands show for people, against a real `criguard
+//! serve` in front of a private containerd:
+//! - `criguard pods` shows the `oom_score_adj` a container was created
+//!   with (OOM-WANT) beside the one its process holds (OOM-EFF), the latter
+//!   equal to what /proc says of the container's init process;
+//! - `criguard evictions` shows an eviction's local time and age, not its
+//!   raw milliseconds;
+//! - `criguard status` is one screen: the signal against its threshold
+//!   (MET), the condition, the eviction, the runtime and criguard's CRI
+//!   socket answering, the API report off.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::containerd::{Clients, PrivateContainerd, unique};
+use common::metrics::free_port;
+use common::pods::{CgroupRoot, proc_oom_score_adj, remove_pods, run_pod, sleeper};
+use criguard::kubelet::PodSpec;
+
+/// `criguard serve` with a configuration file and metrics.
+struct Served {
+    child: Child,
+    socket: PathBuf,
+    admin: PathBuf,
+    config: PathBuf,
+    port: u16,
+    runtime: String,
+}
+
+impl Served {
+    async fn start(ctrd: &PrivateContainerd, config: &str) -> Self {
+        let dir = ctrd.dir.join(unique("display"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config_path = dir.join("config.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let port = free_port();
+        let (socket, admin) = (dir.join("criguard.sock"), dir.join("admin.sock"));
+        let runtime = format!("unix://{}", ctrd.socket.display());
+        let child = Command::new(env!("CARGO_BIN_EXE_criguard"))
+            .arg("serve")
+            .arg("--listen")
+            .arg(&socket)
+            .arg("--admin-socket")
+            .arg(&admin)
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .arg("--config")
+            .arg(&config_path)
+            .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+            .args(["--runtime-endpoint", &runtime])
+            .stderr(Stdio::from(
+                std::fs::File::create(dir.join("criguard.log")).unwrap(),
+            ))
+            .spawn()
+            .expect("spawn criguard");
+        let me = Self {
+            child,
+            socket,
+            admin,
+            config: config_path,
+            port,
+            runtime,
+        };
+        common::poll_until(Duration::from_secs(20), "criguard's sockets", || async {
+            let cri = tokio::net::UnixStream::connect(&me.socket).await.ok();
+            let admin = criguard::admin::get_status(&me.admin).await.ok();
+            cri.and(admin).map(|_| ())
+        })
+        .await;
+        me
+    }
+
+    /// `criguard ARGS --admin-socket ...`: exit code and stdout.
+    fn cli(&self, args: &[&str]) -> (i32, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
+            .args(args)
+            .arg("--admin-socket")
+            .arg(&self.admin)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_evictions_and_status_show_what_people_need() {
+    let root = format!("/{}", unique("criguard-display"));
+    let _cg = CgroupRoot(root.clone());
+    let ctrd = PrivateContainerd::start();
+    let served = Served::start(
+        &ctrd,
+        "evictionHard = { \"memory.available\" = \"1Mi\" }\nimageGCHighThresholdPercent = 100\n",
+    )
+    .await;
+    let mut c = Clients::new(&served.socket);
+    let mut pod = PodSpec::new("shown", &unique("shown")).container(sleeper("sleeper"));
+    pod.cgroup_root = format!("{root}/kubepods");
+    pod.log_root = ctrd.dir.join("pods").to_str().unwrap().into();
+    let (sandbox, ids) = run_pod(&mut c.rt, &pod, None).await;
+
+    // pods: OOM-WANT is the kubelet's BestEffort score; OOM-EFF what the
+    // kernel holds for the container's process, read here independently.
+    let line = common::poll_until(Duration::from_secs(20), "the pod listed", || async {
+        let (code, out) = served.cli(&["pods"]);
+        assert_eq!(code, 0, "{out}");
+        out.lines()
+            .find(|l| l.contains("default/shown") && l.contains("sleeper"))
+            .map(str::to_owned)
+    })
+    .await;
+    let (code, header) = served.cli(&["pods"]);
+    assert_eq!(code, 0);
+    assert!(
+        header
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with("OOM-WANT  OOM-EFF"),
+        "{header}"
+    );
+    let kernel = proc_oom_score_adj(&mut c, Some(&ids[0]), None).await;
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    let (want, eff) = (cols[cols.len() - 2], cols[cols.len() - 1]);
+    assert_eq!(want, "1000", "{line}");
+    assert_eq!(eff, kernel.to_string(), "{line}");
+
+    // An eviction (a threshold every machine is under, reloaded).
+    std::fs::write(
+        &served.config,
+        "evictionHard = { \"memory.available\" = \"1Ei\" }\nimageGCHighThresholdPercent = 100\n",
+    )
+    .unwrap();
+    let pid = nix::unistd::Pid::from_raw(served.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    let evictions = common::poll_until(Duration::from_secs(30), "the pod evicted", || async {
+        let (_, out) = served.cli(&["evictions"]);
+        out.contains("default/shown").then_some(out)
+    })
+    .await;
+    let report = served.cli(&["evictions", "--json"]).1;
+    let report: criguard::admin::EvictionsReport = serde_json::from_str(&report).unwrap();
+    let ms = report.evictions[0].at_unix_ms;
+    let line = evictions
+        .lines()
+        .find(|l| l.contains("default/shown"))
+        .unwrap();
+    let shape =
+        regex::Regex::new(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d( \S+)? \((just now|\d+s ago)\) default/shown \[memory.available<1Ei\]: ")
+            .unwrap();
+    assert!(shape.is_match(line), "{line}");
+    assert!(!line.contains(&ms.to_string()), "raw ms: {line}");
+
+    // status: one screen.
+    let (code, status) = served.cli(&[
+        "status",
+        "--runtime-endpoint",
+        &served.runtime,
+        "--cri-socket",
+        served.socket.to_str().unwrap(),
+        "--metrics-address",
+        &format!("127.0.0.1:{}", served.port),
+    ]);
+    assert_eq!(code, 0, "{status}");
+    let mem = status
+        .lines()
+        .find(|l| l.trim_start().starts_with("memory.available "))
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(mem.contains("1Ei") && mem.ends_with("MET"), "{mem}");
+    for part in [
+        "configuration: valid",
+        "conditions: MemoryPressure",
+        "default/shown [memory.available<1Ei]",
+        &format!("runtime {}: ok (containerd ", served.runtime),
+        &format!(
+            "CRI through criguard {}: ok (containerd ",
+            served.socket.display()
+        ),
+        "Kubernetes API: off (no kubeconfig)",
+        "\nsettings:\n",
+        "evictionHard: memory.available<1Ei",
+    ] {
+        assert!(status.contains(part), "{part:?} not in:\n{status}");
+    }
+    remove_pods(&mut c.rt, [sandbox]).await;
+}
