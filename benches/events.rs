@@ -31,10 +31,10 @@ use std::time::{Duration, Instant};
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
 use common::memcg::{Filler, MEMORY, TestCgroup};
 use common::pods::{CgroupRoot, hog, init_pid, mem_total, remove_pods, run_pod, sleeper};
+use criguard::cgroup::fs::{CgroupFs, stat_value};
 use criguard::config::{Amount, EvictionConfig, Signal, Threshold};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::signals::events::{MemoryEvents, Watch};
-use criguard::signals::memory::{CgroupFs, stat_value};
 use criguard::signals::node::NodeSources;
 use k8s_cri::v1 as cri;
 

@@ -51,11 +51,6 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ),
     ("reclaim", "metrics", "eviction and GC count what they do"),
     ("signals", "model", "the cgroup path tests build model pods"),
-    (
-        "signals",
-        "reclaim",
-        "the cgroup path tests check the kill's paths",
-    ),
 ];
 
 /// Top-level modules and their layer (0: lowest), from the table in

@@ -39,7 +39,7 @@ impl Served {
         let model = Arc::new(RwLock::new(NodeModel::new(8 << 30)));
         let status = Arc::new(RwLock::new(NodeStatus::default()));
         let sources = criguard::signals::node::NodeSources {
-            cgroups: criguard::signals::memory::CgroupFs::detect(dir.path()),
+            cgroups: criguard::cgroup::fs::CgroupFs::detect(dir.path()),
             proc_root: dir.path().join("proc"),
             memory_capacity: 8 << 30,
             pods_cgroup: "/kubepods".into(),

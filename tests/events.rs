@@ -13,10 +13,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::memcg::{Filler, MEMORY, Proc, TestCgroup, UNIFIED, in_cgroups};
+use criguard::cgroup::fs::{CgroupFs, stat_value};
 use criguard::config::{Amount, EvictionConfig, Signal, Threshold};
 use criguard::signals::events::v2::{FileModified, PsiSettings, PsiTrigger, psi_total};
 use criguard::signals::events::{MemoryEvent, MemoryEvents, Watch, v1::usage_threshold};
-use criguard::signals::memory::{CgroupFs, stat_value};
 use criguard::signals::node::NodeSources;
 use tokio::time::timeout;
 

@@ -11,8 +11,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::memcg::{MEMORY, Proc, TestCgroup, UNIFIED, in_cgroups};
-use criguard::reclaim::kill::{Killed, kill_cgroup};
-use criguard::signals::memory::CgroupFs;
+use criguard::cgroup::fs::CgroupFs;
+use criguard::cgroup::kill::{Killed, kill_cgroup};
 
 /// A `sleep` and its `sh` in each of `cgroups` (`; true` keeps the shell
 /// from exec-ing the sleep).

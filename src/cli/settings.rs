@@ -222,13 +222,13 @@ impl NodeArgs {
         criguard::signals::usage::UsageSources {
             nodefs: self.nodefs.clone(),
             imagefs: self.imagefs.clone(),
-            cgroups: criguard::signals::memory::CgroupFs::detect(&self.cgroup_root),
+            cgroups: criguard::cgroup::fs::CgroupFs::detect(&self.cgroup_root),
         }
     }
 
     pub fn sources(&self) -> anyhow::Result<criguard::signals::node::NodeSources> {
         Ok(criguard::signals::node::NodeSources {
-            cgroups: criguard::signals::memory::CgroupFs::detect(&self.cgroup_root),
+            cgroups: criguard::cgroup::fs::CgroupFs::detect(&self.cgroup_root),
             proc_root: PathBuf::from("/proc"),
             memory_capacity: self.capacity()? as u64,
             pods_cgroup: self.kubepods_cgroup.clone(),

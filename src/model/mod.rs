@@ -172,7 +172,7 @@ pub struct Container {
     /// Image reference.
     pub image: String,
     /// Cgroup path from the hierarchy root, as
-    /// [`crate::signals::cgroup_path::container`] resolves it (cgroupfs:
+    /// [`crate::cgroup::path::container`] resolves it (cgroupfs:
     /// `<cgroup parent>/<id>`; systemd: the expanded slice's
     /// `cri-containerd-<id>.scope`); empty when the pod has no cgroup parent.
     pub cgroup_path: String,
@@ -236,16 +236,16 @@ impl Pod {
     }
 
     /// The pod's cgroup from the hierarchy root, for either cgroup driver
-    /// ([`crate::signals::cgroup_path::pod`]); `None` without a cgroup parent.
+    /// ([`crate::cgroup::path::pod`]); `None` without a cgroup parent.
     pub fn cgroup(&self) -> Option<String> {
-        crate::signals::cgroup_path::pod(&self.cgroup_parent)
+        crate::cgroup::path::pod(&self.cgroup_parent)
     }
 }
 
 /// Where containerd puts a container's cgroup, from the hierarchy root
-/// ([`crate::signals::cgroup_path::container`]); empty when unknown.
+/// ([`crate::cgroup::path::container`]); empty when unknown.
 pub fn container_cgroup(parent: &str, id: &str) -> String {
-    crate::signals::cgroup_path::container(parent, id).unwrap_or_default()
+    crate::cgroup::path::container(parent, id).unwrap_or_default()
 }
 
 /// Sets `*field` to `value`; true when that changed it.

@@ -17,7 +17,7 @@
 //! under a hard threshold, the pod's grace capped by
 //! `evictionMaxPodGracePeriod` under a soft one) then StopPodSandbox,
 //! through the runtime. With a grace period of 0 its processes are first
-//! killed through its cgroup ([`crate::reclaim::kill`]), so the memory
+//! killed through its cgroup ([`crate::cgroup::kill`]), so the memory
 //! comes back before the runtime has handled the stops. Stops are awaited and rounds never overlap, and the
 //! manager observes again after each one. For disk, where containerd gives
 //! the space of removed writable layers back in the background, the reclaim
@@ -41,6 +41,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_cri::v1 as cri;
 
+use crate::cgroup::kill;
 use crate::config::{EvictionConfig, Signal, Threshold};
 use crate::kube::{KubeReport, PodEviction};
 use crate::metrics::{
@@ -54,7 +55,6 @@ use crate::quantity::format_bytes;
 use crate::reclaim::container_gc::{ContainerGc, remove_container};
 use crate::reclaim::evicted::{self, EvictedStore};
 use crate::reclaim::image_gc::ImageGc;
-use crate::reclaim::kill;
 use crate::reclaim::rank::{Ranker, Victim};
 use crate::runtime::{CALL_DEADLINE, Upstream, bounded};
 use crate::signal::Ranking;

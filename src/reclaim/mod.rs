@@ -4,7 +4,9 @@ pub mod container_gc;
 pub mod evict;
 pub mod evicted;
 pub mod image_gc;
-pub mod kill;
 pub mod oom_adjust;
 pub mod oom_kills;
 pub mod rank;
+
+#[cfg(test)]
+mod cgroup_drivers_tests;

@@ -12,9 +12,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::cgroup_path;
-use super::memory::CgroupFs;
 use super::{ReadError, probe, read};
+use crate::cgroup::fs::CgroupFs;
+use crate::cgroup::path as cgroup_path;
 use crate::config::Signal;
 use crate::policy::thresholds::{Observation, Observations};
 use crate::signal::{Filesystem, MemoryScope, Source, Unit};

@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::disk::{self, DiskUsage};
-use super::memory::CgroupFs;
 use super::node::FsStats;
+use crate::cgroup::fs::CgroupFs;
 use crate::config::Signal;
 use crate::model::Pod;
 use crate::runtime::content::Content;

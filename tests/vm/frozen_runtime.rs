@@ -124,9 +124,8 @@ async fn v2_containerd_frozen_the_grower_is_killed_and_the_eviction_published_be
     assert!(guard.evictions().await.is_empty());
 
     // Everything asked of containerd is asked before it stops.
-    let pod_dir = Path::new("/sys/fs/cgroup").join(
-        criguard::signals::cgroup_path::kubepods(&grower.cgroup_parent()).trim_start_matches('/'),
-    );
+    let pod_dir = Path::new("/sys/fs/cgroup")
+        .join(criguard::cgroup::path::kubepods(&grower.cgroup_parent()).trim_start_matches('/'));
     assert!(
         crate::common::memcg::procs_below(&pod_dir) >= 2,
         "{} holds the pod",

@@ -191,7 +191,7 @@ impl Slice {
 
     /// Its directory in the unified hierarchy.
     pub fn dir(&self) -> String {
-        let rel = criguard::signals::cgroup_path::kubepods(&self.0);
+        let rel = criguard::cgroup::path::kubepods(&self.0);
         format!("/sys/fs/cgroup{rel}")
     }
 }

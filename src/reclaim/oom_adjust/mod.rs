@@ -42,6 +42,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use crate::cgroup::fs::CgroupFs;
 use crate::metrics::OomMetrics;
 use crate::model::{ContainerState, NodeModel};
 use crate::policy::oom::{
@@ -50,7 +51,6 @@ use crate::policy::oom::{
 use crate::policy::oom_kill::RankHistory;
 use crate::policy::rank::rank_memory;
 use crate::reclaim::rank::memory_input;
-use crate::signals::memory::CgroupFs;
 use view::View;
 
 /// The longest a decision stands while no counter moves: working sets can

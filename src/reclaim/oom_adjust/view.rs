@@ -10,10 +10,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use crate::cgroup::fs::{CgroupFile, CgroupFs, limit_of};
+use crate::cgroup::path::kubepods_of;
 use crate::model::{NodeModel, Pod, SandboxState};
 use crate::policy::oom::Check;
-use crate::signals::cgroup_path::kubepods_of;
-use crate::signals::memory::{CgroupFile, CgroupFs, limit_of};
 
 /// A running pod and its usage counter.
 #[derive(Debug)]

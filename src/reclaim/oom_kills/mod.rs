@@ -37,12 +37,12 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::time::Instant;
 
+use crate::cgroup::fs::{CgroupFs, Layout};
+use crate::cgroup::path as cgroup_path;
 use crate::metrics::OomKillLabels;
 use crate::model::{NodeModel, QosClass};
 use crate::policy::oom_kill::{RankHistory, kills_from_notification, new_kills};
 use crate::runtime::events::TaskExit;
-use crate::signals::cgroup_path;
-use crate::signals::memory::{CgroupFs, Layout};
 
 mod record;
 

@@ -29,8 +29,8 @@ use std::time::Instant;
 
 use futures::FutureExt;
 
-use super::memory::Layout;
 use super::node::NodeSources;
+use crate::cgroup::fs::Layout;
 use crate::config::{EvictionConfig, Threshold};
 use crate::policy::thresholds::{Observations, deficit};
 pub use plan::{MemcgReading, Watch, plan_v1, plan_v2, signal_cgroup};

@@ -147,9 +147,9 @@ pub(super) mod tests {
     use std::time::Instant;
 
     use super::*;
+    use crate::cgroup::fs::{CgroupFs, Layout};
     use crate::config::Amount;
     use crate::policy::thresholds::Observation;
-    use crate::signals::memory::{CgroupFs, Layout};
     use crate::signals::write_fixture as write;
 
     const MI: u64 = 1 << 20;

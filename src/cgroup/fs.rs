@@ -11,7 +11,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::cgroup_path::{self, Controller};
+use super::path::{self as cgroup_path, Controller};
 use super::{ReadError, read};
 
 /// Which cgroup layout a root uses.
@@ -291,7 +291,7 @@ pub fn limit_of(file: &CgroupFile) -> Result<Option<u64>, ReadError> {
 mod tests {
     use super::*;
 
-    use crate::signals::write_fixture as write;
+    use crate::cgroup::write_fixture as write;
 
     #[test]
     fn v2_working_set_is_current_minus_inactive_file() {

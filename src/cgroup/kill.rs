@@ -18,8 +18,8 @@
 
 use std::io;
 
-use crate::signals::cgroup_path::Controller;
-use crate::signals::memory::{CgroupFs, Layout};
+use super::fs::{CgroupFs, Layout};
+use super::path::Controller;
 
 /// How a pod's processes were killed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

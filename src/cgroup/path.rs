@@ -23,7 +23,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::memory::{CgroupFs, Layout};
+use super::fs::{CgroupFs, Layout};
 
 /// The cgroup driver a name is spelled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
