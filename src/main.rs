@@ -34,5 +34,6 @@ fn main() -> ExitCode {
         Command::Usage { admin_socket, json } => client::run(client::usage(admin_socket, json)),
         Command::Serve(cmd) => serve::main(*cmd, flag_error),
         Command::Generate(cmd) => cli::generate::run(cmd),
+        Command::Adopt(cmd) => cli::adopt::run(&cmd),
     }
 }

@@ -3,6 +3,7 @@
 //! are clients of a running criguard ([`client`]). Part of the binary, not
 //! of the library: `anyhow` and process exit codes stay here.
 
+pub mod adopt;
 pub mod args;
 pub mod client;
 pub mod display;
@@ -103,6 +104,10 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Point the kubelet at criguard (its --container-runtime-endpoint
+    /// flag or containerRuntimeEndpoint), with a backup, once criguard
+    /// answers; restart it. --undo restores the backup; --dry-run prints the change.
+    Adopt(Box<adopt::AdoptCmd>),
     /// Print criguard's version.
     Version,
     /// Write the man pages or shell completions (for packaging).
