@@ -182,6 +182,7 @@ fn no_module_uses_a_higher_layer_and_no_two_modules_use_each_other() {
         if !src.join(format!("{to}.rs")).exists() && !src.join(to).is_dir() {
             continue;
         }
+        modules.insert(to.clone());
         let (Some(a), Some(b)) = (layer.get(from), layer.get(to)) else {
             continue;
         };

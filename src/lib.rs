@@ -17,6 +17,7 @@ pub mod kubelet;
 mod layers;
 pub mod limits;
 pub mod listen;
+pub mod lock;
 pub mod lograte;
 pub mod metrics;
 pub mod model;

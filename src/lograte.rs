@@ -12,6 +12,7 @@
 //! Each call site has its own limit (a `static` in the macro's expansion),
 //! so a flood of one line never hides another.
 
+use crate::lock::Locked;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -88,7 +89,7 @@ impl LogRate {
 
     /// The verdict for a line at `now`.
     pub fn admit_at(&self, now: Instant) -> Verdict {
-        let mut w = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let mut w = self.window.locked();
         w.admit(now, self.burst, self.period)
     }
 

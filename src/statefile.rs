@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::lock::Locked;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -169,7 +170,7 @@ struct Pending {
 static PENDING: LazyLock<Mutex<Pending>> = LazyLock::new(Mutex::default);
 
 fn pending() -> std::sync::MutexGuard<'static, Pending> {
-    PENDING.lock().unwrap_or_else(|e| e.into_inner())
+    PENDING.locked()
 }
 
 fn count_failure(path: &Path) {

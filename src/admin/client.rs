@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use crate::lock::Locked;
 use futures::{Stream, StreamExt};
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
@@ -58,7 +59,7 @@ pub async fn connect(socket: &Path) -> Result<AdminClient<Channel>, ClientError>
         .connect_with_connector(tower::service_fn(move |_| {
             let (first, path) = (first.clone(), path.clone());
             async move {
-                let taken = first.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let taken = first.locked().take();
                 let stream = match taken {
                     Some(s) => s,
                     None => UnixStream::connect(path).await?,

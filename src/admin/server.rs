@@ -14,6 +14,7 @@ use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::lock::RwLocked;
 use futures::Stream;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
@@ -91,11 +92,11 @@ impl AdminState {
     /// The model's pods, after a sync for `rpc`.
     async fn synced_pods(&self, rpc: &str) -> Vec<Pod> {
         self.sync(rpc).await;
-        self.model.read().unwrap_or_else(|e| e.into_inner()).pods()
+        self.model.read_locked().pods()
     }
 
     fn status(&self) -> std::sync::RwLockReadGuard<'_, NodeStatus> {
-        self.status.read().unwrap_or_else(|e| e.into_inner())
+        self.status.read_locked()
     }
 }
 
@@ -224,7 +225,7 @@ impl Watch {
             // `changed` below even if this read already returned it.
             self.recorded.borrow_and_update();
             let found = {
-                let st = self.status.read().unwrap_or_else(|e| e.into_inner());
+                let st = self.status.read_locked();
                 st.evictions.get(self.next).map(pb::Eviction::from)
             };
             if let Some(e) = found {

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::lock::Locked;
 use serde::{Deserialize, Serialize};
 
 use super::PodEviction;
@@ -90,7 +91,7 @@ impl Pending {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, PendingPod>> {
-        self.pods.lock().unwrap_or_else(|e| e.into_inner())
+        self.pods.locked()
     }
 
     fn save_in_background(&self) {

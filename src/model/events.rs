@@ -26,6 +26,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use crate::lock::RwLocked;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -188,11 +189,7 @@ impl TaskEvents {
             TaskEvent::Exit(exit) => {
                 self.count(TOPIC_EXIT);
                 if exit.is_init() {
-                    let owner = self
-                        .model
-                        .write()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .task_exited(&exit.container_id);
+                    let owner = self.model.write_locked().task_exited(&exit.container_id);
                     tracing::debug!(task = %exit.container_id, status = exit.exit_status, ?owner, "task exited");
                 }
                 self.with_oom(move |w, m| {
@@ -264,7 +261,7 @@ impl TaskEvents {
 /// the OOM recorder reads cgroup counters with it, and no lock the relay
 /// thread waits on may be held across I/O.
 fn snapshot(model: &RwLock<NodeModel>) -> NodeModel {
-    model.read().unwrap_or_else(|e| e.into_inner()).clone()
+    model.read_locked().clone()
 }
 
 async fn next(sub: &mut Option<Subscription>) -> Result<TaskEvent, EventError> {

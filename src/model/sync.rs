@@ -11,6 +11,7 @@
 use std::collections::HashSet;
 use std::sync::RwLock;
 
+use crate::lock::RwLocked;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_cri::v1 as cri;
 
@@ -111,7 +112,7 @@ pub async fn sync(model: &RwLock<NodeModel>, up: &Upstream) -> Result<(), SyncEr
     // be judged gone by lists that lack them. An object the model learns
     // while the sync runs (an observed RunPodSandbox, an event) is newer
     // than the lists and stays.
-    let known = Known::of(&model.read().unwrap_or_else(|e| e.into_inner()));
+    let known = Known::of(&model.read_locked());
     let (sandboxes, containers) = lists(up).await?;
     let new_sandboxes = fetch_unknown(
         sandboxes.iter().map(|s| &s.id),
@@ -125,7 +126,7 @@ pub async fn sync(model: &RwLock<NodeModel>, up: &Upstream) -> Result<(), SyncEr
         |id| async move { fetch_container(up, &id).await },
     )
     .await?;
-    let mut m = model.write().unwrap_or_else(|e| e.into_inner());
+    let mut m = model.write_locked();
     for info in new_sandboxes.into_iter().flatten() {
         m.upsert_sandbox(info);
     }

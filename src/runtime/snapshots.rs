@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use crate::lock::Locked;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::snapshots::{MountsRequest, UsageRequest};
 use tonic::transport::Channel;
@@ -189,7 +190,7 @@ impl Snapshots {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, PathBuf>> {
-        self.upperdirs.lock().unwrap_or_else(|e| e.into_inner())
+        self.upperdirs.locked()
     }
 }
 

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use criguard::lock::RwLocked;
 use criguard::metrics::Metrics;
 use criguard::model::{self, NodeModel};
 use criguard::policy::oom_kill::RankHistory;
@@ -31,7 +32,7 @@ pub fn rebuild(
         let started = std::time::Instant::now();
         match model::sync::sync(&node, &upstream).await {
             Ok(()) => {
-                let (s, c) = node.read().unwrap_or_else(|e| e.into_inner()).ids();
+                let (s, c) = node.read_locked().ids();
                 tracing::info!(
                     sandboxes = s.len(),
                     containers = c.len(),

@@ -27,6 +27,7 @@ use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::lock::Locked;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -110,7 +111,7 @@ fn begin(
     path: &Path,
     deadline: Duration,
 ) -> Result<(watch::Receiver<Outcome>, Duration), ProbeError> {
-    let mut slots = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut slots = SLOTS.locked();
     let slot = slots.get_mut(path);
     let p = plan(
         slot.as_ref().map(|s| s.started.elapsed()),

@@ -43,6 +43,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::cgroup::fs::CgroupFs;
+use crate::lock::{Locked, RwLocked};
 use crate::metrics::OomMetrics;
 use crate::model::{ContainerState, NodeModel};
 use crate::policy::oom::{
@@ -146,7 +147,7 @@ impl OomAdjuster {
         // The lock is held only to derive the pods; the cgroup files are
         // opened after it is released (the relay thread writes the model).
         let wanted = {
-            let m = self.model.read().unwrap_or_else(|e| e.into_inner());
+            let m = self.model.read_locked();
             self.view.wanted(&m)
         };
         if let Some(snap) = wanted {
@@ -170,8 +171,7 @@ impl OomAdjuster {
         }
         round.first_victim = self.first_victim.clone();
         self.ranks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .record(started_ms, round.first_victim.clone());
         self.metrics.rounds.inc();
         round

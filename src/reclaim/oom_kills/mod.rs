@@ -33,6 +33,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::lock::Locked;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::time::Instant;
@@ -325,12 +326,7 @@ impl OomKillWatcher {
         notified: bool,
     ) -> OomKill {
         *self.accounted.entry(t.sandbox_id.clone()).or_insert(0) += kills;
-        let first = self
-            .ranks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .first_at(at_ms)
-            .map(str::to_owned);
+        let first = self.ranks.locked().first_at(at_ms).map(str::to_owned);
         let kill = OomKill {
             at_unix_ms: at_ms,
             matched_rank: first.as_deref() == Some(t.sandbox_id.as_str()),

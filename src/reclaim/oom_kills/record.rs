@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, RwLock};
 
+use crate::lock::RwLocked;
 use serde::{Deserialize, Serialize};
 
 use crate::model::QosClass;
@@ -46,11 +47,11 @@ pub struct OomKills {
 impl OomKills {
     /// Every kill kept, oldest first.
     pub fn list(&self) -> Vec<OomKill> {
-        self.list.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.list.read_locked().clone()
     }
 
     pub(super) fn push(&self, kill: OomKill) {
-        let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
+        let mut l = self.list.write_locked();
         if l.len() == KEEP {
             l.remove(0);
         }

@@ -7,6 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
 use crate::config::{Signal, Threshold};
+use crate::lock::RwLocked;
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
 use crate::policy::rank::{PodMemory, rank_memory};
 use crate::policy::reclaim::{PodUse, rank_usage};
@@ -107,7 +108,7 @@ impl Ranker {
 
     /// Running pods not in `tried`.
     fn candidates(&self, tried: &BTreeSet<String>) -> Vec<Pod> {
-        let pods = self.model.read().unwrap_or_else(|e| e.into_inner()).pods();
+        let pods = self.model.read_locked().pods();
         pods.into_iter()
             .filter(|p| p.state == SandboxState::Ready && !tried.contains(&p.sandbox_id))
             .collect()
