@@ -8,6 +8,7 @@ pub mod accept;
 pub mod admin;
 pub mod backoff;
 pub mod cgroup;
+pub mod clock;
 pub mod config;
 pub mod cri;
 pub mod kube;

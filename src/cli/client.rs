@@ -267,7 +267,7 @@ pub fn signals(node: &NodeArgs) -> ExitCode {
     match node.sources() {
         Ok(src) => {
             let obs = src.observe();
-            let ms = criguard::signals::unix_ms(obs.at);
+            let ms = criguard::clock::instant_ms(obs.at);
             println!("read at {}.{:03} (Unix time, s)", ms / 1000, ms % 1000);
             println!("{:<28} {:>16} {:>16}", "SIGNAL", "AVAILABLE", "CAPACITY");
             for (sig, o) in obs.signals {

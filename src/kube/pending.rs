@@ -17,7 +17,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+#[cfg(test)]
+use std::time::UNIX_EPOCH;
+use std::time::{Duration, SystemTime};
 
 use crate::lock::Locked;
 use serde::{Deserialize, Serialize};
@@ -58,7 +60,7 @@ impl Pending {
             .as_deref()
             .and_then(crate::statefile::read_json)
             .unwrap_or_default();
-        let now_ms = unix_ms(now);
+        let now_ms = crate::clock::unix_ms(now);
         let window_ms = window.as_millis() as u64;
         let resume: BTreeMap<String, PendingPod> = left
             .into_iter()
@@ -123,12 +125,6 @@ impl Pending {
         let bytes = serde_json::to_vec_pretty(&*self.lock()).unwrap();
         crate::statefile::write_private(&path, &bytes).unwrap();
     }
-}
-
-/// `t` in ms since the epoch (0 before it).
-pub fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

@@ -221,9 +221,7 @@ impl TaskEvents {
 
     /// After a catch-up: OOM kills the events may have missed.
     async fn sweep(&mut self) {
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = crate::clock::now_ms();
         self.with_oom(move |w, m| {
             w.sweep(m, now_ms);
         })

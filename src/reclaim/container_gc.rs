@@ -101,12 +101,6 @@ fn freed_between(before: &HashMap<u64, u64>, after: &HashMap<u64, u64>) -> u64 {
         .sum()
 }
 
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64)
-}
-
 impl ContainerGc {
     /// A collector with `policy`, acting through `upstream`.
     pub fn new(upstream: Upstream, policy: GcPolicy) -> Self {
@@ -197,9 +191,9 @@ impl ContainerGc {
                 .filter(|s| s.state == ready)
                 .filter_map(|s| Some(s.metadata.as_ref()?.uid.clone()))
                 .collect();
-            containers_of_terminated_pods(&dead, &ready_pods, self.policy, now_ns())
+            containers_of_terminated_pods(&dead, &ready_pods, self.policy, crate::clock::now_ns())
         } else {
-            containers_to_remove(&dead, self.policy, now_ns())
+            containers_to_remove(&dead, self.policy, crate::clock::now_ns())
         };
         for id in ids {
             if remove_container(&mut rt, &id).await {

@@ -11,13 +11,5 @@ pub mod usage;
 
 pub use crate::cgroup::{ReadError, read};
 
-/// Milliseconds since the Unix epoch of a past monotonic instant `at`, for
-/// display (the wall clock now, less the time elapsed since `at`).
-pub fn unix_ms(at: std::time::Instant) -> u64 {
-    let wall = std::time::SystemTime::now() - at.elapsed();
-    wall.duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 #[cfg(test)]
 pub(crate) use crate::cgroup::write_fixture;

@@ -6,11 +6,11 @@ use serde::{Deserialize, Serialize};
 
 use super::{ConvertError, unknown};
 use crate::admin::pb;
+use crate::clock::instant_ms as unix_ms;
 use crate::config::Signal;
 use crate::node_state::{Eviction, NodeStatus};
 use crate::policy::thresholds::Condition;
 use crate::reclaim::rank::{NotRanked, RankEntry};
-use crate::signals::unix_ms;
 
 impl From<&Eviction> for pb::Eviction {
     fn from(e: &Eviction) -> Self {

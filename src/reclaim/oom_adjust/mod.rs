@@ -141,9 +141,7 @@ impl OomAdjuster {
     /// the first-ranked pod and write what differs.
     pub fn round(&mut self) -> Round {
         let at = Instant::now();
-        let started_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let started_ms = crate::clock::now_ms();
         // The lock is held only to derive the pods; the cgroup files are
         // opened after it is released (the relay thread writes the model).
         let wanted = {

@@ -160,9 +160,7 @@ impl OomKillWatcher {
     /// Reads every known task's counter as the starting point, so kills
     /// from before criguard started are not recorded as new.
     pub fn baseline(&mut self, model: &NodeModel) {
-        self.baseline_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        self.baseline_ms = crate::clock::now_ms();
         let (sandboxes, containers) = model.ids();
         self.seen.clear();
         self.accounted.clear();
