@@ -8,6 +8,7 @@ pub mod accept;
 pub mod admin;
 pub mod config;
 pub mod cri;
+pub mod eviction;
 pub mod kube;
 #[cfg(any(test, feature = "test-pods"))]
 pub mod kubelet;
@@ -16,7 +17,6 @@ pub mod listen;
 pub mod lograte;
 pub mod metrics;
 pub mod model;
-pub mod node_state;
 pub mod policy;
 pub mod quantity;
 pub mod reclaim;

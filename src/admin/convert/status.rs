@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::{ConvertError, unknown};
 use crate::admin::pb;
 use crate::config::Signal;
-use crate::node_state::{Eviction, NodeStatus};
+use crate::eviction::{Eviction, NodeStatus};
 use crate::policy::thresholds::Condition;
 use crate::reclaim::rank::{NotRanked, RankEntry};
 use crate::signals::unix_ms;
