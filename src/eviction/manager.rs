@@ -17,7 +17,7 @@
 //! under a hard threshold, the pod's grace capped by
 //! `evictionMaxPodGracePeriod` under a soft one) then StopPodSandbox,
 //! through the runtime. With a grace period of 0 its processes are first
-//! killed through its cgroup ([`super::kill`]), so the memory
+//! killed through its cgroup ([`super::killer`]), so the memory
 //! comes back before the runtime has handled the stops. Stops are awaited and rounds never overlap, and the
 //! manager observes again after each one. For disk, where containerd gives
 //! the space of removed writable layers back in the background, the reclaim
@@ -49,7 +49,7 @@ use crate::kube::PodEviction;
 use crate::metrics::{
     ConditionLabels, EvictionLabels, EvictionMetrics, Metrics, SignalLabels, TriggerLabels,
 };
-use crate::model::{NodeModel, SandboxState};
+use crate::model::{NodeModel, Pod, SandboxState};
 use crate::policy::reclaim::{InFlight, NodeAction, PodUse, node_actions, pending, plan_victims};
 use crate::policy::thresholds::{Condition, EvictionState, Observations, deficit};
 use crate::reclaim::rank::Victim;
@@ -526,9 +526,19 @@ impl EvictionManager {
         if self.dry_run {
             let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
             st.record_eviction(e.clone());
-            return e;
+        } else {
+            self.carry_out(v, t, &e).await;
         }
-        let saving = store::remember(&self.status, self.store.as_ref(), &e);
+        e
+    }
+
+    /// Carries out eviction `e` of victim `v` for threshold `t`: records
+    /// it for admission (and saves it), reports it to the API, kills the
+    /// pod (at once under a grace period of 0), publishes it, stops the
+    /// pod through the runtime and, for disk, removes its containers.
+    async fn carry_out(&mut self, v: &Victim, t: &Threshold, e: &Eviction) {
+        let (pod, grace_s, available) = (&v.pod, e.grace_s, e.available);
+        let saving = store::remember(&self.status, self.store.as_ref(), e);
         if let Some(r) = &self.report {
             let offending = v.heaviest.as_ref().map(|(name, used, _)| {
                 (
@@ -572,12 +582,37 @@ impl EvictionManager {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .set_sandbox_state(&pod.sandbox_id, SandboxState::NotReady);
-        self.save_pressure(Some(&e)).await;
+        self.save_pressure(Some(e)).await;
         self.status
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .record_eviction(e.clone());
-        let since = self.state.met_since(t);
+        self.stop(pod, grace_s, self.state.met_since(t)).await;
+        if let Some(saving) = saving
+            && tokio::time::timeout(store::STATE_WRITE_DEADLINE, saving)
+                .await
+                .is_err()
+        {
+            tracing::warn!(deadline = ?store::STATE_WRITE_DEADLINE, "saving the evicted pods has not finished (a hung state directory?); the round goes on, the record stays in memory");
+        }
+        if t.signal.ranking() == Ranking::Disk {
+            self.in_flight.push(InFlight {
+                signal: t.signal,
+                amount: v.reclaimable,
+                baseline: available,
+                until: self.clock.now() + IN_FLIGHT_FOR,
+            });
+            // Stopping frees no disk: the writable layers and logs go
+            // with the containers. The kubelet would do this when it
+            // deletes the evicted pod; it does not know of this eviction.
+            self.killer.remove_containers(pod).await;
+        }
+    }
+
+    /// Stops `pod` through the runtime, timing pressure (met `since`) to
+    /// action; a stop the runtime did not complete is retried in the
+    /// background, and timed when it completes.
+    async fn stop(&self, pod: &Pod, grace_s: i64, since: Option<Instant>) {
         let stopped = self.killer.stop(pod, grace_s).await;
         // The action is StopPodSandbox returning: timed before the
         // evicted pods' save (an fsync) is waited for.
@@ -601,26 +636,6 @@ impl EvictionManager {
                 );
             }
         }
-        if let Some(saving) = saving
-            && tokio::time::timeout(store::STATE_WRITE_DEADLINE, saving)
-                .await
-                .is_err()
-        {
-            tracing::warn!(deadline = ?store::STATE_WRITE_DEADLINE, "saving the evicted pods has not finished (a hung state directory?); the round goes on, the record stays in memory");
-        }
-        if t.signal.ranking() == Ranking::Disk {
-            self.in_flight.push(InFlight {
-                signal: t.signal,
-                amount: v.reclaimable,
-                baseline: available,
-                until: self.clock.now() + IN_FLIGHT_FOR,
-            });
-            // Stopping frees no disk: the writable layers and logs go
-            // with the containers. The kubelet would do this when it
-            // deletes the evicted pod; it does not know of this eviction.
-            self.killer.remove_containers(pod).await;
-        }
-        e
     }
 }
 

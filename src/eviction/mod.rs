@@ -4,7 +4,7 @@
 //!   decide, reclaim at node level, stop the right pod, observe again);
 //! - [`seams`]: the manager's collaborators as traits (observing signals,
 //!   ranking, node-level reclaim, stopping a pod, reporting, the clock),
-//!   with [`collectors`] and [`kill`] the real node-level reclaim and pod
+//!   with [`collectors`] and [`killer`] the real node-level reclaim and pod
 //!   killer ([`stop_retry`] retries a stop the runtime did not answer);
 //! - [`message`]: the kubelet's eviction message;
 //! - [`pressure`]: the pressure memory kept across restarts;
@@ -18,7 +18,7 @@
 
 pub mod admission;
 pub mod collectors;
-pub mod kill;
+pub mod killer;
 pub mod manager;
 pub mod message;
 mod pressure;

@@ -10,7 +10,7 @@
 //! | [`Signals`] | [`NodeSources`] (cgroupfs, `/proc`, statvfs; bounded, blocking reads on the blocking pool) |
 //! | [`Rank`] | [`Ranker`] (the model, cgroups and per-pod usage, read on the blocking pool) |
 //! | [`NodeReclaim`] | [`super::collectors::Collectors`] (dead-container GC, image GC) |
-//! | [`PodKiller`] | [`super::kill::RuntimeKiller`] (the cgroup kill, CRI stops, container removal) |
+//! | [`PodKiller`] | [`super::killer::RuntimeKiller`] (the cgroup kill, CRI stops, container removal) |
 //! | [`Reporter`] | [`KubeReport`] (pod status, events, node conditions and taints) |
 //! | [`Clock`] | [`SystemClock`] |
 //!

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use criguard::config::EvictionConfig;
 use criguard::eviction::collectors::Collectors;
-use criguard::eviction::kill::RuntimeKiller;
+use criguard::eviction::killer::RuntimeKiller;
 use criguard::eviction::seams::SystemClock;
 use criguard::eviction::{EvictionManager, NodeStatus, Seams};
 use criguard::metrics::Metrics;
