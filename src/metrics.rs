@@ -23,9 +23,8 @@ use prometheus_client::registry::Registry;
 use std::fmt::Write as _;
 use std::sync::atomic::AtomicI64;
 
-use crate::eviction::admission::Refusal;
 use crate::model::QosClass;
-use crate::signal::{Condition, Signal};
+use crate::signal::{Condition, Refusal, Signal};
 
 /// An enum whose variants are metric label values, each written as its text.
 macro_rules! label_values {

@@ -11,28 +11,7 @@ use super::records::EvictedPod;
 use super::status::NodeStatus;
 use crate::model::QosClass;
 use crate::policy::thresholds::Condition;
-
-/// Why a sandbox was refused; its name labels the refusal metric.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Refusal {
-    /// criguard evicted this pod UID.
-    Evicted,
-    /// The node has DiskPressure.
-    DiskPressure,
-    /// The node has MemoryPressure and the pod is BestEffort.
-    MemoryPressure,
-}
-
-impl Refusal {
-    /// The metric label: `Evicted`, `DiskPressure` or `MemoryPressure`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Refusal::Evicted => "Evicted",
-            Refusal::DiskPressure => "DiskPressure",
-            Refusal::MemoryPressure => "MemoryPressure",
-        }
-    }
-}
+pub use crate::signal::Refusal;
 
 /// Whether a new sandbox may start; the error says why not.
 ///
