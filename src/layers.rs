@@ -14,6 +14,21 @@ use std::path::{Path, PathBuf};
 /// Arrows the tree still has against the table: (from, to, why).
 const KNOWN: &[(&str, &str, &str)] = &[
     (
+        "cri",
+        "eviction",
+        "the observer (cri/observe.rs) asks admission and reads the node status",
+    ),
+    (
+        "cri",
+        "reclaim",
+        "the observer records image uses for image GC",
+    ),
+    (
+        "eviction",
+        "metrics",
+        "the manager counts evictions and pressure-to-action",
+    ),
+    (
         "config",
         "kube",
         "the kubeconfig loader lives in kube; config only names its path",
@@ -43,11 +58,6 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "model",
         "reclaim",
         "the events loop drives the kernel OOM kill recorder",
-    ),
-    (
-        "policy",
-        "model",
-        "admission and ranking read the model's pod types",
     ),
     ("reclaim", "metrics", "eviction and GC count what they do"),
     ("signals", "model", "the cgroup path tests build model pods"),

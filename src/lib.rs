@@ -11,6 +11,7 @@ pub mod cgroup;
 pub mod clock;
 pub mod config;
 pub mod cri;
+pub mod eviction;
 pub mod kube;
 #[cfg(any(test, feature = "test-pods"))]
 pub mod kubelet;
@@ -22,7 +23,6 @@ pub mod lock;
 pub mod lograte;
 pub mod metrics;
 pub mod model;
-pub mod node_state;
 pub mod pidfd;
 pub mod policy;
 pub mod quantity;

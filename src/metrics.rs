@@ -24,8 +24,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::AtomicI64;
 
 use crate::model::QosClass;
-use crate::policy::admission::Refusal;
-use crate::signal::{Condition, Signal};
+use crate::signal::{Condition, Refusal, Signal};
 
 /// An enum whose variants are metric label values, each written as its text.
 macro_rules! label_values {

@@ -27,6 +27,28 @@ pub enum Signal {
     PidAvailable,
 }
 
+/// Why a sandbox was refused; its name labels the refusal metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// criguard evicted this pod UID.
+    Evicted,
+    /// The node has DiskPressure.
+    DiskPressure,
+    /// The node has MemoryPressure and the pod is BestEffort.
+    MemoryPressure,
+}
+
+impl Refusal {
+    /// The metric label: `Evicted`, `DiskPressure` or `MemoryPressure`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Evicted => "Evicted",
+            Refusal::DiskPressure => "DiskPressure",
+            Refusal::MemoryPressure => "MemoryPressure",
+        }
+    }
+}
+
 /// A node condition the kubelet reports under pressure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Condition {

@@ -10,9 +10,9 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use criguard::admin::{self, AdminState};
+use criguard::eviction::{Eviction, NodeStatus};
 use criguard::model::{ContainerInfo, ContainerState, NodeModel, SandboxInfo, SandboxState};
 use criguard::policy::thresholds::{Condition, Observation, Observations};
-use criguard::reclaim::evict::{Eviction, NodeStatus};
 use criguard::runtime::{RuntimeEndpoint, Upstream};
 use futures::StreamExt;
 use tokio::sync::oneshot;

@@ -40,15 +40,15 @@ async fn a_refusal_flood_logs_a_bounded_number_of_lines_with_the_count() {
     });
     // The pod was evicted by an earlier run.
     let state = dir.path().join("state");
-    let mut evicted = criguard::policy::evicted::EvictedPods::default();
-    let now = criguard::reclaim::evicted::unix_ms_now();
+    let mut evicted = criguard::eviction::records::EvictedPods::default();
+    let now = criguard::eviction::store::unix_ms_now();
     evicted.insert(
         "uid-evicted",
         "default/hog",
         "The node was low on resource: memory.",
         now,
     );
-    criguard::reclaim::evicted::EvictedStore::new(&state)
+    criguard::eviction::store::EvictedStore::new(&state)
         .save(&evicted)
         .unwrap();
 

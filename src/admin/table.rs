@@ -4,8 +4,8 @@
 
 use super::client::EvictionsReport;
 use crate::config::Signal;
+use crate::eviction::Eviction;
 use crate::model::Pod;
-use crate::node_state::Eviction;
 use crate::reclaim::rank::RankEntry;
 use crate::signals::usage::NodeUsage;
 

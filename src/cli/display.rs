@@ -9,8 +9,8 @@ use std::fmt::Write;
 
 use criguard::admin::{ConditionsReport, EvictionsReport};
 use criguard::config::{Amount, Signal, Threshold};
+use criguard::eviction::Eviction;
 use criguard::model::Pod;
-use criguard::node_state::Eviction;
 use criguard::reclaim::oom_kills::OomKill;
 
 /// A broken-down local time, as `localtime_r` gives it.

@@ -18,8 +18,8 @@ use super::conn::{Conn, Io};
 use super::frame;
 use super::observe::Observer;
 use super::proxy::Proxy;
+use crate::eviction::NodeStatus;
 use crate::model::NodeModel;
-use crate::node_state::NodeStatus;
 use crate::policy::thresholds::Condition;
 use crate::runtime::RuntimeEndpoint;
 

@@ -12,11 +12,11 @@ use bytes::{Bytes, BytesMut};
 use k8s_cri::v1 as cri;
 use prost::Message;
 
+use crate::eviction::NodeStatus;
+use crate::eviction::admission;
 use crate::metrics::RefusalLabels;
 use crate::model::{ContainerState, NodeModel, SandboxState, convert, derive};
-use crate::node_state::ImageUses;
-use crate::node_state::NodeStatus;
-use crate::policy::admission;
+use crate::reclaim::image_uses::ImageUses;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
@@ -172,20 +172,7 @@ impl Observer {
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let mut st = status.write().unwrap_or_else(|e| e.into_inner());
-        let decision = admission::admit(&st.conditions, st.evicted.get(&uid), qos, critical);
-        let (refusal, why) = decision.err()?;
-        if st.dry_run && refusal != admission::Refusal::Evicted {
-            // A dry run changes nothing on the node: the pod starts.
-            drop(st);
-            crate::log_limited!(info, %uid, ?qos, reason = %why, "dry run: RunPodSandbox would be refused; admitted");
-            return None;
-        }
-        if refusal == admission::Refusal::Evicted {
-            // Saved with the next eviction round: asked for, not forgotten.
-            st.evicted.asked(&uid, now_ms);
-        }
-        drop(st);
+        let (refusal, why) = admission::decide(status, &uid, qos, critical, now_ms).err()?;
         if let Some(r) = &self.refusals {
             r.get_or_create(&RefusalLabels { condition: refusal }).inc();
         }

@@ -10,8 +10,8 @@ use super::conn::{Conn, Io};
 use super::frame::{self, Head, error, flag, kind, setting};
 use super::observe::{self, Observer};
 use super::proxy::Proxy;
+use crate::eviction::NodeStatus;
 use crate::model::NodeModel;
-use crate::node_state::NodeStatus;
 use crate::policy::thresholds::Condition;
 use crate::runtime::RuntimeEndpoint;
 

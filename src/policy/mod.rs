@@ -4,8 +4,6 @@
 //! they observed and get back what to do, so every rule is tested with plain
 //! tables.
 
-pub mod admission;
-pub mod evicted;
 pub mod gc;
 pub mod image_gc;
 pub mod oom;

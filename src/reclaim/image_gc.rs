@@ -26,12 +26,12 @@ use std::sync::Arc;
 use k8s_cri::v1 as cri;
 
 use crate::metrics::{Action, ReclaimMetrics};
-pub use crate::node_state::ImageUses;
-use crate::node_state::now_ms;
 use crate::policy::image_gc::{
     ImageGcPolicy, ImageRecord, ImageTimes, Listed, bytes_to_free, candidates, too_old,
 };
 use crate::quantity::format_bytes;
+pub use crate::reclaim::image_uses::ImageUses;
+use crate::reclaim::image_uses::now_ms;
 use crate::runtime::Upstream;
 use crate::runtime::{CALL_DEADLINE, bounded};
 use crate::signals::probe;

@@ -1,9 +1,8 @@
 //! Acting on decisions: adjusting the kernel, reclaiming, evicting.
 
 pub mod container_gc;
-pub mod evict;
-pub mod evicted;
 pub mod image_gc;
+pub mod image_uses;
 pub mod oom_adjust;
 pub mod oom_kills;
 pub mod rank;

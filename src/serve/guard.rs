@@ -22,13 +22,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use criguard::config::ConfigError;
+use criguard::eviction::store::EvictedStore;
+use criguard::eviction::{NodeStatus, Reloadable};
 use criguard::kube::KubeSettings;
 use criguard::metrics::Metrics;
 use criguard::model::NodeModel;
-use criguard::node_state::NodeStatus;
 use criguard::policy::oom_kill::RankHistory;
-use criguard::reclaim::evict::Reloadable;
-use criguard::reclaim::evicted::EvictedStore;
 use criguard::signals::events::MemoryEvents;
 use criguard::signals::node::NodeSources;
 use tokio::sync::watch;
@@ -149,7 +148,11 @@ impl Guard {
                 r.reloads.send_replace(Arc::new(Reloadable {
                     config: live.settings.eviction.clone(),
                     dry_run: live.settings.dry_run,
-                    node_reclaim: Some((live.collector.clone(), live.images.clone())),
+                    node_reclaim: Some(Arc::new(
+                        self.handles
+                            .parts
+                            .node_reclaim(&live, &self.handles.sources),
+                    )),
                 }));
                 self.live.send_replace(Some(live));
                 Ok(restart)
@@ -200,7 +203,7 @@ impl Guard {
             .with_evicted_store(EvictedStore::new(&h.state_dir))
             .with_reloads(reloads_rx);
         let manager = match report {
-            Some(r) => manager.with_report(r),
+            Some(r) => manager.with_report(Arc::new(r)),
             None => manager,
         };
         self.tasks.push(tokio::spawn(after_ready(

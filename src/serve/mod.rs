@@ -229,7 +229,7 @@ async fn serve(
     let (rebuild_task, ready) = runtime::rebuild(&node, &upstream);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopping = Stopping(stop_rx);
-    let evicted_store = criguard::reclaim::evicted::EvictedStore::new(&cmd.state_dir);
+    let evicted_store = criguard::eviction::store::EvictedStore::new(&cmd.state_dir);
     let status = Arc::new(RwLock::new(evicted_store.initial_status()));
     let parts = reclaim::Parts::new(
         &upstream,

@@ -10,14 +10,18 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use criguard::config::EvictionConfig;
+use criguard::eviction::collectors::Collectors;
+use criguard::eviction::killer::RuntimeKiller;
+use criguard::eviction::seams::SystemClock;
+use criguard::eviction::{EvictionManager, NodeStatus, Seams};
 use criguard::metrics::Metrics;
 use criguard::model::NodeModel;
-use criguard::node_state::{ImageUses, NodeStatus};
 use criguard::policy::gc::GcPolicy;
 use criguard::policy::image_gc::ImageGcPolicy;
 use criguard::reclaim::container_gc::ContainerGc;
-use criguard::reclaim::evict::EvictionManager;
 use criguard::reclaim::image_gc::ImageGc;
+use criguard::reclaim::image_uses::ImageUses;
+use criguard::reclaim::rank::Ranker;
 use criguard::runtime::Upstream;
 use criguard::signals::node::NodeSources;
 use criguard::signals::usage::UsageReader;
@@ -113,8 +117,11 @@ impl Parts {
         }
     }
 
-    /// The eviction manager for `config`, reclaiming at node level with
-    /// `live`'s collectors and ranking disk pressure by this usage reader.
+    /// The eviction manager for `config` with its real collaborators:
+    /// observing `sources`, ranking with the model, `sources` and this usage
+    /// reader (disk pressure by per-pod usage), stopping pods through the
+    /// runtime and their cgroups, reclaiming at node level with `live`'s
+    /// collectors.
     pub fn eviction_manager(
         &self,
         config: EvictionConfig,
@@ -122,16 +129,38 @@ impl Parts {
         (node, status): (&Arc<RwLock<NodeModel>>, &Arc<RwLock<NodeStatus>>),
         live: &Live,
     ) -> EvictionManager {
+        let seams = Seams {
+            rank: Arc::new(Ranker::new(
+                node.clone(),
+                sources.clone(),
+                Some(self.usage.clone()),
+            )),
+            killer: Arc::new(RuntimeKiller::new(
+                self.upstream.clone(),
+                sources.cgroups.clone(),
+            )),
+            clock: Arc::new(SystemClock),
+            signals: Arc::new(sources.clone()),
+        };
         EvictionManager::new(
             config,
-            sources,
+            seams,
             node.clone(),
-            self.upstream.clone(),
             status.clone(),
             live.settings.dry_run,
         )
-        .with_node_reclaim(live.collector.clone(), live.images.clone())
-        .with_usage(self.usage.clone())
+        .with_node_reclaim(Arc::new(self.node_reclaim(live, &sources)))
+    }
+
+    /// Node-level reclaim with `live`'s collectors, on the filesystems of
+    /// `sources`.
+    pub fn node_reclaim(&self, live: &Live, sources: &NodeSources) -> Collectors {
+        Collectors {
+            containers: live.collector.clone(),
+            images: live.images.clone(),
+            nodefs: sources.nodefs.clone(),
+            imagefs: sources.imagefs.clone(),
+        }
     }
 }
 

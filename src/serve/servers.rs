@@ -10,10 +10,11 @@ use std::time::Duration;
 use anyhow::Context;
 use criguard::config;
 use criguard::cri;
+use criguard::eviction::NodeStatus;
 use criguard::listen;
 use criguard::metrics::Metrics;
 use criguard::model::NodeModel;
-use criguard::node_state::{ImageUses, NodeStatus};
+use criguard::reclaim::image_uses::ImageUses;
 use criguard::runtime::Upstream;
 
 /// The bound sockets.

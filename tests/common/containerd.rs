@@ -457,7 +457,7 @@ impl CriguardProcess {
     }
 
     /// The evictions made, as `criguard evictions --json` prints them.
-    pub async fn evictions(&self) -> Vec<criguard::reclaim::evict::Eviction> {
+    pub async fn evictions(&self) -> Vec<criguard::eviction::Eviction> {
         criguard::admin::get_evictions(&self.admin)
             .await
             .expect("criguard admin socket")
@@ -468,7 +468,7 @@ impl CriguardProcess {
         &self,
         deadline: Duration,
         what: &str,
-    ) -> Vec<criguard::reclaim::evict::Eviction> {
+    ) -> Vec<criguard::eviction::Eviction> {
         super::poll_until(deadline, what, || async {
             let e = self.evictions().await;
             (!e.is_empty()).then_some(e)

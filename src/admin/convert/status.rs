@@ -8,7 +8,7 @@ use super::{ConvertError, unknown};
 use crate::admin::pb;
 use crate::clock::instant_ms as unix_ms;
 use crate::config::Signal;
-use crate::node_state::{Eviction, NodeStatus};
+use crate::eviction::{Eviction, NodeStatus};
 use crate::policy::thresholds::Condition;
 use crate::reclaim::rank::{NotRanked, RankEntry};
 

@@ -1,18 +1,13 @@
-//! What the eviction manager and image GC share with the proxy and the
+//! What the eviction manager shares with the proxy's admission and the
 //! admin API: the node's status (conditions, evicted pods, the evictions
-//! made) and the image uses the proxy sees between image collections.
-//!
-//! These are plain shared state, written by one part and read by another;
-//! they live here so that the proxy (`crate::cri`) depends on nothing in
-//! `crate::reclaim`, only on this small module.
+//! made). Plain shared state, written by the manager (and admission, which
+//! notes refusals) and read by the others.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::evicted::EvictedPods;
+use super::records::EvictedPods;
 use crate::policy::thresholds::{Condition, Observations};
 
 /// One eviction, as logged and as `criguard evictions` shows it.
@@ -69,29 +64,4 @@ impl NodeStatus {
         self.evictions.push(e);
         self.recorded.send_replace(self.evictions.len());
     }
-}
-
-/// Image uses seen between collections (a container created through the
-/// proxy): image reference as the kubelet wrote it → when, ms since the epoch.
-#[derive(Clone, Debug, Default)]
-pub struct ImageUses(Arc<Mutex<HashMap<String, i64>>>);
-
-impl ImageUses {
-    /// Records that a container was just created from `image`.
-    pub fn touch(&self, image: &str) {
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        m.insert(image.to_owned(), now_ms());
-    }
-
-    /// Takes every use recorded since the last call.
-    pub(crate) fn take(&self) -> HashMap<String, i64> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-}
-
-/// Now, ms since the epoch (0 before it).
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }

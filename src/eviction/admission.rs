@@ -1,35 +1,17 @@
 //! Admission at RunPodSandbox, as the kubelet's eviction admission handler
 //! (`pkg/kubelet/eviction/eviction_manager.go`, Admit) decides it, plus
 //! criguard's own rule that a pod it evicted never runs again on this node
-//! (see [`super::evicted`]).
+//! (see [`super::records`]): [`admit`] is the pure rule, [`decide`] applies
+//! it to the node's status for the proxy's observer.
 
 use std::collections::BTreeSet;
+use std::sync::RwLock;
 
-use super::evicted::EvictedPod;
-use super::thresholds::Condition;
+use super::records::EvictedPod;
+use super::status::NodeStatus;
 use crate::model::QosClass;
-
-/// Why a sandbox was refused; its name labels the refusal metric.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Refusal {
-    /// criguard evicted this pod UID.
-    Evicted,
-    /// The node has DiskPressure.
-    DiskPressure,
-    /// The node has MemoryPressure and the pod is BestEffort.
-    MemoryPressure,
-}
-
-impl Refusal {
-    /// The metric label: `Evicted`, `DiskPressure` or `MemoryPressure`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Refusal::Evicted => "Evicted",
-            Refusal::DiskPressure => "DiskPressure",
-            Refusal::MemoryPressure => "MemoryPressure",
-        }
-    }
-}
+use crate::policy::thresholds::Condition;
+pub use crate::signal::Refusal;
 
 /// Whether a new sandbox may start; the error says why not.
 ///
@@ -69,6 +51,38 @@ pub fn admit(
         ));
     }
     Ok(())
+}
+
+/// The admission of a new sandbox of pod `uid` against the node's
+/// `status` at `now_ms` (Unix ms): [`admit`] on its conditions and evicted
+/// pods. Under a dry run only an evicted pod is refused (the refusal a
+/// condition would bring is logged, the pod admitted: a dry run changes
+/// nothing on the node); an evicted pod's refusal is noted in its record,
+/// which the next eviction round saves.
+pub fn decide(
+    status: &RwLock<NodeStatus>,
+    uid: &str,
+    qos: QosClass,
+    critical: bool,
+    now_ms: u64,
+) -> Result<(), (Refusal, String)> {
+    let mut st = status.write().unwrap_or_else(|e| e.into_inner());
+    let decision = admit(&st.conditions, st.evicted.get(uid), qos, critical);
+    let (refusal, why) = match decision {
+        Ok(()) => return Ok(()),
+        Err(r) => r,
+    };
+    if st.dry_run && refusal != Refusal::Evicted {
+        // A dry run changes nothing on the node: the pod starts.
+        drop(st);
+        crate::log_limited!(info, %uid, ?qos, reason = %why, "dry run: RunPodSandbox would be refused; admitted");
+        return Ok(());
+    }
+    if refusal == Refusal::Evicted {
+        // Saved with the next eviction round: asked for, not forgotten.
+        st.evicted.asked(uid, now_ms);
+    }
+    Err((refusal, why))
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 //! that lies in the future (the clock went back) counts as observed now,
 //! so a condition never outlives one transition period from the restart.
 //!
-//! The decisions are in [`crate::policy::evicted`]; this is only the file:
+//! The decisions are in [`super::records`]; this is only the file:
 //! read once at start, written atomically (a temporary file, fsynced, renamed
 //! over the old one, the directory fsynced) whenever the set changed. The
 //! directory is created 0700 and the file is 0600: pod names and eviction
@@ -29,8 +29,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::node_state::{Eviction, NodeStatus};
-use crate::policy::evicted::EvictedPods;
+use super::records::EvictedPods;
+use super::status::{Eviction, NodeStatus};
 use crate::policy::thresholds::Condition;
 
 /// The file's name in the state directory.

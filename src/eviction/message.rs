@@ -1,0 +1,67 @@
+//! The kubelet's eviction message (`pkg/kubelet/eviction/helpers.go`),
+//! logged, recorded and written to the evicted pod's status.
+
+use crate::config::Threshold;
+use crate::quantity::format_bytes;
+
+/// The kubelet's message: which resource, the threshold, what was
+/// available, and which container used how much against which request;
+/// every sentence ends with ". ", trailing space included, as the kubelet's
+/// (`pkg/kubelet/eviction/helpers.go`), so the API report matches it.
+pub fn eviction_message(
+    t: &Threshold,
+    available: i64,
+    heaviest: Option<&(String, i64, i64)>,
+) -> String {
+    let res = t.signal.resource().name();
+    let show = |v: i64| {
+        if t.signal.is_bytes() {
+            format_bytes(v.max(0) as u64)
+        } else {
+            v.to_string()
+        }
+    };
+    let mut m = format!(
+        "The node was low on resource: {res}. Threshold quantity: {}, available: {}. ",
+        t.amount_display(),
+        show(available)
+    );
+    if let Some((name, used, request)) = heaviest {
+        m.push_str(&format!(
+            "Container {name} was using {}, request is {}, has larger consumption of {res}. ",
+            show(*used),
+            show(*request)
+        ));
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Amount, Signal};
+
+    fn threshold(signal: Signal, amount: Amount) -> Threshold {
+        Threshold::hard(signal, amount)
+    }
+
+    #[test]
+    fn messages_name_the_kubelets_resource_and_units() {
+        let t = threshold(Signal::NodefsAvailable, Amount::Quantity(64 << 20));
+        let m = eviction_message(&t, 10 << 20, Some(&("writer".into(), 80 << 20, 0)));
+        assert_eq!(
+            m,
+            "The node was low on resource: ephemeral-storage. Threshold quantity: 64Mi, available: 10Mi. \
+             Container writer was using 80Mi, request is 0, has larger consumption of ephemeral-storage. "
+        );
+        let t = threshold(Signal::PidAvailable, Amount::Quantity(20));
+        let m = eviction_message(&t, 12, Some(&("forker".into(), 40, 0)));
+        assert_eq!(
+            m,
+            "The node was low on resource: pids. Threshold quantity: 20, available: 12. \
+             Container forker was using 40, request is 0, has larger consumption of pids. "
+        );
+        let t = threshold(Signal::ImagefsInodesFree, Amount::Percentage(5.0));
+        assert!(eviction_message(&t, 3, None).starts_with("The node was low on resource: inodes."));
+    }
+}
