@@ -11,9 +11,9 @@ use crate::common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::containerd::{CriguardProcess, PrivateContainerd, unique};
-use common::pods::{BUSYBOX, CgroupRoot, remove_pods, run_pod, wait_exited};
-use criguard::kubelet::{ContainerSpec, PodSpec};
+use common::pods::{BUSYBOX, remove_pods, run_pod, wait_exited};
+use common::pressure::Pressure;
+use criguard::kubelet::ContainerSpec;
 use criguard::signals::node::fs_stats;
 use k8s_cri::v1 as cri;
 
@@ -62,33 +62,25 @@ async fn wait_written(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_reclaim_first_then_the_largest_disk_user_even_if_guaranteed() {
-    let root = format!("/{}", unique("criguard-disk"));
-    let _cg = CgroupRoot(root.clone());
-    let ctrd = PrivateContainerd::start_on_tmpfs(256, None);
-    let fs = ctrd.root();
-    let kubelet = fs.join("kubelet");
-    std::fs::create_dir_all(&kubelet).unwrap();
+    // imagefs: containerd's root on a 256 MiB tmpfs; nodefs and the logs
+    // on the same filesystem.
+    let p = Pressure::build("criguard-disk").tmpfs(256, None).start();
+    let (ctrd, fs) = (&p.ctrd, &p.imagefs);
     let unused = "docker.io/library/criguard-disk-unused:latest";
     ctrd.import_filler(unused, 8);
 
-    let args = [
-        "--eviction-hard=imagefs.available<100Mi".to_owned(),
-        format!("--imagefs={}", fs.display()),
-        format!("--nodefs={}", kubelet.display()),
-        format!("--kubepods-cgroup={root}/kubepods"),
-        "--housekeeping-interval=1s".into(),
-        "--minimum-image-ttl-duration=0s".into(),
-        "--eviction-pressure-transition-period=1m".into(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let guard = CriguardProcess::start(&ctrd.dir.join("criguard.sock"), &ctrd.socket, &args).await;
+    let guard = p
+        .guard()
+        .args(&[
+            "--eviction-hard=imagefs.available<100Mi",
+            "--dynamic-oom-score-adj=true",
+            "--minimum-image-ttl-duration=0s",
+            "--eviction-pressure-transition-period=1m",
+        ])
+        .start()
+        .await;
     let mut rt = guard.clients().rt;
-    let pod = |name: &str, c: ContainerSpec| {
-        let mut p = PodSpec::new(name, &unique(name)).container(c);
-        p.cgroup_root = format!("{root}/kubepods");
-        p.log_root = fs.join("logs").to_str().unwrap().into();
-        p
-    };
+    let pod = |name: &str, c: ContainerSpec| p.pod(name, c);
 
     // A: Guaranteed, 40 MiB in its writable layer. B: BestEffort, 5 MiB.
     // C: terminated, its dead container holding 10 MiB.
@@ -155,12 +147,12 @@ async fn node_reclaim_first_then_the_largest_disk_user_even_if_guaranteed() {
     // fill then takes, and the decision would see no reclaim at all).
     let target = 54 * MI;
     let ballast = std::fs::File::create(fs.join("ballast")).unwrap();
-    let len = (available(&fs) - target) as libc::off_t;
+    let len = (available(fs) - target) as libc::off_t;
     // SAFETY: fallocate on a file descriptor we own, within its file.
     let rc = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&ballast), 0, 0, len) };
     assert_eq!(rc, 0, "fallocate: {}", std::io::Error::last_os_error());
     drop(ballast);
-    let filled = available(&fs);
+    let filled = available(fs);
     assert!(filled.abs_diff(target) < MI, "filled to {filled}");
 
     let evictions = guard
@@ -233,7 +225,7 @@ async fn node_reclaim_first_then_the_largest_disk_user_even_if_guaranteed() {
     common::poll_until(
         Duration::from_secs(10),
         "available back above 100Mi",
-        || async { (available(&fs) >= 100 * MI).then_some(()) },
+        || async { (available(fs) >= 100 * MI).then_some(()) },
     )
     .await;
     assert_eq!(guard.evictions().await.len(), 1, "no more pods than needed");
@@ -269,32 +261,22 @@ fn file_maker(name: &str, n: u32) -> ContainerSpec {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inode_pressure_takes_the_pod_with_most_inodes() {
-    let root = format!("/{}", unique("criguard-inodes"));
-    let _cg = CgroupRoot(root.clone());
-    let ctrd = PrivateContainerd::start_on_tmpfs(256, Some(6000));
-    let fs = ctrd.root();
-    let kubelet = fs.join("kubelet");
-    std::fs::create_dir_all(&kubelet).unwrap();
+    let p = Pressure::build("criguard-inodes")
+        .tmpfs(256, Some(6000))
+        .start();
+    let (ctrd, fs) = (&p.ctrd, &p.imagefs);
     // Pods, logs and the two containers' files take a few hundred inodes;
     // the threshold sits 600 below what is free now, so only the 2000
     // files of the big maker cross it.
-    let threshold = inodes_free(&fs) - 600;
-    let args = [
-        format!("--eviction-hard=imagefs.inodesFree<{threshold}"),
-        format!("--imagefs={}", fs.display()),
-        format!("--nodefs={}", kubelet.display()),
-        format!("--kubepods-cgroup={root}/kubepods"),
-        "--housekeeping-interval=1s".into(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let guard = CriguardProcess::start(&ctrd.dir.join("criguard.sock"), &ctrd.socket, &args).await;
+    let threshold = inodes_free(fs) - 600;
+    let guard = p
+        .guard()
+        .arg(format!("--eviction-hard=imagefs.inodesFree<{threshold}"))
+        .arg("--dynamic-oom-score-adj=true")
+        .start()
+        .await;
     let mut rt = guard.clients().rt;
-    let pod = |name: &str, c: ContainerSpec| {
-        let mut p = PodSpec::new(name, &unique(name)).container(c);
-        p.cgroup_root = format!("{root}/kubepods");
-        p.log_root = fs.join("logs").to_str().unwrap().into();
-        p
-    };
+    let pod = |name: &str, c: ContainerSpec| p.pod(name, c);
     let (few_sb, few_ids) = run_pod(&mut rt, &pod("few", file_maker("few", 100)), None).await;
     let (many_sb, many_ids) = run_pod(&mut rt, &pod("many", file_maker("many", 2000)), None).await;
     let go = |id: String| {
@@ -312,7 +294,7 @@ async fn inode_pressure_takes_the_pod_with_most_inodes() {
     go(few_ids[0].clone()).await;
     wait_written(&mut rt, &few_ids[0]).await;
     assert!(
-        inodes_free(&fs) > threshold,
+        inodes_free(fs) > threshold,
         "the small pod alone must not cross the threshold"
     );
     assert!(guard.evictions().await.is_empty());
@@ -334,7 +316,7 @@ async fn inode_pressure_takes_the_pod_with_most_inodes() {
     common::poll_until(
         Duration::from_secs(20),
         "the inodes to come back",
-        || async { (inodes_free(&fs) > threshold).then_some(()) },
+        || async { (inodes_free(fs) > threshold).then_some(()) },
     )
     .await;
     assert_eq!(guard.evictions().await.len(), 1, "one pod was enough");

@@ -7,8 +7,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::containerd::{CriguardProcess, PrivateContainerd, unique};
-use common::pods::{CgroupRoot, hog, mem_total, remove_pods, run_pod, sleeper};
+use common::containerd::CriguardProcess;
+use common::pods::{hog, remove_pods, run_pod, sleeper};
+use common::pressure::Pressure;
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::model::SandboxState;
 use criguard::policy::thresholds::Condition;
@@ -17,17 +18,14 @@ use k8s_cri::v1 as cri;
 const MI: i64 = 1 << 20;
 
 /// The pods of both tests, their memcg, and criguard in front of containerd.
-/// Fields drop in order: criguard, containerd, then the cgroup root.
+/// Fields drop in order: criguard, then containerd and the cgroup root.
 struct Scenario {
     guard: CriguardProcess,
-    ctrd: PrivateContainerd,
+    p: Pressure,
     port: u16,
-    kubepods: String,
-    cap: i64,
     /// BestEffort hog, Burstable over request, Burstable under, Guaranteed.
     pods: Vec<PodSpec>,
     containers: Vec<String>,
-    _cg: CgroupRoot,
 }
 
 impl Scenario {
@@ -35,45 +33,15 @@ impl Scenario {
     /// every 1s unless they set it) and waits until every pod holds its
     /// memory: a 320Mi pods memcg about 150Mi full.
     async fn start(thresholds: &[&str]) -> Self {
-        let root = format!("/{}", unique("criguard-evict"));
-        let cg = CgroupRoot(root.clone());
-        let ctrd = PrivateContainerd::start();
-        let kubepods = format!("{root}/kubepods");
-        common::memcg::limited(&kubepods, Some(320 * MI), None);
-        let dir = ctrd.dir.to_str().unwrap().to_owned();
+        let p = Pressure::build("criguard-evict").memory_mib(320).start();
         let port = common::metrics::free_port();
-        let metrics_address = format!("127.0.0.1:{port}");
-        let mut args = vec![
-            "--metrics-address",
-            &metrics_address,
-            "--kubepods-cgroup",
-            &kubepods,
-            "--nodefs",
-            &dir,
-            "--imagefs",
-            &dir,
-            "--eviction-pressure-transition-period=5s",
-            "--dynamic-oom-score-adj=false",
-        ];
-        if !thresholds
-            .iter()
-            .any(|a| a.starts_with("--housekeeping-interval"))
-        {
-            args.push("--housekeeping-interval=1s");
-        }
-        args.extend_from_slice(thresholds);
-        let guard =
-            CriguardProcess::start(&ctrd.dir.join("criguard.sock"), &ctrd.socket, &args).await;
-        let mut me = Self {
-            guard,
-            port,
-            kubepods,
-            cap: mem_total(),
-            pods: Vec::new(),
-            containers: Vec::new(),
-            ctrd,
-            _cg: cg,
-        };
+        let guard = p
+            .guard()
+            .metrics(port)
+            .arg("--eviction-pressure-transition-period=5s")
+            .args(thresholds)
+            .start()
+            .await;
         let hogging = |mib, grow, request, limit, cpu| ContainerSpec {
             command: hog(mib, grow),
             memory_request: request,
@@ -81,39 +49,42 @@ impl Scenario {
             cpu_limit_milli: cpu,
             ..sleeper("app")
         };
-        me.pods = vec![
-            me.spec("besteffort-hog", hogging(60, 160, 0, 0, 0)),
-            me.spec("burstable-over", hogging(40, 0, 16 * MI, 0, 0)),
-            me.spec("burstable-under", hogging(20, 0, 100 * MI, 0, 0)),
-            me.spec("guaranteed", hogging(10, 0, 0, 64 * MI, 100)),
+        let pods = vec![
+            p.pod("besteffort-hog", hogging(60, 160, 0, 0, 0)),
+            p.pod("burstable-over", hogging(40, 0, 16 * MI, 0, 0)),
+            p.pod("burstable-under", hogging(20, 0, 100 * MI, 0, 0)),
+            p.pod("guaranteed", hogging(10, 0, 0, 64 * MI, 100)),
         ];
-        let mut rt = me.guard.clients().rt;
-        for p in &me.pods {
-            let (_, c) = run_pod(&mut rt, p, None).await;
-            me.containers.push(c[0].clone());
+        let mut rt = guard.clients().rt;
+        let mut containers = Vec::new();
+        for pod in &pods {
+            let (_, c) = run_pod(&mut rt, pod, None).await;
+            containers.push(c[0].clone());
         }
-        for c in &me.containers {
-            common::pods::wait_holding(&me.ctrd.direct().rt, c, Duration::from_secs(60)).await;
+        for c in &containers {
+            common::pods::wait_holding(&p.ctrd.direct().rt, c, Duration::from_secs(60)).await;
         }
         assert!(
-            me.guard.evictions().await.is_empty(),
+            guard.evictions().await.is_empty(),
             "nothing may be evicted before the pressure"
         );
-        me
+        Self {
+            guard,
+            p,
+            port,
+            pods,
+            containers,
+        }
     }
 
     /// A pod spec placed in this scenario's memcg.
     fn spec(&self, name: &str, c: ContainerSpec) -> PodSpec {
-        let mut p = PodSpec::new(name, &unique(name)).container(c);
-        p.cgroup_root = self.kubepods.clone();
-        p.log_root = self.ctrd.dir.join("pods").to_str().unwrap().into();
-        p.node_memory = self.cap;
-        p
+        self.p.pod(name, c)
     }
 
     /// The BestEffort hog grows by 160Mi: allocatable drops below 64Mi.
     async fn grow(&self) {
-        common::pods::grow(&self.ctrd.direct().rt, &self.containers[0]).await;
+        self.p.grow(&self.containers[0]).await;
     }
 
     async fn teardown(&self) {

@@ -99,6 +99,8 @@ fn scrape(port: u16) -> std::io::Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_metrics_connections_starve_neither_cri_calls_nor_metrics_nor_a_core() {
+    // 400 client sockets in this process, which every module shares.
+    common::raise_nofile();
     let ctrd = PrivateContainerd::start();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();

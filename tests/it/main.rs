@@ -6,29 +6,32 @@
 //! path narrows it). `hack/test.sh` lists its groups as such filters.
 //!
 //! The modules now share one process, which used to keep them apart:
-//! - Descriptors: [`bounds`] and [`fds`] open hundreds of sockets from this
-//!   process (at most a few hundred each, under this host's limit).
+//! - Descriptors: [`fds`] opens 400 sockets from this process; it raises
+//!   the soft `RLIMIT_NOFILE` to the hard limit first
+//!   ([`common::raise_nofile`]).
 //! - No test sets environment variables, the working directory, the umask
 //!   or signal handlers; each test's files, sockets, cgroups, ports and
 //!   containerd are its own (`common::containerd::unique`,
 //!   `common::metrics::free_port`).
-//! - [`bounds`]' exhaustion tests take turns among themselves
-//!   (`ONE_AT_A_TIME`), as they did in their own binary. No test asserts on
-//!   a whole-host figure another test could move: nodefs, imagefs and the
-//!   pods' memory and pids are a tmpfs, a directory and a cgroup of the
-//!   test's own.
+//! - No test asserts on a whole-host figure another test could move:
+//!   nodefs, imagefs and the pods' memory and pids of the pressure tests
+//!   are a tmpfs, a directory and a cgroup of the test's own. (Tests that
+//!   leave criguard's nodefs and imagefs at their defaults, the host's
+//!   `/var/lib/kubelet` and `/var/lib/containerd`, see the host's disk:
+//!   a host under the default thresholds refuses their pods.)
 //! - The cluster tiers ([`cluster`], [`cluster_vm`]) are modules too;
 //!   `hack/test.sh` runs them in a second process of this binary, beside
 //!   the rest.
 //!
 //! `tests/vm/` stays a binary of its own: it is what runs inside the VM
-//! (`hack/vm.sh`). `tests/clients/` holds the Go and Python clients and
-//! the Rust modules of [`clients`].
+//! (`hack/vm.sh`). So does `tests/bounds.rs`, which exhausts connections
+//! and descriptors on purpose and must run alone (its header says why).
+//! `tests/clients/` holds the Go and Python clients and the Rust modules
+//! of [`clients`].
 
 mod common;
 
 mod admin;
-mod bounds;
 mod cli;
 mod clients;
 mod cluster;

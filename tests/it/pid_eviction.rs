@@ -7,9 +7,8 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::containerd::{CriguardProcess, PrivateContainerd, unique};
-use common::pods::{CgroupRoot, forker, remove_pods, run_pod, sleeper};
-use criguard::kubelet::{ContainerSpec, PodSpec};
+use common::pods::{forker, remove_pods, sleeper};
+use common::pressure::Pressure;
 
 const PIDS_MAX: u64 = 100;
 
@@ -24,34 +23,24 @@ fn pids_current(cgroup: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pod_with_most_tasks_goes_under_pid_pressure() {
-    let root = format!("/{}", unique("criguard-pid"));
-    let _cg = CgroupRoot(root.clone());
-    let kubepods = format!("{root}/kubepods");
-    common::memcg::limited(&kubepods, None, Some(PIDS_MAX as i64));
-    let ctrd = PrivateContainerd::start();
-
-    let args = [
-        "--eviction-hard=pid.available<30".to_owned(),
-        format!("--kubepods-cgroup={kubepods}"),
-        "--housekeeping-interval=1s".into(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let guard = CriguardProcess::start(&ctrd.dir.join("criguard.sock"), &ctrd.socket, &args).await;
-    let mut rt = guard.clients().rt;
-    let pod = |name: &str, c: ContainerSpec| {
-        let mut p = PodSpec::new(name, &unique(name)).container(c);
-        p.cgroup_root = kubepods.clone();
-        p.log_root = ctrd.dir.join("pods").to_str().unwrap().into();
-        p
-    };
-    let quiet = pod("quiet", sleeper("sleep"));
-    let (quiet_sb, _) = run_pod(&mut rt, &quiet, None).await;
+    let p = Pressure::build("criguard-pid")
+        .pids(PIDS_MAX as i64)
+        .start();
+    let kubepods = &p.kubepods;
+    let guard = p
+        .guard()
+        .arg("--eviction-hard=pid.available<30")
+        .arg("--dynamic-oom-score-adj=true")
+        .start()
+        .await;
+    let quiet = p.pod("quiet", sleeper("sleep"));
+    let (quiet_sb, _) = p.start_pod(&guard, &quiet).await;
     assert!(guard.evictions().await.is_empty());
 
     // 80 sleeping children: with the pause processes and shells the pods'
     // cgroup passes 70 of its 100 tasks.
-    let forker = pod("forker", forker(80));
-    let (forker_sb, _) = run_pod(&mut rt, &forker, None).await;
+    let forker = p.pod("forker", forker(80));
+    let (forker_sb, _) = p.start_pod(&guard, &forker).await;
 
     let evictions = guard
         .first_evictions(Duration::from_secs(30), "a pid eviction")
@@ -70,7 +59,7 @@ async fn the_pod_with_most_tasks_goes_under_pid_pressure() {
     common::poll_until(
         Duration::from_secs(20),
         "the forker's tasks to end",
-        || async { (pids_current(&kubepods) < PIDS_MAX - 30).then_some(()) },
+        || async { (pids_current(kubepods) < PIDS_MAX - 30).then_some(()) },
     )
     .await;
     let pods = guard.pods().await;
@@ -86,5 +75,5 @@ async fn the_pod_with_most_tasks_goes_under_pid_pressure() {
     );
 
     drop(guard);
-    remove_pods(&mut ctrd.direct().rt, [quiet_sb, forker_sb]).await;
+    remove_pods(&mut p.ctrd.direct().rt, [quiet_sb, forker_sb]).await;
 }

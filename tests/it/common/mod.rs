@@ -23,6 +23,19 @@ use criguard::cri;
 use criguard::runtime::{RuntimeEndpoint, Upstream};
 use tokio::sync::oneshot;
 
+/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit, once: the
+/// tests that open hundreds of client sockets call it, and every test of
+/// the binary shares the process and its limit. Children started later
+/// inherit it (criguard raises its own soft limit at start anyway).
+pub fn raise_nofile() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("setrlimit NOFILE");
+    });
+}
+
 /// criguard served in-process on `listen`, forwarding to `upstream`.
 pub struct InProcessProxy {
     /// The socket the "kubelet" dials.
