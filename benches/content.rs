@@ -12,7 +12,7 @@
 //! (default 40 filler images of 1 MiB) and `CRIGUARD_BENCH_ROUNDS`
 //! (default 200) size it.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

@@ -18,7 +18,7 @@
 //! (default 32) sizes the freshness write, `CRIGUARD_BENCH_ROUNDS`
 //! (default 10) the cost rounds.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

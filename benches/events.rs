@@ -19,7 +19,7 @@
 //! Run as root: `cargo bench --bench events`. `CRIGUARD_BENCH_TRIALS`
 //! (default 20) and `CRIGUARD_BENCH_HOUSEKEEPING` (default 1s) size it.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::fs::File;

@@ -13,7 +13,7 @@
 //! root). `CRIGUARD_BENCH_IMAGES` (default 50) and
 //! `CRIGUARD_BENCH_IMAGE_MIB` (default 2) size it.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::io::Write;

@@ -13,7 +13,7 @@
 //! Run as root: `cargo bench --bench kube`; `CRIGUARD_BENCH_TRIALS`
 //! (default 5) sizes it.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::time::Duration;

@@ -17,7 +17,7 @@
 //! path's `byte_relay --mode`; the `loop` path is `byte_relay --mode pump`,
 //! criguard's own I/O loop passing bytes untouched.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 #[path = "proxy/floor.rs"]
 mod floor;

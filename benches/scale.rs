@@ -19,7 +19,7 @@
 //!
 //! Run with `hack/bench-scale.sh` (root).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

@@ -18,7 +18,7 @@
 //! Run as root: `cargo bench --bench task_events`. `CRIGUARD_BENCH_EXITS`
 //! (default 60) and `CRIGUARD_BENCH_SPREAD_S` (default 30) size it.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;

@@ -20,7 +20,7 @@
 #                                 its CRI and admin sockets answer; the
 #                                 kubelet keeps running. Prints the ms taken
 #   hack/cluster.sh logs [DIR]    the last lines of every component's log
-#   hack/cluster.sh test [DIR]    cargo test --test cluster (which runs up and
+#   hack/cluster.sh test [DIR]    cargo test --test it -- cluster:: (which runs up and
 #                                 down itself, in DIR if given)
 # DIR defaults to /tmp/criguard-cluster. After up, DIR/kubectl is kubectl with
 # the admin kubeconfig, and DIR/cluster.env describes the cluster.
@@ -687,7 +687,7 @@ case "$cmd" in
     test)
         set_paths "${1:-}"
         cd "$REPO_ROOT"
-        CRIGUARD_CLUSTER_DIR="${1:-}" exec cargo test --test cluster -- --nocapture --test-threads 1
+        CRIGUARD_CLUSTER_DIR="${1:-}" exec cargo test --test it -- --nocapture --test-threads 1 cluster::
         ;;
     *) usage ;;
 esac

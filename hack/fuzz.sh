@@ -6,7 +6,7 @@
 #   targets: relay, header_block (default: both)
 # cargo fuzz needs nightly flags; the machine's stable toolchain accepts them
 # with RUSTC_BOOTSTRAP=1. The corpus replay in the test suite
-# (tests/fuzz_corpus.rs) runs every input found here on each `hack/test.sh`.
+# (tests/it/fuzz_corpus.rs) runs every input found here on each `hack/test.sh`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 secs="${1:-300}"

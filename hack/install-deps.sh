@@ -13,8 +13,8 @@ missing=()
 # API from proto/).
 # docker-registry: a private OCI registry on loopback for real pulls
 # (hack/registry.sh); openssl: the cluster tier's certificates; ip: the
-# CNI bridges of tests/critest.rs; bindfs: a FUSE filesystem whose daemon
-# tests/hung_fs.rs stops to hang nodefs for real (this kernel has no nfsd);
+# CNI bridges of tests/it/critest.rs; bindfs: a FUSE filesystem whose daemon
+# tests/it/hung_fs.rs stops to hang nodefs for real (this kernel has no nfsd);
 # mkfs.ext4: the cluster tier's small imagefs (a loop ext4).
 for cmd in containerd runc ctr protoc skopeo systemd-socket-activate go socat docker-registry openssl ip curl bindfs mkfs.ext4; do
     if ! command -v "$cmd" >/dev/null 2>&1; then

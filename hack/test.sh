@@ -15,7 +15,7 @@
 #      module (lifecycle, clients, crictl, critest, eviction, GC, events,
 #      model, usage, restart, OOM, reload): CRIGUARD_CONTAINERD=2. critest runs here
 #      only (containerd 2 is what nodes run today; one run is ~2.5 min).
-# The cluster tier (tests/cluster.rs, tests/cluster_vm.rs) runs its nodes on
+# The cluster tier (tests/it/cluster.rs, tests/it/cluster_vm.rs) runs its nodes on
 # containerd 2 in step 1 already.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -25,7 +25,7 @@ hack/install-deps.sh
 # The real stack from its Go modules (Kubernetes, etcd, containerd 2,
 # cri-tools): built once per pinned version into a cache outside the clone.
 hack/k8s/build.sh
-hack/restart-load/build.sh >/dev/null   # tests/drain.rs' kubelet-like load
+hack/restart-load/build.sh >/dev/null   # tests/it/drain.rs' kubelet-like load
 hack/clients.sh >/dev/null
 hack/check-docs.sh
 cargo fmt --check
@@ -35,16 +35,22 @@ if (($# > 0)); then
     exec cargo test "$@"
 fi
 
+# The integration tests are one binary, tests/it/main.rs (besides
+# tests/bounds.rs, which must run alone, and tests/vm/, which runs in the
+# VM); its groups are filters on its module paths. A filter is a substring
+# of the test's path:
+# `eviction::` also takes `disk_eviction::` and `pid_eviction::`, `gc::`
+# `image_gc::`, `events::` `task_events::` (`cargo test --test it -- --list`
+# shows what a group takes).
+#
 # The cluster tier (a control plane, the VM node under QEMU TCG: mostly one
 # busy core) runs beside the rest of the suite (which mostly waits on
 # containerd, then boots the VM tier), the two groups about as long as each
 # other. Each group's lines carry its tag.
-tiers=(cluster cluster_vm)
-others=()
-for f in tests/*.rs tests/*/main.rs; do
-    name=$(basename "${f%/main.rs}" .rs)
-    [[ " ${tiers[*]} vm " == *" $name "* ]] || others+=(--test "$name")
-done
+tiers=(cluster:: cluster_vm::)
+# Containerd 2 again: the runtime-facing modules (critest only here).
+runtime=(lifecycle:: clients:: crictl:: critest:: eviction:: gc:: events::
+         model:: usage:: restart:: oom:: reload:: --skip pid_eviction::)
 
 cargo test --no-run --all-targets >/dev/null
 
@@ -54,8 +60,8 @@ run_tiers() {
     local start=$SECONDS rc=0
     echo "test.sh: [tiers] the cluster tier (containerd 2.3 on the nodes)" >&2
     # 5 of the VM node's 20 restarts under the kubelet (each ~7 s under TCG);
-    # `cargo test --test cluster_vm` alone runs all 20.
-    CRIGUARD_CLUSTER_VM_RESTARTS=5 cargo test --no-fail-fast "${tiers[@]/#/--test=}" 2>&1 | tag tiers || rc=1
+    # `cargo test --test it -- cluster_vm::` alone runs all 20.
+    CRIGUARD_CLUSTER_VM_RESTARTS=5 cargo test --no-fail-fast --test it -- "${tiers[@]}" 2>&1 | tag tiers || rc=1
     echo "test.sh: [tiers] done in $((SECONDS - start)) s" >&2
     return "$rc"
 }
@@ -64,16 +70,12 @@ run_host() {
     local start=$SECONDS rc=0
     echo "test.sh: [1.6] unit tests and the host's integration tests on containerd 1.6" >&2
     (unset CRIGUARD_CONTAINERD
-     cargo test --no-fail-fast --lib --bins "${others[@]}" -- \
+     cargo test --no-fail-fast --lib --bins --test it --test bounds -- "${tiers[@]/#/--skip=}" \
          --skip critest_passes_and_fails_the_same_specs_through_criguard) 2>&1 | tag 1.6 || rc=1
     echo "test.sh: [1.6] done in $((SECONDS - start)) s" >&2
     start=$SECONDS
     echo "test.sh: [2.x] the runtime-facing tests on containerd 2" >&2
-    CRIGUARD_CONTAINERD=2 cargo test --no-fail-fast \
-        --test lifecycle --test clients --test crictl --test critest \
-        --test eviction --test disk_eviction --test gc --test image_gc \
-        --test events --test task_events --test model --test usage \
-        --test restart --test oom --test reload 2>&1 | tag 2.x || rc=1
+    CRIGUARD_CONTAINERD=2 cargo test --no-fail-fast --test it -- "${runtime[@]}" 2>&1 | tag 2.x || rc=1
     echo "test.sh: [2.x] done in $((SECONDS - start)) s" >&2
     start=$SECONDS
     echo "test.sh: [vm] the VM tier (cgroup v2, systemd)" >&2

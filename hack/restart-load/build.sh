@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build restart-load (the kubelet-like load across restarts that
-# hack/bench-restart.sh and tests/drain.rs run) from this module, pinned by
+# hack/bench-restart.sh and tests/it/drain.rs run) from this module, pinned by
 # go.mod/go.sum, into the stack cache beside hack/k8s/build.sh's components:
 #
 #   $CRIGUARD_STACK_CACHE (default /var/cache/criguard/stack)/restart-load-<hash>/bin/restart-load

@@ -1,5 +1,5 @@
 // restart-load: a kubelet-like CRI load across restarts of the endpoint
-// (hack/bench-restart.sh, tests/drain.rs), built by hack/restart-load/build.sh.
+// (hack/bench-restart.sh, tests/it/drain.rs), built by hack/restart-load/build.sh.
 module criguard.local/restart-load
 
 go 1.26.6

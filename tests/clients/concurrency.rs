@@ -164,7 +164,7 @@ async fn thousand_concurrent_calls_over_ten_connections_match_direct() {
     let mut echo = EchoUpstream::start(&dir.path().join("runtime.sock")).await;
     let guard = CriguardProcess::start(&dir.path().join("criguard.sock"), &echo.socket, &[]).await;
     let direct = connect_all(&echo.socket).await;
-    let proxied = connect_all(&crate::through(&guard, &echo.socket)).await;
+    let proxied = connect_all(&super::through(&guard, &echo.socket)).await;
 
     let calls: Vec<Planned> = (0..CALLS).map(call).collect();
     let (d, p) = tokio::join!(
@@ -223,7 +223,7 @@ async fn thousand_concurrent_calls_over_ten_connections_match_direct() {
         };
         assert_eq!(
             dialled(d.get(":authority"), &echo.socket),
-            dialled(p.get(":authority"), &crate::through(&guard, &echo.socket)),
+            dialled(p.get(":authority"), &super::through(&guard, &echo.socket)),
             "{i}"
         );
     }

@@ -10,10 +10,10 @@ use std::collections::HashMap;
 use k8s_cri::v1 as cri;
 use prost::Message;
 
+use super::decoded::{Decoded, Meta, decode, replace};
 use crate::common::clients::{Answer, Call, Client, Kind};
 use crate::common::containerd::{ContainerdVersion, CriguardProcess, PrivateContainerd, unique};
 use crate::common::pods::{BUSYBOX, CgroupRoot, mem_total};
-use crate::decoded::{Decoded, Meta, decode, replace};
 use criguard::kubelet::{ContainerSpec, PodSpec};
 
 const RT: &str = "/runtime.v1.RuntimeService/";
@@ -31,7 +31,7 @@ pub async fn matches_direct(kind: Kind) {
     let guard =
         CriguardProcess::start(&ctrd.dir.join("criguard/criguard.sock"), &ctrd.socket, &[]).await;
     let direct = Client::connect(&kind, &ctrd.socket).await;
-    let proxied = Client::connect(&kind, &crate::through(&guard, &ctrd.socket)).await;
+    let proxied = Client::connect(&kind, &super::through(&guard, &ctrd.socket)).await;
     let log_root = ctrd.dir.join("pods");
     let a = Run::new(ctrd.version, (&direct, "direct"), (&proxied, "criguard"))
         .lifecycle(&root, &log_root)
@@ -283,7 +283,7 @@ impl<'a> Run<'a> {
             }
             // Served. containerd 2.x hands the events that found no
             // subscriber (kept five minutes) to the next one to subscribe
-            // and the later ones to every live subscriber (tests/lifecycle.rs
+            // and the later ones to every live subscriber (tests/it/lifecycle.rs
             // checks that fan-out through criguard). A first call takes
             // the queued ones (not always all: a subscription that ended
             // stays listed until the next event, which may go into its

@@ -155,7 +155,7 @@ pub async fn matches_direct(kind: Kind) {
     let mut echo = EchoUpstream::start(&dir.path().join("runtime.sock")).await;
     let guard = CriguardProcess::start(&dir.path().join("criguard.sock"), &echo.socket, &[]).await;
     let direct = Client::connect(&kind, &echo.socket).await;
-    let proxied = Client::connect(&kind, &crate::through(&guard, &echo.socket)).await;
+    let proxied = Client::connect(&kind, &super::through(&guard, &echo.socket)).await;
 
     let mut md_diff = Vec::new();
     for case in cases() {
@@ -193,7 +193,7 @@ pub async fn matches_direct(kind: Kind) {
         );
         // Nothing added, dropped or rewritten on the way: :authority and
         // user-agent included. Collected, so one run lists every difference.
-        let dialled_proxy = crate::through(&guard, &echo.socket);
+        let dialled_proxy = super::through(&guard, &echo.socket);
         let (dm, pm) = (
             md_without_id(d_seen, &echo.socket),
             md_without_id(p_seen, &dialled_proxy),

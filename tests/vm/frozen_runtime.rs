@@ -1,5 +1,5 @@
 //! Scenario: a hung runtime under cgroup v2 memory pressure (the v2 half of
-//! `tests/frozen_runtime.rs`). The setup is the pressure scenario's
+//! `tests/it/frozen_runtime.rs`). The setup is the pressure scenario's
 //! (`kubepods.slice` limited to 256 MiB, a pod holding 100 MiB of page
 //! cache, a BestEffort grower), but the machine's containerd is stopped
 //! (SIGSTOP) for 20 s as soon as the grower is told to grow. While it is

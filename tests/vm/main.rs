@@ -13,7 +13,7 @@
 //!
 //! `CRIGUARD_VM_FILTER` passes a test filter to the guest (e.g. `units`).
 
-#[path = "../common/mod.rs"]
+#[path = "../it/common/mod.rs"]
 mod common;
 mod frozen_runtime;
 mod guest;

@@ -1,0 +1,133 @@
+//! Restarts without failed calls: criguard restarted the way systemd does
+//! it under socket activation (the listening socket kept, passed as fd 3;
+//! SIGTERM, wait, start again) under a kubelet-like load through the
+//! kubelet's own client stack (k8s.io/cri-client over grpc-go, built by
+//! `hack/restart-load/build.sh`): no call fails. The same restarts of a
+//! plain byte relay, side by side against the same containerd, are the
+//! baseline; its failures are printed (a byte relay cannot drain: the calls
+//! in flight at its SIGTERM fail with Unavailable). `hack/bench-restart.sh`
+//! runs the same for 100 restarts.
+
+use crate::common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::containerd::PrivateContainerd;
+
+/// The restart-load binary, built if missing; `None` without Go 1.26.
+fn restart_load() -> Option<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/restart-load/build.sh");
+    let out = Command::new(script)
+        .stderr(Stdio::inherit())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Starts `restart-load bench` named `name` on `socket` with `restarts`
+/// restarts of `cmd`.
+fn bench(rl: &str, dir: &Path, name: &str, restarts: u32, cmd: &[&str]) -> std::process::Child {
+    Command::new(rl)
+        .arg("bench")
+        .arg("-socket")
+        .arg(dir.join(format!("{name}.sock")))
+        .args(["-restarts", &restarts.to_string(), "-period", "1s"])
+        .args(["-timeout", "60s", "-name", name])
+        .arg("-logs")
+        .arg(dir.join("logs"))
+        .arg("--")
+        .args(cmd)
+        .env("CRIGUARD_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run restart-load")
+}
+
+/// The run's summary, or a panic with its process log.
+fn result(child: std::process::Child, dir: &Path, name: &str) -> serde_json::Value {
+    let out = child.wait_with_output().unwrap();
+    let log = std::fs::read_to_string(dir.join(format!("logs/{name}.log"))).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "{name} run failed; its log:\n{}",
+        &log[log.len().saturating_sub(4000)..]
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn restarts_under_a_kubelet_like_load_fail_no_call() {
+    let Some(rl) = restart_load() else {
+        eprintln!("SKIPPED: restart-load not built (hack/restart-load/build.sh needs Go 1.26)");
+        return;
+    };
+    let ctrd = PrivateContainerd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = ctrd.socket.to_str().unwrap();
+    let endpoint = format!("unix://{runtime}");
+    let (admin, state, unused) = (
+        dir.path().join("admin.sock"),
+        dir.path().join("state"),
+        dir.path().join("unused.sock"),
+    );
+    const RESTARTS: u32 = 10;
+    let criguard = bench(
+        &rl,
+        dir.path(),
+        "criguard",
+        RESTARTS,
+        &[
+            env!("CARGO_BIN_EXE_criguard"),
+            "serve",
+            "--listen",
+            unused.to_str().unwrap(),
+            "--admin-socket",
+            admin.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--metrics-address",
+            "none",
+            "--dynamic-oom-score-adj=false",
+            "--runtime-endpoint",
+            &endpoint,
+        ],
+    );
+    let relay = bench(
+        &rl,
+        dir.path(),
+        "relay",
+        RESTARTS,
+        &[&rl, "relay", "-upstream", runtime],
+    );
+    let (c, r) = (
+        result(criguard, dir.path(), "criguard"),
+        result(relay, dir.path(), "relay"),
+    );
+    for run in [&c, &r] {
+        eprintln!(
+            "{}: {} restarts, {} calls, {} failed, drain {} ms, gap {} ms; {}",
+            run["name"],
+            run["restarts"],
+            run["calls"],
+            run["failed"],
+            run["drain_ms"],
+            run["gap_ms"],
+            run["by_method"]["messages"]
+        );
+    }
+    assert!(
+        c["calls"].as_u64().unwrap() > 10 * RESTARTS as u64,
+        "the load ran: {c}"
+    );
+    assert_eq!(
+        c["failed"].as_u64(),
+        Some(0),
+        "calls failed across criguard's restarts: {}",
+        c["by_method"]["messages"]
+    );
+    assert!(c["failed"].as_u64() <= r["failed"].as_u64());
+}
