@@ -177,7 +177,8 @@ class Criguard:
         self.logfile = open(self.logpath, "a")
         self.proc = subprocess.Popen(args, stdout=self.logfile, stderr=subprocess.STDOUT,
                                      env={**os.environ,
-                                          "CRIGUARD_LOG": "info,criguard::reclaim::evict=debug"})
+                                          "CRIGUARD_LOG": "info,criguard::reclaim::evict=debug,"
+                                                          "criguard::eviction=debug"})
         deadline = time.monotonic() + 20
         while not os.path.exists(self.sock):
             if time.monotonic() > deadline or self.proc.poll() is not None:
