@@ -8,6 +8,7 @@
 
 use std::sync::{Arc, RwLock};
 
+use crate::lock::RwLocked;
 use bytes::{Bytes, BytesMut};
 use k8s_cri::v1 as cri;
 use prost::Message;
@@ -169,9 +170,7 @@ impl Observer {
         let static_pod = derive::is_static(ann(derive::CONFIG_SOURCE_ANNOTATION));
         let priority = derive::priority(ann(derive::PRIORITY_ANNOTATION)).unwrap_or(0);
         let critical = derive::is_critical(static_pod, priority, qos, &[]);
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = crate::clock::now_ms();
         let (refusal, why) = admission::decide(status, &uid, qos, critical, now_ms).err()?;
         if let Some(r) = &self.refusals {
             r.get_or_create(&RefusalLabels { condition: refusal }).inc();
@@ -232,7 +231,7 @@ impl Observer {
         // Under the read lock only to derive this one pod: no copy of the
         // model, no I/O.
         let (pod, capacity) = {
-            let m = self.model.read().unwrap_or_else(|e| e.into_inner());
+            let m = self.model.read_locked();
             (
                 m.pod_with(&req.pod_sandbox_id, fallback, &probe)?,
                 m.memory_capacity(),
@@ -266,7 +265,7 @@ impl Observer {
     }
 
     fn apply(&self, method: Method, req: &[u8], resp: &[u8]) -> Result<(), prost::DecodeError> {
-        let mut m = self.model.write().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.model.write_locked();
         match method {
             Method::RunPodSandbox => {
                 let r = cri::RunPodSandboxRequest::decode(req)?;

@@ -9,6 +9,7 @@ use std::sync::RwLock;
 
 use super::records::EvictedPod;
 use super::status::NodeStatus;
+use crate::lock::RwLocked;
 use crate::model::QosClass;
 use crate::policy::thresholds::Condition;
 pub use crate::signal::Refusal;
@@ -66,7 +67,7 @@ pub fn decide(
     critical: bool,
     now_ms: u64,
 ) -> Result<(), (Refusal, String)> {
-    let mut st = status.write().unwrap_or_else(|e| e.into_inner());
+    let mut st = status.write_locked();
     let decision = admit(&st.conditions, st.evicted.get(uid), qos, critical);
     let (refusal, why) = match decision {
         Ok(()) => return Ok(()),

@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{EvictionConfig, Signal, Threshold};
 use crate::kube::PodEviction;
+use crate::lock::RwLocked;
 use crate::metrics::{
     ConditionLabels, EvictionLabels, EvictionMetrics, Metrics, SignalLabels, TriggerLabels,
 };
@@ -177,7 +178,7 @@ impl EvictionManager {
         }
         self.pressure = pressure;
         {
-            let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
+            let mut st = self.status.write_locked();
             st.conditions = held;
             st.dry_run = self.dry_run;
         }
@@ -247,7 +248,7 @@ impl EvictionManager {
             let none = BTreeSet::new();
             r.node_conditions(if self.dry_run { &none } else { &conditions });
         }
-        let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.status.write_locked();
         st.conditions = conditions;
         st.dry_run = self.dry_run;
         st.observations = Some(obs.clone());
@@ -376,7 +377,7 @@ impl EvictionManager {
 
     /// The last round's last observations.
     fn last_observations(&self) -> Option<Observations> {
-        let st = self.status.read().unwrap_or_else(|e| e.into_inner());
+        let st = self.status.read_locked();
         st.observations.clone()
     }
 
@@ -524,7 +525,7 @@ impl EvictionManager {
             "evicting pod: {}", e.message
         );
         if self.dry_run {
-            let mut st = self.status.write().unwrap_or_else(|e| e.into_inner());
+            let mut st = self.status.write_locked();
             st.record_eviction(e.clone());
         } else {
             self.carry_out(v, t, &e).await;
@@ -579,14 +580,10 @@ impl EvictionManager {
         };
         self.metrics.evictions.get_or_create(&labels).inc();
         self.model
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
+            .write_locked()
             .set_sandbox_state(&pod.sandbox_id, SandboxState::NotReady);
         self.save_pressure(Some(e)).await;
-        self.status
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .record_eviction(e.clone());
+        self.status.write_locked().record_eviction(e.clone());
         self.stop(pod, grace_s, self.state.met_since(t)).await;
         if let Some(saving) = saving
             && tokio::time::timeout(store::STATE_WRITE_DEADLINE, saving)

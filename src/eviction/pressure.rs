@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use super::seams::Clock;
 use super::status::{Eviction, NodeStatus};
 use super::store::{self, EvictedStore, Remembered};
+use crate::lock::RwLocked;
 use crate::policy::thresholds::Condition;
 
 /// The pressure memory is saved at most this often while only the times
@@ -103,7 +104,7 @@ impl PressureMemory {
             return;
         };
         let (held, snapshot, evictions) = {
-            let st = status.read().unwrap_or_else(|e| e.into_inner());
+            let st = status.read_locked();
             let held = st.conditions.clone();
             let mut all = std::borrow::Cow::Borrowed(&st.evictions[..]);
             if let Some(e) = new {

@@ -18,7 +18,7 @@
 //! and the manager's round stays `Send` for `tokio::spawn`.
 
 use std::collections::BTreeSet;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -107,9 +107,7 @@ impl Clock for SystemClock {
     }
 
     fn unix_ms(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
+        crate::clock::now_ms()
     }
 }
 

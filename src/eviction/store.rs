@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 use std::time::Duration;
 
+use crate::lock::RwLocked;
 use serde::{Deserialize, Serialize};
 
 use super::records::EvictedPods;
@@ -181,7 +182,7 @@ impl EvictedStore {
     /// eviction manager, which knows the transition period.
     pub fn initial_status(&self) -> NodeStatus {
         let mut status = NodeStatus::default();
-        self.load_into(&mut status.evicted, unix_ms_now());
+        self.load_into(&mut status.evicted, crate::clock::now_ms());
         status.evictions = self.load_remembered().evictions;
         status.recorded.send_replace(status.evictions.len());
         status
@@ -203,7 +204,7 @@ pub fn remember(
     e: &Eviction,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let snapshot = {
-        let mut st = status.write().unwrap_or_else(|e| e.into_inner());
+        let mut st = status.write_locked();
         st.evicted.insert(&e.uid, &e.pod, &e.message, e.at_unix_ms);
         st.evicted.take_dirty();
         st.evicted.clone()
@@ -226,8 +227,8 @@ pub async fn persist(status: &RwLock<NodeStatus>, store: Option<&EvictedStore>) 
     // and is saved by the first round after it returns).
     static SAVING: AtomicBool = AtomicBool::new(false);
     let snapshot = {
-        let mut st = status.write().unwrap_or_else(|e| e.into_inner());
-        for uid in st.evicted.prune(unix_ms_now()) {
+        let mut st = status.write_locked();
+        for uid in st.evicted.prune(crate::clock::now_ms()) {
             tracing::info!(%uid, "evicted pod forgotten: its sandbox was not asked for in a long while");
         }
         if SAVING.load(Ordering::Acquire) {
@@ -256,13 +257,6 @@ pub async fn persist(status: &RwLock<NodeStatus>, store: Option<&EvictedStore>) 
 /// How long an eviction round waits for a state file save before it goes
 /// on without it (the save goes on on its thread).
 pub const STATE_WRITE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Now, ms since the epoch.
-pub fn unix_ms_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 #[cfg(test)]
 mod tests {

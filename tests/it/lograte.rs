@@ -41,7 +41,7 @@ async fn a_refusal_flood_logs_a_bounded_number_of_lines_with_the_count() {
     // The pod was evicted by an earlier run.
     let state = dir.path().join("state");
     let mut evicted = criguard::eviction::records::EvictedPods::default();
-    let now = criguard::eviction::store::unix_ms_now();
+    let now = criguard::clock::now_ms();
     evicted.insert(
         "uid-evicted",
         "default/hog",
