@@ -31,7 +31,6 @@ use crate::policy::image_gc::{
 };
 use crate::quantity::format_bytes;
 pub use crate::reclaim::image_uses::ImageUses;
-use crate::reclaim::image_uses::now_ms;
 use crate::runtime::Upstream;
 use crate::runtime::{CALL_DEADLINE, bounded};
 use crate::signals::probe;
@@ -157,7 +156,7 @@ impl ImageGc {
         let inner = &self.inner;
         let mut times = inner.times.lock().await;
         let mut report = ImageGcReport::default();
-        let now = now_ms();
+        let now = crate::clock::now_ms() as i64;
         let before = probe::statvfs(&inner.imagefs).await.ok();
         let records = match self.detect(&mut times, now).await {
             Ok(r) => r,
@@ -321,7 +320,7 @@ impl ImageGc {
                 ..Default::default()
             }),
         };
-        let idle_s = (now_ms() - img.last_used_or_detected()) / 1000;
+        let idle_s = (crate::clock::now_ms() as i64 - img.last_used_or_detected()) / 1000;
         match bounded("RemoveImage", CALL_DEADLINE, client.remove_image(req)).await {
             Ok(_) => {
                 tracing::info!(

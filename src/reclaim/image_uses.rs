@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::lock::Locked;
 
 /// Image uses seen between collections (a container created through the
 /// proxy): image reference as the kubelet wrote it → when, ms since the epoch.
@@ -14,19 +15,12 @@ pub struct ImageUses(Arc<Mutex<HashMap<String, i64>>>);
 impl ImageUses {
     /// Records that a container was just created from `image`.
     pub fn touch(&self, image: &str) {
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        m.insert(image.to_owned(), now_ms());
+        let mut m = self.0.locked();
+        m.insert(image.to_owned(), crate::clock::now_ms() as i64);
     }
 
     /// Takes every use recorded since the last call.
     pub(crate) fn take(&self) -> HashMap<String, i64> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *self.0.locked())
     }
-}
-
-/// Now, ms since the epoch (0 before it).
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
