@@ -15,13 +15,23 @@ use std::path::{Path, PathBuf};
 const KNOWN: &[(&str, &str, &str)] = &[
     (
         "cri",
-        "eviction",
-        "the observer (cri/observe.rs) asks admission and reads the node status",
+        "intercept",
+        "the relay's tests and fuzz harness drive it with the real observer",
+    ),
+    (
+        "intercept",
+        "kubelet",
+        "the observer's tests build pods with the test fixture",
+    ),
+    (
+        "intercept",
+        "metrics",
+        "the observer counts admission refusals",
     ),
     (
         "cri",
-        "reclaim",
-        "the observer records image uses for image GC",
+        "eviction",
+        "the relay's tests and fuzz harness give the real observer a node status",
     ),
     (
         "eviction",

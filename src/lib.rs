@@ -12,6 +12,7 @@ pub mod clock;
 pub mod config;
 pub mod cri;
 pub mod eviction;
+pub mod intercept;
 pub mod kube;
 #[cfg(any(test, feature = "test-pods"))]
 pub mod kubelet;

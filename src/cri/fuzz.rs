@@ -16,9 +16,9 @@ use tokio::sync::watch;
 
 use super::conn::{Conn, Io};
 use super::frame;
-use super::observe::Observer;
 use super::proxy::Proxy;
 use crate::eviction::NodeStatus;
+use crate::intercept::Observer;
 use crate::model::NodeModel;
 use crate::policy::thresholds::Condition;
 use crate::runtime::RuntimeEndpoint;

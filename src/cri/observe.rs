@@ -1,25 +1,15 @@
-//! The calls criguard looks at while forwarding them.
-//!
-//! A handful of lifecycle methods are decoded, as a copy, to keep the node
-//! model current; CreateContainer is also patched to carry criguard's
-//! `oom_score_adj`. Decoding never changes what is forwarded: the only change
-//! to any request is the appended patch (see [`patch`]). If a message cannot
-//! be decoded the call passes through untouched and criguard logs why.
+//! The calls criguard looks at while forwarding them, as the relay sees
+//! them: which methods are observed ([`Method`]), what an observer may ask
+//! of a request ([`RequestPlan`]: bytes to append, or a refusal), and the
+//! [`Observe`] interface the relay calls. What the calls mean for pods (the
+//! node model, admission, the `oom_score_adj` patch) lives on the domain
+//! side, in [`crate::intercept`]; the relay knows frames, streams and
+//! methods, no pods. Decoding never changes what is forwarded: the only
+//! change to any request is an appended patch.
 
-use std::sync::{Arc, RwLock};
-
-use crate::lock::RwLocked;
 use bytes::{Bytes, BytesMut};
-use k8s_cri::v1 as cri;
-use prost::Message;
 
-use crate::eviction::NodeStatus;
-use crate::eviction::admission;
-use crate::metrics::RefusalLabels;
-use crate::model::{ContainerState, NodeModel, SandboxState, convert, derive};
-use crate::reclaim::image_uses::ImageUses;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use super::frame::GRPC_PREFIX;
 
 /// The lifecycle methods criguard observes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,39 +46,6 @@ impl Method {
     }
 }
 
-/// Wire-level merge patches.
-///
-/// Protobuf parses two concatenated messages as their merge: a scalar set in
-/// the second wins, nested messages merge field by field, and every other
-/// field of the first, known to criguard or not, survives untouched. So a
-/// patch is a tiny message holding only the fields to set, appended to the
-/// original bytes. It is encoded by hand because prost omits zero scalars,
-/// and a patch to 0 must still be written.
-pub mod patch {
-    use prost::encoding::{WireType, encode_key, encode_varint};
-
-    fn nested(field: u32, inner: &[u8], out: &mut Vec<u8>) {
-        encode_key(field, WireType::LengthDelimited, out);
-        encode_varint(inner.len() as u64, out);
-        out.extend_from_slice(inner);
-    }
-
-    /// A `CreateContainerRequest` that sets only
-    /// `config.linux.resources.oom_score_adj` (fields 2 → 15 → 1 → 5).
-    pub fn create_container_oom_score_adj(adj: i64) -> Vec<u8> {
-        let mut resources = Vec::new();
-        encode_key(5, WireType::Varint, &mut resources);
-        encode_varint(adj as u64, &mut resources);
-        let mut linux = Vec::new();
-        nested(1, &resources, &mut linux);
-        let mut config = Vec::new();
-        nested(15, &linux, &mut config);
-        let mut request = Vec::new();
-        nested(2, &config, &mut request);
-        request
-    }
-}
-
 /// What the observer decided about a request.
 #[derive(Debug, Default)]
 pub struct RequestPlan {
@@ -98,223 +55,15 @@ pub struct RequestPlan {
     pub refuse: Option<String>,
 }
 
-/// Decodes observed calls into the node model, patches CreateContainer and
-/// admits RunPodSandbox.
-#[derive(Debug, Clone)]
-pub struct Observer {
-    model: Arc<RwLock<NodeModel>>,
-    status: Option<Arc<RwLock<NodeStatus>>>,
-    refusals: Option<Family<RefusalLabels, Counter>>,
-    image_uses: Option<ImageUses>,
-    guarding: Option<Arc<std::sync::atomic::AtomicBool>>,
-}
-
-impl Observer {
-    /// An observer that keeps `model` current (and admits every pod).
-    pub fn new(model: Arc<RwLock<NodeModel>>) -> Self {
-        Self {
-            model,
-            status: None,
-            refusals: None,
-            image_uses: None,
-            guarding: None,
-        }
-    }
-
-    /// The same observer, changing requests (the `oom_score_adj` patch,
-    /// admission refusals) only while `guarding` is true; while it is
-    /// false every request is forwarded unchanged and the model is still
-    /// kept current. `serve` clears it while it fails open on a
-    /// configuration it cannot accept.
-    pub fn with_guarding(mut self, guarding: Arc<std::sync::atomic::AtomicBool>) -> Self {
-        self.guarding = Some(guarding);
-        self
-    }
-
-    /// The same observer, telling image GC of each container created.
-    pub fn with_image_uses(mut self, uses: ImageUses) -> Self {
-        self.image_uses = Some(uses);
-        self
-    }
-
-    /// The same observer, admitting pods against the node's `status`.
-    pub fn with_admission(
-        mut self,
-        status: Arc<RwLock<NodeStatus>>,
-        refusals: Family<RefusalLabels, Counter>,
-    ) -> Self {
-        self.status = Some(status);
-        self.refusals = Some(refusals);
-        self
-    }
-
-    /// The admission decision for a RunPodSandbox request.
-    fn admit(&self, msg: &[u8]) -> Option<String> {
-        let status = self.status.as_ref()?;
-        let req = cri::RunPodSandboxRequest::decode(msg).ok()?;
-        let config = req.config?;
-        let uid = config
-            .metadata
-            .as_ref()
-            .map(|m| m.uid.clone())
-            .unwrap_or_default();
-        let parent = config
-            .linux
-            .as_ref()
-            .map(|l| l.cgroup_parent.as_str())
-            .unwrap_or("");
-        // Unknown class (no kubelet cgroup parent): not refused as BestEffort.
-        let qos =
-            derive::qos_from_cgroup_parent(parent).unwrap_or(crate::model::QosClass::Burstable);
-        let ann = |k: &str| config.annotations.get(k).map(String::as_str);
-        let static_pod = derive::is_static(ann(derive::CONFIG_SOURCE_ANNOTATION));
-        let priority = derive::priority(ann(derive::PRIORITY_ANNOTATION)).unwrap_or(0);
-        let critical = derive::is_critical(static_pod, priority, qos, &[]);
-        let now_ms = crate::clock::now_ms();
-        let (refusal, why) = admission::decide(status, &uid, qos, critical, now_ms).err()?;
-        if let Some(r) = &self.refusals {
-            r.get_or_create(&RefusalLabels { condition: refusal }).inc();
-        }
-        let pod = config
-            .metadata
-            .map(|m| format!("{}/{}", m.namespace, m.name))
-            .unwrap_or_default();
-        crate::log_limited!(info, %pod, %uid, ?qos, reason = %why, "RunPodSandbox refused");
-        Some(why)
-    }
-
-    /// The model this observer feeds.
-    pub fn model(&self) -> &Arc<RwLock<NodeModel>> {
-        &self.model
-    }
-
+/// What the relay asks of the code that watches the calls it forwards.
+/// Both calls run on the relay's thread: they must not block (no I/O, no
+/// lock held by anyone across I/O). A panic in either is caught and the
+/// call forwarded as is.
+pub trait Observe: std::fmt::Debug + Send + Sync + 'static {
     /// Looks at a request message before it is forwarded.
-    pub fn on_request(&self, method: Method, msg: &[u8]) -> RequestPlan {
-        let off =
-            |g: &Arc<std::sync::atomic::AtomicBool>| !g.load(std::sync::atomic::Ordering::Acquire);
-        if self.guarding.as_ref().is_some_and(off) {
-            return RequestPlan::default();
-        }
-        match method {
-            Method::RunPodSandbox => RequestPlan {
-                patch: None,
-                refuse: self.admit(msg),
-            },
-            Method::CreateContainer => match cri::CreateContainerRequest::decode(msg) {
-                Ok(req) => RequestPlan {
-                    patch: self
-                        .oom_score_adj_for(&req)
-                        .map(patch::create_container_oom_score_adj),
-                    refuse: None,
-                },
-                Err(err) => {
-                    crate::log_limited!(warn, %err, "CreateContainer request not decodable; forwarded unpatched");
-                    RequestPlan::default()
-                }
-            },
-            _ => RequestPlan::default(),
-        }
-    }
-
-    /// The `oom_score_adj` criguard gives a container about to be created:
-    /// the kubelet's own rule applied to what the model knows of the pod.
-    fn oom_score_adj_for(&self, req: &cri::CreateContainerRequest) -> Option<i64> {
-        let config = req.config.as_ref()?;
-        // Not seen through criguard (e.g. created before a restart and not
-        // yet synced): the kubelet sends the sandbox config along.
-        let fallback = req
-            .sandbox_config
-            .as_ref()
-            .map(|sb| convert::sandbox_from_request(&req.pod_sandbox_id, sb));
-        const PROBE: &str = "\0criguard-probe";
-        let probe = convert::container_from_request(PROBE, &req.pod_sandbox_id, config);
-        // Under the read lock only to derive this one pod: no copy of the
-        // model, no I/O.
-        let (pod, capacity) = {
-            let m = self.model.read_locked();
-            (
-                m.pod_with(&req.pod_sandbox_id, fallback, &probe)?,
-                m.memory_capacity(),
-            )
-        };
-        // A pod the kubelet did not make (no kubepods cgroup parent, e.g.
-        // crictl's) keeps the score its client asked for.
-        derive::qos_from_cgroup_parent(&pod.cgroup_parent)?;
-        let container = pod.containers.get(PROBE)?;
-        let to = derive::kubelet_oom_score_adj(
-            pod.qos,
-            pod.critical && container.oom_score_adj == derive::GUARANTEED_OOM_SCORE_ADJ,
-            container.memory_request,
-            capacity,
-        );
-        tracing::debug!(
-            pod = %format_args!("{}/{}", pod.namespace, pod.name),
-            container = %config.metadata.as_ref().map_or("", |m| m.name.as_str()),
-            from = container.oom_score_adj,
-            to,
-            "CreateContainer oom_score_adj patched"
-        );
-        Some(to)
-    }
-
-    /// Looks at a successful answer (gRPC status OK) and updates the model.
-    pub fn on_response(&self, method: Method, req: &[u8], resp: &[u8]) {
-        if let Err(err) = self.apply(method, req, resp) {
-            crate::log_limited!(warn, ?method, %err, "observed call not decodable; model not updated");
-        }
-    }
-
-    fn apply(&self, method: Method, req: &[u8], resp: &[u8]) -> Result<(), prost::DecodeError> {
-        let mut m = self.model.write_locked();
-        match method {
-            Method::RunPodSandbox => {
-                let r = cri::RunPodSandboxRequest::decode(req)?;
-                let id = cri::RunPodSandboxResponse::decode(resp)?.pod_sandbox_id;
-                let config = r.config.unwrap_or_default();
-                m.upsert_sandbox(convert::sandbox_from_request(&id, &config));
-                tracing::debug!(sandbox = %id, pod = ?config.metadata, "pod sandbox started");
-            }
-            Method::CreateContainer => {
-                let r = cri::CreateContainerRequest::decode(req)?;
-                let id = cri::CreateContainerResponse::decode(resp)?.container_id;
-                if m.sandbox_info(&r.pod_sandbox_id).is_none()
-                    && let Some(sandbox) = &r.sandbox_config
-                {
-                    m.upsert_sandbox(convert::sandbox_from_request(&r.pod_sandbox_id, sandbox));
-                }
-                let config = r.config.unwrap_or_default();
-                if let (Some(uses), Some(image)) = (&self.image_uses, &config.image) {
-                    uses.touch(&image.image);
-                }
-                m.upsert_container(convert::container_from_request(
-                    &id,
-                    &r.pod_sandbox_id,
-                    &config,
-                ));
-            }
-            Method::StartContainer => {
-                let r = cri::StartContainerRequest::decode(req)?;
-                m.set_container_state(&r.container_id, ContainerState::Running);
-            }
-            Method::StopContainer => {
-                let r = cri::StopContainerRequest::decode(req)?;
-                m.set_container_state(&r.container_id, ContainerState::Exited);
-            }
-            Method::RemoveContainer => {
-                let r = cri::RemoveContainerRequest::decode(req)?;
-                m.remove_container(&r.container_id);
-            }
-            Method::StopPodSandbox => {
-                let r = cri::StopPodSandboxRequest::decode(req)?;
-                m.set_sandbox_state(&r.pod_sandbox_id, SandboxState::NotReady);
-            }
-            Method::RemovePodSandbox => {
-                let r = cri::RemovePodSandboxRequest::decode(req)?;
-                m.remove_sandbox(&r.pod_sandbox_id);
-            }
-        }
-        Ok(())
-    }
+    fn on_request(&self, method: Method, msg: &[u8]) -> RequestPlan;
+    /// Looks at a successful answer (gRPC status OK) to `req`.
+    fn on_response(&self, method: Method, req: &[u8], resp: &[u8]);
 }
 
 /// Splits a gRPC body holding exactly one uncompressed message into that
@@ -331,7 +80,7 @@ pub fn single_message(body: &[u8]) -> Option<&[u8]> {
 /// Frames a message (and an optional appended patch) as one gRPC message.
 pub fn frame(msg: &[u8], patch: Option<&[u8]>) -> Bytes {
     let len = msg.len() + patch.map_or(0, <[u8]>::len);
-    let mut out = BytesMut::with_capacity(len + 5);
+    let mut out = BytesMut::with_capacity(len + GRPC_PREFIX);
     out.extend_from_slice(&[0]);
     out.extend_from_slice(&(len as u32).to_be_bytes());
     out.extend_from_slice(msg);
@@ -344,112 +93,6 @@ pub fn frame(msg: &[u8], patch: Option<&[u8]>) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn patch_merges_into_a_full_request_and_keeps_every_other_field() {
-        let original = cri::CreateContainerRequest {
-            pod_sandbox_id: "sb".into(),
-            config: Some(cri::ContainerConfig {
-                metadata: Some(cri::ContainerMetadata {
-                    name: "app".into(),
-                    attempt: 2,
-                }),
-                linux: Some(cri::LinuxContainerConfig {
-                    resources: Some(cri::LinuxContainerResources {
-                        cpu_shares: 512,
-                        memory_limit_in_bytes: 1 << 30,
-                        oom_score_adj: 500,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            sandbox_config: None,
-        };
-        for adj in [-998i64, -997, 0, 3, 999, 1000] {
-            let mut bytes = original.encode_to_vec();
-            bytes.extend(patch::create_container_oom_score_adj(adj));
-            let merged = cri::CreateContainerRequest::decode(bytes.as_slice()).unwrap();
-            let mut want = original.clone();
-            want.config
-                .as_mut()
-                .unwrap()
-                .linux
-                .as_mut()
-                .unwrap()
-                .resources
-                .as_mut()
-                .unwrap()
-                .oom_score_adj = adj;
-            assert_eq!(merged, want, "adj {adj}");
-        }
-    }
-
-    fn create_request(cgroup_parent: &str) -> Vec<u8> {
-        let pod =
-            crate::kubelet::PodSpec::new("p", "uid-1").container(crate::kubelet::ContainerSpec {
-                name: "app".into(),
-                image: "busybox".into(),
-                ..Default::default()
-            });
-        let mut sandbox = pod.sandbox_config();
-        sandbox.linux.get_or_insert_default().cgroup_parent = cgroup_parent.into();
-        cri::CreateContainerRequest {
-            pod_sandbox_id: "sb1".into(),
-            config: Some(pod.container_config(0)),
-            sandbox_config: Some(sandbox),
-        }
-        .encode_to_vec()
-    }
-
-    #[test]
-    fn kubelet_containers_are_patched_and_others_keep_their_score() {
-        let observer = Observer::new(Arc::new(RwLock::new(NodeModel::new(8 << 30))));
-        let kubelet = create_request("/kubepods/besteffort/poduid-1");
-        let plan = observer.on_request(Method::CreateContainer, &kubelet);
-        assert_eq!(
-            plan.patch,
-            Some(patch::create_container_oom_score_adj(1000))
-        );
-        // crictl's pods have no kubepods cgroup parent: nothing to rank them by.
-        for parent in ["", "/", "/system.slice", "/criguard-test/pod1"] {
-            let plan = observer.on_request(Method::CreateContainer, &create_request(parent));
-            assert_eq!(plan.patch, None, "{parent:?}");
-        }
-    }
-
-    #[test]
-    fn a_dry_run_refuses_no_pod_for_a_condition_but_still_an_evicted_one() {
-        let pod = crate::kubelet::PodSpec::new("p", "uid-1");
-        let mut sandbox = pod.sandbox_config();
-        sandbox.linux.get_or_insert_default().cgroup_parent =
-            "/kubepods/besteffort/poduid-1".into();
-        let run = cri::RunPodSandboxRequest {
-            config: Some(sandbox),
-            ..Default::default()
-        }
-        .encode_to_vec();
-        let refused = |dry_run: bool, evicted: bool| {
-            let mut status = NodeStatus {
-                conditions: [crate::signal::Condition::MemoryPressure].into(),
-                dry_run,
-                ..Default::default()
-            };
-            if evicted {
-                status.evicted.insert("uid-1", "default/p", "evicted", 0);
-            }
-            let observer = Observer::new(Arc::new(RwLock::new(NodeModel::new(8 << 30))))
-                .with_admission(Arc::new(RwLock::new(status)), Default::default());
-            observer
-                .on_request(Method::RunPodSandbox, &run)
-                .refuse
-                .is_some()
-        };
-        assert!(refused(false, false), "BestEffort under MemoryPressure");
-        assert!(!refused(true, false), "a dry run admits it");
-        assert!(refused(true, true), "an evicted pod stays refused");
-    }
 
     #[test]
     fn single_message_refuses_compressed_and_truncated_bodies() {

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 
 use super::budget::Budget;
 use super::methods::MethodInfo;
-use super::observe::{Method, Observer};
+use super::observe::{Method, Observe};
 use crate::metrics::{CriMetrics, Metrics};
 use crate::runtime::{RuntimeEndpoint, Upstream};
 
@@ -17,7 +17,7 @@ use crate::runtime::{RuntimeEndpoint, Upstream};
 #[derive(Clone, Debug)]
 pub struct Proxy {
     pub(super) endpoint: RuntimeEndpoint,
-    pub(super) observer: Option<Observer>,
+    pub(super) observer: Option<Arc<dyn Observe>>,
     metrics: CriMetrics,
     ready: Option<watch::Receiver<bool>>,
     pub(super) budget: Arc<Budget>,
@@ -77,8 +77,8 @@ impl Proxy {
     }
 
     /// The same proxy, also feeding `observer`.
-    pub fn with_observer(mut self, observer: Observer) -> Self {
-        self.observer = Some(observer);
+    pub fn with_observer(mut self, observer: impl Observe) -> Self {
+        self.observer = Some(Arc::new(observer));
         self
     }
 

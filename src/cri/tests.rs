@@ -8,9 +8,10 @@ use prost::Message;
 
 use super::conn::{Conn, Io};
 use super::frame::{self, Head, error, flag, kind, setting};
-use super::observe::{self, Observer};
+use super::observe;
 use super::proxy::Proxy;
 use crate::eviction::NodeStatus;
+use crate::intercept::Observer;
 use crate::model::NodeModel;
 use crate::policy::thresholds::Condition;
 use crate::runtime::RuntimeEndpoint;

@@ -154,7 +154,7 @@ pub fn start_proxy(
 ) -> anyhow::Result<cri::server::ProxyThread> {
     let proxy = cri::Proxy::new(upstream)
         .with_observer(
-            cri::observe::Observer::new(node)
+            criguard::intercept::Observer::new(node)
                 .with_admission(status, metrics.eviction.admission_refusals.clone())
                 .with_image_uses(image_uses)
                 .with_guarding(guarding),

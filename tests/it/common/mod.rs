@@ -51,7 +51,7 @@ impl InProcessProxy {
         let endpoint = RuntimeEndpoint::parse(upstream.to_str().unwrap()).unwrap();
         let model = criguard::model::NodeModel::new(8 << 30);
         let observer =
-            cri::observe::Observer::new(std::sync::Arc::new(std::sync::RwLock::new(model)));
+            criguard::intercept::Observer::new(std::sync::Arc::new(std::sync::RwLock::new(model)));
         let proxy = cri::Proxy::new(&Upstream::new(endpoint)).with_observer(observer);
         let (tx, rx) = oneshot::channel();
         let task = tokio::spawn(cri::serve(
