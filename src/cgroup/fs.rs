@@ -148,7 +148,24 @@ impl CgroupFs {
             Layout::V2 => ("memory.current", "memory.max", "inactive_file"),
         };
         let usage_path = dir.join(usage_file);
-        let usage = parse_u64(&usage_path, &read(&usage_path)?)?;
+        let usage = match read(&usage_path) {
+            Ok(text) => parse_u64(&usage_path, &text)?,
+            // The v2 root has no memory.current nor memory.max: its usage
+            // is anon + file from its memory.stat, as runc (and so the
+            // kubelet's cAdvisor) reads it, and it has no limit.
+            Err(e) if is_root_v2(self.layout, cgroup, &e) => {
+                let stat = read(&dir.join("memory.stat"))?;
+                let usage = stat_value(&stat, "anon").unwrap_or(0)
+                    + stat_value(&stat, "file").unwrap_or(0);
+                let inactive = stat_value(&stat, inactive_key).unwrap_or(0);
+                return Ok(MemoryUsage {
+                    usage,
+                    working_set: usage.saturating_sub(inactive),
+                    limit: None,
+                });
+            }
+            Err(e) => return Err(e),
+        };
         let stat = read(&dir.join("memory.stat"))?;
         let inactive = stat_value(&stat, inactive_key).unwrap_or(0);
         let limit_path = dir.join(limit_file);
@@ -281,6 +298,13 @@ impl CgroupFs {
     }
 }
 
+/// Whether `e` is the v2 root's missing `memory.current`.
+fn is_root_v2(layout: Layout, cgroup: &str, e: &ReadError) -> bool {
+    layout == Layout::V2
+        && cgroup.trim_matches('/').is_empty()
+        && e.source.kind() == std::io::ErrorKind::NotFound
+}
+
 /// A memory limit as its file says it: `None` when unlimited (v2 `max`,
 /// v1's huge page-aligned number).
 pub fn limit_of(file: &CgroupFile) -> Result<Option<u64>, ReadError> {
@@ -292,6 +316,29 @@ mod tests {
     use super::*;
 
     use crate::cgroup::write_fixture as write;
+
+    #[test]
+    fn the_v2_root_has_no_memory_current_and_counts_anon_plus_file() {
+        // As on a real v2 host: the root cgroup has memory.stat only.
+        let t = tempfile::tempdir().unwrap();
+        write(t.path(), "cgroup.controllers", "cpu memory pids\n");
+        write(
+            t.path(),
+            "memory.stat",
+            "anon 300000000\nfile 200000000\ninactive_file 50000000\n",
+        );
+        let fs = CgroupFs::detect(t.path());
+        let want = MemoryUsage {
+            usage: 500000000,
+            working_set: 450000000,
+            limit: None,
+        };
+        assert_eq!(fs.memory("/").unwrap(), want);
+        assert_eq!(fs.memory("").unwrap(), want);
+        // Any other cgroup without memory.current is an error still.
+        write(t.path(), "kubepods/memory.stat", "anon 1\n");
+        assert!(fs.memory("/kubepods").is_err());
+    }
 
     #[test]
     fn v2_working_set_is_current_minus_inactive_file() {
