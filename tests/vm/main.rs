@@ -17,6 +17,7 @@
 mod common;
 mod frozen_runtime;
 mod guest;
+mod package;
 mod pressure;
 mod scores;
 mod systemd_driver;
