@@ -32,12 +32,15 @@
 mod common;
 
 mod admin;
+mod adopt;
 mod cli;
+mod cli_display;
 mod clients;
 mod cluster;
 mod cluster_vm;
 mod crictl;
 mod critest;
+mod deploy;
 mod disk_eviction;
 mod drain;
 mod events;
@@ -56,6 +59,7 @@ mod lifecycle;
 mod lograte;
 mod metrics;
 mod model;
+mod package;
 mod oom;
 mod pid_eviction;
 mod relay;

@@ -4,10 +4,10 @@
 //!
 //! On the host, [`vm_tier_scenarios_pass_inside_the_vm`] boots the VM and
 //! runs this same binary's ignored tests inside it, one at a time; it fails
-//! when any of them fails there. Those tests (the five scenarios: the units
+//! when any of them fails there. Those tests (the six scenarios: the units
 //! under systemd, the systemd cgroup driver, v2 memory pressure, v2 memory
-//! pressure with containerd frozen, the
-//! kubelet's real scores) reconfigure the machine they run on (containerd's
+//! pressure with containerd frozen, the kubelet's real scores, and the
+//! Debian package installed, upgraded under load and removed) reconfigure the machine they run on (containerd's
 //! config, criguard's units, `kubepods.slice`), so they refuse to run
 //! anywhere but in the VM (`CRIGUARD_VM_GUEST`, set by the guest's runner).
 //!
@@ -26,7 +26,7 @@ mod units;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
-/// The VM's whole run (boot, five scenarios, power-off) must end within
+/// The VM's whole run (boot, six scenarios, power-off) must end within
 /// this; each scenario has a watchdog of its own (`guest::Timer`).
 const TIMEOUT_S: u32 = 900;
 

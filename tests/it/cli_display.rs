@@ -9,8 +9,7 @@
 //!   (MET), the condition, the eviction, the runtime and criguard's CRI
 //!   socket answering, the API report off.
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -12,8 +12,7 @@
 //!   tests/bounds.rs scrape those) are listed in [`NOT_CAUSED_HERE`], and
 //!   must then be registered by that name in criguard's source.
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::io::Write;

@@ -6,8 +6,7 @@
 //! The endpoint that answers is a private containerd's socket (any CRI
 //! runtime answers Version as criguard does).
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;
