@@ -155,8 +155,8 @@ impl CgroupFs {
             // kubelet's cAdvisor) reads it, and it has no limit.
             Err(e) if is_root_v2(self.layout, cgroup, &e) => {
                 let stat = read(&dir.join("memory.stat"))?;
-                let usage = stat_value(&stat, "anon").unwrap_or(0)
-                    + stat_value(&stat, "file").unwrap_or(0);
+                let usage =
+                    stat_value(&stat, "anon").unwrap_or(0) + stat_value(&stat, "file").unwrap_or(0);
                 let inactive = stat_value(&stat, inactive_key).unwrap_or(0);
                 return Ok(MemoryUsage {
                     usage,
