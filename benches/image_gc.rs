@@ -21,9 +21,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::containerd::PrivateContainerd;
-use criguard::metrics::ReclaimMetrics;
 use criguard::policy::image_gc::{ImageGcPolicy, bytes_to_free};
 use criguard::reclaim::image_gc::{ImageGc, ImageUses};
+use criguard::reclaim::metrics::ReclaimMetrics;
 use criguard::runtime::{RuntimeEndpoint, Upstream};
 use criguard::signals::node::fs_stats;
 use k8s_cri::v1 as cri;

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use common::containerd::{PrivateContainerd, unique};
 use common::pods::{CgroupRoot, init_pid, mem_total, remove_pods, run_pod, sleeper};
 use criguard::kubelet::PodSpec;
-use criguard::metrics::TaskEventMetrics;
+use criguard::model::events::TaskEventMetrics;
 use criguard::model::events::TaskEvents;
 use criguard::model::{ContainerState, NodeModel, sync};
 use criguard::runtime::{RuntimeEndpoint, Upstream};
@@ -267,7 +267,7 @@ fn main() {
             "events received: {} exits over {} subscription(s)",
             metrics
                 .events
-                .get_or_create(&criguard::metrics::TopicLabels {
+                .get_or_create(&criguard::model::events::TopicLabels {
                     topic: criguard::runtime::events::TOPIC_EXIT
                 })
                 .get(),

@@ -24,19 +24,9 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "the observer's tests build pods with the test fixture",
     ),
     (
-        "intercept",
-        "metrics",
-        "the observer counts admission refusals",
-    ),
-    (
         "cri",
         "eviction",
         "the relay's tests and fuzz harness give the real observer a node status",
-    ),
-    (
-        "eviction",
-        "metrics",
-        "the manager counts evictions and pressure-to-action",
     ),
     (
         "config",
@@ -54,22 +44,10 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "the relay's tests build pods with the test fixture",
     ),
     (
-        "cri",
-        "metrics",
-        "the observer counts admissions and patches",
-    ),
-    ("kube", "metrics", "the API report counts its calls"),
-    (
-        "model",
-        "metrics",
-        "the events loop counts events and kernel OOM kills",
-    ),
-    (
         "model",
         "reclaim",
         "the events loop drives the kernel OOM kill recorder",
     ),
-    ("reclaim", "metrics", "eviction and GC count what they do"),
     ("signals", "model", "the cgroup path tests build model pods"),
 ];
 

@@ -4,6 +4,40 @@
 //! forwards every call to containerd ([`cri`]) and, standing in that path,
 //! handles memory, disk and pid pressure at the runtime layer.
 
+/// An enum whose variants are metric label values, each written as its
+/// text: the label types of the modules that count (`kube::metrics`,
+/// `reclaim::metrics`, `config::metrics`). Defined before the modules so
+/// that each sees it.
+macro_rules! label_values {
+    ($(#[$m:meta])* pub enum $name:ident {
+        $($(#[$vm:meta])* $v:ident => $text:literal,)+
+    }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$vm])* $v,)+
+        }
+
+        impl $name {
+            /// The label value.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$v => $text,)+
+                }
+            }
+        }
+
+        impl ::prometheus_client::encoding::EncodeLabelValue for $name {
+            fn encode(
+                &self,
+                e: &mut ::prometheus_client::encoding::LabelValueEncoder,
+            ) -> std::fmt::Result {
+                std::fmt::Write::write_str(e, self.as_str())
+            }
+        }
+    };
+}
+
 pub mod accept;
 pub mod admin;
 pub mod backoff;

@@ -31,6 +31,7 @@ use crate::lock::Locked;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 
 /// Mode of a state directory criguard creates.
 pub const DIR_MODE: u32 = 0o700;
@@ -146,10 +147,19 @@ pub struct FileLabels {
 
 static FAILURES: LazyLock<Family<FileLabels, Counter>> = LazyLock::new(Family::default);
 
-/// Failed attempts at writing each state file, process-wide: the metrics
-/// register it as `criguard_state_write_failures_total`.
+/// Failed attempts at writing each state file, process-wide: [`register`]
+/// registers it as `criguard_state_write_failures_total`.
 pub fn write_failures() -> Family<FileLabels, Counter> {
     FAILURES.clone()
+}
+
+/// Registers the failed writes ([`write_failures`]).
+pub fn register(registry: &mut Registry) {
+    registry.register(
+        "criguard_state_write_failures",
+        "Failed attempts at writing a state file, by file (the state directory full, read-only or gone); an eviction record that could not be written is kept in memory and retried every second until it is",
+        write_failures(),
+    );
 }
 
 /// A write that failed, kept until it succeeds or a newer one replaces it.

@@ -20,6 +20,7 @@ pub mod file;
 pub mod flags;
 pub mod image_gc;
 pub mod kube;
+pub mod metrics;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -19,6 +19,7 @@ pub mod headers;
 mod held;
 pub mod hpack;
 pub mod methods;
+pub mod metrics;
 pub mod observe;
 pub mod out;
 pub mod proxy;

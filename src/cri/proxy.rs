@@ -9,8 +9,8 @@ use tokio::sync::watch;
 
 use super::budget::Budget;
 use super::methods::MethodInfo;
+use super::metrics::CriMetrics;
 use super::observe::{Method, Observe};
-use crate::metrics::{CriMetrics, Metrics};
 use crate::runtime::{RuntimeEndpoint, Upstream};
 
 /// The proxy's shared settings. Cheap to clone.
@@ -44,7 +44,7 @@ impl Proxy {
         Self {
             endpoint,
             observer: None,
-            metrics: Metrics::new().cri,
+            metrics: CriMetrics::default(),
             ready: None,
             budget: Arc::new(Budget::default()),
             max_connections: DEFAULT_MAX_CONNECTIONS,

@@ -47,9 +47,6 @@ use std::time::{Duration, Instant};
 use crate::config::{EvictionConfig, Signal, Threshold};
 use crate::kube::PodEviction;
 use crate::lock::RwLocked;
-use crate::metrics::{
-    ConditionLabels, EvictionLabels, EvictionMetrics, Metrics, SignalLabels, TriggerLabels,
-};
 use crate::model::{NodeModel, Pod, SandboxState};
 use crate::policy::reclaim::{InFlight, NodeAction, PodUse, node_actions, pending, plan_victims};
 use crate::policy::thresholds::{Condition, EvictionState, Observations, deficit};
@@ -58,6 +55,9 @@ use crate::signal::Ranking;
 use crate::signals::events::{MemoryEvent, MemoryEvents};
 
 use super::message::eviction_message;
+use super::metrics::{
+    ConditionLabels, EvictionLabels, EvictionMetrics, SignalLabels, TriggerLabels,
+};
 use super::pressure::PressureMemory;
 use super::seams::{Clock, NodeReclaim, PodKiller, Rank, Reporter, Signals};
 use super::status::{Eviction, NodeStatus};
@@ -134,7 +134,7 @@ impl EvictionManager {
             status,
             state: EvictionState::default(),
             dry_run,
-            metrics: Metrics::new().eviction,
+            metrics: EvictionMetrics::default(),
             node_reclaim: None,
             in_flight: Vec::new(),
             store: None,

@@ -7,6 +7,7 @@
 //!   with [`collectors`] and [`killer`] the real node-level reclaim and pod
 //!   killer ([`stop_retry`] retries a stop the runtime did not answer);
 //! - [`message`]: the kubelet's eviction message;
+//! - [`metrics`]: what the manager and admission count;
 //! - [`pressure`]: the pressure memory kept across restarts;
 //! - [`status`]: what the manager shares with admission and the admin API;
 //! - [`records`]: the evicted pods (never admitted again), pure;
@@ -21,6 +22,7 @@ pub mod collectors;
 pub mod killer;
 pub mod manager;
 pub mod message;
+pub mod metrics;
 mod pressure;
 pub mod records;
 pub mod seams;

@@ -28,6 +28,7 @@
 
 pub mod body;
 pub mod config_condition;
+pub mod metrics;
 mod node;
 pub mod pending;
 mod pod;
@@ -42,8 +43,8 @@ use tokio::sync::{oneshot, watch};
 
 pub use body::PodEviction;
 
+use self::metrics::KubeMetrics;
 use crate::backoff::Backoff;
-use crate::metrics::KubeMetrics;
 use crate::policy::thresholds::Condition;
 
 /// Where the API's address and credentials come from.

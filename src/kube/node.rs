@@ -20,8 +20,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use super::metrics::KubeWrite;
 use super::{Inner, backoff as new_backoff, body, bounded};
-use crate::metrics::KubeWrite;
 use crate::policy::thresholds::Condition;
 
 /// Conflicts (409) retried after [`CONFLICT_WAIT`] before the backoff.

@@ -29,11 +29,11 @@ use kube::api::{
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::metrics::{KubeWrite, PodOutcome};
 use super::pending::PendingPod;
 use super::reassert::{Next, Reasserts, Seen, Undo, judge};
 use super::{Inner, PodEviction, backoff as new_backoff, body, bounded, code_of};
 use crate::clock::unix_ms;
-use crate::metrics::{KubeWrite, PodOutcome};
 
 /// How long a pod is watched after its status was written (the kubelet
 /// undoes criguard's status within seconds when it does).

@@ -27,12 +27,15 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use crate::lock::RwLocked;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{NodeModel, sync};
 use crate::backoff::Backoff;
-use crate::metrics::{TaskEventMetrics, TopicLabels};
 use crate::reclaim::oom_kills::OomKillWatcher;
 use crate::runtime::Upstream;
 use crate::runtime::events::{EventError, Subscription, TOPIC_EXIT, TOPIC_OOM, TaskEvent};
@@ -46,6 +49,48 @@ pub const OOM_READ_DEADLINE: Duration = Duration::from_secs(2);
 /// How long after subscribing the catch-up sync runs: containerd has
 /// registered the subscriber by then (it sends nothing to say so).
 pub const SETTLE: Duration = Duration::from_millis(250);
+
+/// Labels of a containerd event topic.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabels {
+    /// `/tasks/exit` or `/tasks/oom`.
+    pub topic: &'static str,
+}
+
+/// Metrics of containerd's task events (the kernel OOM kills they reveal
+/// are counted by the recorder, `reclaim::oom_kills`).
+#[derive(Clone, Debug, Default)]
+pub struct TaskEventMetrics {
+    /// Subscriptions made to containerd's events service (the first, then
+    /// one per re-subscription after containerd went away).
+    pub subscriptions: Counter,
+    /// Catch-up syncs completed after a subscription (what the events
+    /// could not tell: before it was registered, or while containerd was down).
+    pub catch_ups: Counter,
+    /// Task events received, by topic.
+    pub events: Family<TopicLabels, Counter>,
+}
+
+impl TaskEventMetrics {
+    /// Registers every metric of the group.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "criguard_containerd_event_subscriptions",
+            "Subscriptions to containerd's events service (/tasks/exit, /tasks/oom): the first and each one after containerd went away",
+            self.subscriptions.clone(),
+        );
+        registry.register(
+            "criguard_containerd_event_catch_up_syncs",
+            "Model syncs run right after subscribing to containerd's events, for what happened before the subscription",
+            self.catch_ups.clone(),
+        );
+        registry.register(
+            "criguard_containerd_events",
+            "containerd task events received, by topic",
+            self.events.clone(),
+        );
+    }
+}
 
 /// How one subscription ended.
 enum Ended {

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use k8s_cri::v1 as cri;
 
-use crate::metrics::{Action, ReclaimMetrics};
+use super::metrics::{Action, ReclaimMetrics};
 use crate::model::keys::LABEL_POD_UID;
 use crate::policy::gc::{
     DeadContainer, GcPolicy, SandboxRecord, containers_of_terminated_pods, containers_to_remove,

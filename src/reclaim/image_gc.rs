@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use k8s_cri::v1 as cri;
 
-use crate::metrics::{Action, ReclaimMetrics};
+use super::metrics::{Action, ReclaimMetrics};
 use crate::policy::image_gc::{
     ImageGcPolicy, ImageRecord, ImageTimes, Listed, bytes_to_free, candidates, too_old,
 };

@@ -54,7 +54,7 @@ use std::time::Duration;
 use anyhow::Context;
 use criguard::admin::ConfigStatus;
 use criguard::config::ConfigError;
-use criguard::metrics::{ReloadLabels, ReloadOutcome};
+use criguard::config::metrics::{ReloadLabels, ReloadOutcome};
 use criguard::{admin, listen};
 use tokio::sync::watch;
 

@@ -62,7 +62,7 @@ pub fn task_events(
     model::events::TaskEvents::new(node.clone(), upstream.clone())
         .with_oom_kills(
             OomKillWatcher::new(cgroup_root, ranks.clone(), oom_kills)
-                .with_metrics(metrics.events.oom_kills.clone()),
+                .with_metrics(metrics.oom_kills.clone()),
         )
         .with_metrics(metrics.events.clone())
 }

@@ -31,6 +31,7 @@ use crate::lock::Locked;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use super::ReadError;
@@ -56,7 +57,7 @@ pub enum ProbeError {
     },
 }
 
-/// The label of [`stuck_gauge`].
+/// The label of `criguard_observation_stuck` (see [`register`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PathLabels {
     /// The path observed.
@@ -78,10 +79,14 @@ struct Slot {
 static SLOTS: LazyLock<Mutex<HashMap<PathBuf, Slot>>> = LazyLock::new(Mutex::default);
 static STUCK: LazyLock<Family<PathLabels, Gauge<i64, AtomicI64>>> = LazyLock::new(Family::default);
 
-/// `criguard_observation_stuck{path}`: 1 while a `statvfs` of the path
-/// has not returned within [`DEADLINE`] (registered by `crate::metrics`).
-pub fn stuck_gauge() -> Family<PathLabels, Gauge<i64, AtomicI64>> {
-    STUCK.clone()
+/// Registers `criguard_observation_stuck{path}`, process-wide: 1 while a
+/// `statvfs` of the path has not returned within [`DEADLINE`].
+pub fn register(registry: &mut Registry) {
+    registry.register(
+        "criguard_observation_stuck",
+        "1 while a statvfs of the path has not returned within its deadline (a hung filesystem): its disk signals are not observed",
+        STUCK.clone(),
+    );
 }
 
 /// What to do for a path, given the call in flight (pure).

@@ -44,7 +44,6 @@ use std::time::{Duration, Instant};
 
 use crate::cgroup::fs::CgroupFs;
 use crate::lock::{Locked, RwLocked};
-use crate::metrics::OomMetrics;
 use crate::model::{ContainerState, NodeModel};
 use crate::policy::oom::{
     Check, ContainerMemory, Known, Reason, Why, Write, decide, may_need_bound, plan_writes,
@@ -52,7 +51,34 @@ use crate::policy::oom::{
 use crate::policy::oom_kill::RankHistory;
 use crate::policy::rank::rank_memory;
 use crate::reclaim::rank::memory_input;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
 use view::View;
+
+/// Metrics of the dynamic `oom_score_adj` adjuster.
+#[derive(Clone, Debug, Default)]
+pub struct OomMetrics {
+    /// Processes whose score criguard wrote.
+    pub writes: Counter,
+    /// Rounds that ranked the pods for memory (with or without writes).
+    pub rounds: Counter,
+}
+
+impl OomMetrics {
+    /// Registers every metric of the group.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "criguard_oom_score_adj_writes",
+            "Processes whose oom_score_adj criguard set to follow its memory ranking",
+            self.writes.clone(),
+        );
+        registry.register(
+            "criguard_oom_rank_rounds",
+            "Rounds of the oom_score_adj adjuster, each ranking the pods for memory: the ranking kernel OOM kills are matched against",
+            self.rounds.clone(),
+        );
+    }
+}
 
 /// The longest a decision stands while no counter moves: working sets can
 /// drift while usage stands (file pages going inactive), and the kubelet

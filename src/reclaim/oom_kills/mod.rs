@@ -34,13 +34,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::lock::Locked;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
 use crate::cgroup::fs::{CgroupFs, Layout};
 use crate::cgroup::path as cgroup_path;
-use crate::metrics::OomKillLabels;
 use crate::model::{NodeModel, QosClass};
 use crate::policy::oom_kill::{RankHistory, kills_from_notification, new_kills};
 use crate::runtime::events::TaskExit;
@@ -48,6 +49,31 @@ use crate::runtime::events::TaskExit;
 mod record;
 
 pub use record::{KEEP, OomKill, OomKills};
+
+/// Labels of a kernel OOM kill.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OomKillLabels {
+    /// True when the killed container's pod was criguard's first-ranked pod.
+    pub matched_rank: bool,
+}
+
+/// Metrics of the kernel OOM kills the watcher records.
+#[derive(Clone, Debug, Default)]
+pub struct OomKillMetrics {
+    /// Kernel OOM kills in pods, by whether the pod was criguard's first.
+    pub kills: Family<OomKillLabels, Counter>,
+}
+
+impl OomKillMetrics {
+    /// Registers every metric of the group.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "criguard_kernel_oom_kills",
+            "Processes the kernel's OOM killer took from pods' containers, by whether the pod was the one criguard ranked first for memory at the time",
+            self.kills.clone(),
+        );
+    }
+}
 
 /// The name recorded for a sandbox's own (pause) task.
 pub const SANDBOX_TASK: &str = "(sandbox)";
@@ -129,7 +155,7 @@ pub struct OomKillWatcher {
     suspects: HashMap<String, Suspect>,
     ranks: Arc<Mutex<RankHistory>>,
     store: OomKills,
-    counter: Family<OomKillLabels, Counter>,
+    metrics: OomKillMetrics,
     /// When the baseline was read, ms since the epoch: a task created
     /// later has had every kill of its counter while criguard watched.
     baseline_ms: u64,
@@ -146,14 +172,14 @@ impl OomKillWatcher {
             suspects: HashMap::new(),
             ranks,
             store,
-            counter: Family::default(),
+            metrics: OomKillMetrics::default(),
             baseline_ms: u64::MAX,
         }
     }
 
-    /// The same watcher, counting kills in `counter` (by `matched_rank`).
-    pub fn with_metrics(mut self, counter: Family<OomKillLabels, Counter>) -> Self {
-        self.counter = counter;
+    /// The same watcher, counting kills in `metrics` (by `matched_rank`).
+    pub fn with_metrics(mut self, metrics: OomKillMetrics) -> Self {
+        self.metrics = metrics;
         self
     }
 
@@ -342,7 +368,8 @@ impl OomKillWatcher {
             kills,
             notified,
         };
-        self.counter
+        self.metrics
+            .kills
             .get_or_create(&OomKillLabels {
                 matched_rank: kill.matched_rank,
             })

@@ -1,0 +1,116 @@
+//! What the Kubernetes API report counts: each write by kind and outcome,
+//! and what became of each evicted pod's report.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+/// Labels of one kind of Kubernetes API write and how it went.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KubeWriteLabels {
+    /// `pod_status`, `event`, `pod_delete`, `node_conditions` or `node_taints`.
+    pub write: KubeWrite,
+    /// `ok` or `failed`.
+    pub outcome: WriteOutcome,
+}
+
+label_values! {
+    /// A kind of Kubernetes API write.
+    pub enum KubeWrite {
+        /// An evicted pod's status (Failed, Evicted).
+        PodStatus => "pod_status",
+        /// The eviction's event.
+        Event => "event",
+        /// The delete of an evicted pod whose status kept being undone
+        /// (the last resort).
+        PodDelete => "pod_delete",
+        /// criguard's node conditions.
+        NodeConditions => "node_conditions",
+        /// criguard's node taints.
+        NodeTaints => "node_taints",
+    }
+}
+
+label_values! {
+    /// How an API write went.
+    pub enum WriteOutcome {
+        /// Written.
+        Ok => "ok",
+        /// Refused or not answered.
+        Failed => "failed",
+    }
+}
+
+/// Labels of what became of an evicted pod's report.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KubeOutcomeLabels {
+    /// `written`, `reverted`, `reasserted`, `settled`, `deleted` or `failed`.
+    pub outcome: PodOutcome,
+}
+
+label_values! {
+    /// What became of an evicted pod's report.
+    pub enum PodOutcome {
+        /// Status Failed/Evicted written.
+        Written => "written",
+        /// Its report ended with criguard's status in place (the pod was
+        /// deleted by others, or the watch ran its course).
+        Settled => "settled",
+        /// criguard's status was seen undone (Running written back, or
+        /// another reason or message written over it); once per undo.
+        Reverted => "reverted",
+        /// criguard's status written again after an undo; once per write.
+        Reasserted => "reasserted",
+        /// Deleted as the last resort: still undone past the bound.
+        Deleted => "deleted",
+        /// Status never written.
+        Failed => "failed",
+    }
+}
+
+/// Metrics of the Kubernetes API report.
+#[derive(Clone, Debug, Default)]
+pub struct KubeMetrics {
+    /// API writes, by kind and outcome (each attempt counts).
+    pub writes: Family<KubeWriteLabels, Counter>,
+    /// Evicted pods: status written; each undo seen and each write again;
+    /// then settled (criguard's status kept) or deleted as the last resort;
+    /// or never written.
+    pub pods: Family<KubeOutcomeLabels, Counter>,
+}
+
+impl KubeMetrics {
+    /// Registers every metric of the group.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "criguard_kube_writes",
+            "Kubernetes API writes by kind (pod_status, event, pod_delete, node_conditions, node_taints) and outcome (ok, failed); every attempt counts",
+            self.writes.clone(),
+        );
+        registry.register(
+            "criguard_kube_evicted_pods",
+            "Evicted pods reported to the API, by outcome: written (status Failed/Evicted); reverted (each time the status was seen undone) and reasserted (each time criguard wrote it again); then settled (the report ended with criguard's status in place) or deleted (the last resort, still undone past the bound); failed (status never written)",
+            self.pods.clone(),
+        );
+    }
+
+    /// Counts one write attempt.
+    pub fn write(&self, write: KubeWrite, ok: bool) {
+        let outcome = if ok {
+            WriteOutcome::Ok
+        } else {
+            WriteOutcome::Failed
+        };
+        self.writes
+            .get_or_create(&KubeWriteLabels { write, outcome })
+            .inc();
+    }
+
+    /// Counts one evicted pod's outcome.
+    pub fn pod(&self, outcome: PodOutcome) {
+        self.pods
+            .get_or_create(&KubeOutcomeLabels { outcome })
+            .inc();
+    }
+}
