@@ -14,14 +14,7 @@ use std::path::{Path, PathBuf};
 use super::path::{self as cgroup_path, Controller};
 use super::{ReadError, read};
 
-/// Which cgroup layout a root uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    /// cgroup v1: `<root>/memory/<cgroup>/memory.*`.
-    V1,
-    /// cgroup v2: `<root>/<cgroup>/memory.*`.
-    V2,
-}
+pub use super::path::Layout;
 
 /// Memory figures of one cgroup, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -129,6 +122,19 @@ impl CgroupFs {
     /// [`cgroup_path`]) for `controller`.
     pub fn dir(&self, controller: Controller, cgroup: &str) -> PathBuf {
         cgroup_path::dir(&self.root, self.layout, controller, cgroup)
+    }
+
+    /// The pods' cgroup named `name` on this node: the first of
+    /// [`cgroup_path::kubepods_candidates`] whose memory directory exists,
+    /// else the first. Checked at each reading, so a kubelet that creates
+    /// it after criguard started is found.
+    pub fn kubepods_in(&self, name: &str) -> String {
+        let mut candidates = cgroup_path::kubepods_candidates(name);
+        let found = candidates
+            .iter()
+            .position(|c| self.dir(Controller::Memory, c).is_dir())
+            .unwrap_or(0);
+        candidates.swap_remove(found)
     }
 
     /// The directory of `cgroup` (a path like `/kubepods/burstable/pod…`) for memory.

@@ -17,13 +17,20 @@
 //!   (`<root>/memory/<path>`, `<root>/pids/<path>`), v2 one unified tree
 //!   (`<root>/<path>`) ([`dir`]).
 //!
-//! The functions from names to relative paths are pure; only
-//! [`kubepods_in`] looks at the tree, to find which spelling of the
-//! default pods' cgroup this node uses.
+//! The functions here are pure: they look at no tree (finding which
+//! spelling of the default pods' cgroup a node uses is
+//! `CgroupFs::kubepods_in`, in [`super::fs`], which reads through here).
 
 use std::path::{Path, PathBuf};
 
-use super::fs::{CgroupFs, Layout};
+/// Which cgroup layout a root uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// cgroup v1: `<root>/memory/<cgroup>/memory.*`.
+    V1,
+    /// cgroup v2: `<root>/<cgroup>/memory.*`.
+    V2,
+}
 
 /// The cgroup driver a name is spelled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,19 +156,6 @@ pub fn kubepods_candidates(name: &str) -> Vec<String> {
     } else {
         vec![first]
     }
-}
-
-/// The pods' cgroup named `name` on this node: the first of
-/// [`kubepods_candidates`] whose memory directory exists, else the first.
-/// Checked at each reading, so a kubelet that creates it after criguard
-/// started is found.
-pub fn kubepods_in(fs: &CgroupFs, name: &str) -> String {
-    let mut candidates = kubepods_candidates(name);
-    let found = candidates
-        .iter()
-        .position(|c| fs.dir(Controller::Memory, c).is_dir())
-        .unwrap_or(0);
-    candidates.swap_remove(found)
 }
 
 /// The cgroup named `kubepods` (cgroupfs: `…/kubepods`) or `*kubepods.slice`

@@ -12,9 +12,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+pub use super::probe::{FsStats, fs_stats, fs_stats_id};
 use super::{ReadError, probe, read};
 use crate::cgroup::fs::CgroupFs;
-use crate::cgroup::path as cgroup_path;
 use crate::config::Signal;
 use crate::policy::thresholds::{Observation, Observations};
 use crate::signal::{Filesystem, MemoryScope, Source, Unit};
@@ -37,45 +37,9 @@ pub struct NodeSources {
     pub imagefs: PathBuf,
 }
 
-/// Space and inodes of a filesystem.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FsStats {
-    /// Bytes available to unprivileged users.
-    pub available: u64,
-    /// Total bytes.
-    pub capacity: u64,
-    /// Free inodes.
-    pub inodes_free: u64,
-    /// Total inodes.
-    pub inodes: u64,
-}
-
 /// Whether a signal's source is a filesystem.
 fn is_disk(s: Source) -> bool {
     matches!(s, Source::Statfs(_))
-}
-
-/// `statvfs(2)` of the filesystem holding `path`.
-pub fn fs_stats(path: &Path) -> Result<FsStats, ReadError> {
-    fs_stats_id(path).map(|(s, _)| s)
-}
-
-/// `statvfs(2)` of the filesystem holding `path`, with its id (`f_fsid`:
-/// equal for two paths on one filesystem).
-pub fn fs_stats_id(path: &Path) -> Result<(FsStats, u64), ReadError> {
-    let s = nix::sys::statvfs::statvfs(path).map_err(|e| ReadError {
-        path: path.to_owned(),
-        source: e.into(),
-    })?;
-    let id = s.filesystem_id() as u64;
-    let frsize = s.fragment_size() as u64;
-    Ok(FsStats {
-        available: s.blocks_available() as u64 * frsize,
-        capacity: s.blocks() as u64 * frsize,
-        inodes_free: s.files_free() as u64,
-        inodes: s.files() as u64,
-    })
-    .map(|f| (f, id))
 }
 
 /// The kernel's pid limit: the smaller of `pid_max` and `threads-max`.
@@ -108,10 +72,10 @@ pub fn pids_in_use(proc_root: &Path) -> Result<u64, ReadError> {
 
 impl NodeSources {
     /// The pods' cgroup from the hierarchy root, resolved now
-    /// ([`cgroup_path::kubepods_in`]: the default `/kubepods` is
+    /// ([`CgroupFs::kubepods_in`]: the default `/kubepods` is
     /// `/kubepods.slice` on a systemd-driver node).
     pub fn kubepods(&self) -> String {
-        cgroup_path::kubepods_in(&self.cgroups, &self.pods_cgroup)
+        self.cgroups.kubepods_in(&self.pods_cgroup)
     }
 
     /// Reads every signal it can, stamped with the time the reading started;
