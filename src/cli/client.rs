@@ -8,8 +8,8 @@ use std::process::ExitCode;
 
 use criguard::admin;
 
+use super::args::NodeArgs;
 use super::display;
-use super::settings::NodeArgs;
 
 /// When `at_ms` was, for people: local time and age.
 fn when(at_ms: u64) -> String {

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use args::{CheckConfigCmd, ServeCmd};
-use settings::{NodeArgs, Settings};
+use args::{CheckConfigCmd, NodeArgs, ServeCmd};
+use settings::Settings;
 
 /// A CRI proxy that guards the node against resource pressure.
 #[derive(Parser, Debug)]

@@ -252,8 +252,7 @@ impl Guard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::args::{EvictionArgs, KubeArgs};
-    use crate::cli::settings::GcArgs;
+    use crate::cli::args::{EvictionArgs, GcArgs, KubeArgs};
     use clap::Parser;
 
     #[derive(Parser)]

@@ -28,7 +28,8 @@ use criguard::signals::usage::UsageReader;
 use tokio::sync::watch;
 
 use super::Stopping;
-use crate::cli::settings::{NodeArgs, Settings};
+use crate::cli::args::NodeArgs;
+use crate::cli::settings::Settings;
 
 /// The reclaim parts that live as long as `serve`, whatever the settings.
 pub struct Parts {
