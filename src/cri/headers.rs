@@ -10,6 +10,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::frame::{self, flag, kind};
+use super::hpack::encode_integer;
 
 /// What criguard reads from one header block.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -113,24 +114,8 @@ fn literal(out: &mut BytesMut, name: &str, value: &[u8]) {
 }
 
 fn string(out: &mut BytesMut, s: &[u8]) {
-    integer(out, 7, 0x00, s.len());
+    encode_integer(out, 7, 0x00, s.len());
     out.put_slice(s);
-}
-
-/// An HPACK integer with an `n`-bit prefix under the high bits `high`.
-pub(crate) fn integer(out: &mut BytesMut, n: u8, high: u8, mut v: usize) {
-    let max = (1usize << n) - 1;
-    if v < max {
-        out.put_u8(high | v as u8);
-    } else {
-        out.put_u8(high | max as u8);
-        v -= max;
-        while v >= 128 {
-            out.put_u8((v % 128 + 128) as u8);
-            v /= 128;
-        }
-        out.put_u8(v as u8);
-    }
 }
 
 /// Percent-encodes a grpc-message value as the gRPC spec asks.
@@ -248,7 +233,7 @@ mod tests {
     #[test]
     fn integers_with_continuation_octets() {
         let mut b = BytesMut::new();
-        integer(&mut b, 7, 0, 1337 + 127 - 127);
+        encode_integer(&mut b, 7, 0, 1337 + 127 - 127);
         let mut dec = loona_hpack::Decoder::new();
         // A literal with a 1337-byte name parses only if the length is right.
         let mut block = BytesMut::new();

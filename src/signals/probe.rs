@@ -35,7 +35,42 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use super::ReadError;
-use super::node::{FsStats, fs_stats_id};
+
+/// Space and inodes of a filesystem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FsStats {
+    /// Bytes available to unprivileged users.
+    pub available: u64,
+    /// Total bytes.
+    pub capacity: u64,
+    /// Free inodes.
+    pub inodes_free: u64,
+    /// Total inodes.
+    pub inodes: u64,
+}
+
+/// `statvfs(2)` of the filesystem holding `path`.
+pub fn fs_stats(path: &Path) -> Result<FsStats, ReadError> {
+    fs_stats_id(path).map(|(s, _)| s)
+}
+
+/// `statvfs(2)` of the filesystem holding `path`, with its id (`f_fsid`:
+/// equal for two paths on one filesystem).
+pub fn fs_stats_id(path: &Path) -> Result<(FsStats, u64), ReadError> {
+    let s = nix::sys::statvfs::statvfs(path).map_err(|e| ReadError {
+        path: path.to_owned(),
+        source: e.into(),
+    })?;
+    let id = s.filesystem_id() as u64;
+    let frsize = s.fragment_size() as u64;
+    Ok(FsStats {
+        available: s.blocks_available() as u64 * frsize,
+        capacity: s.blocks() as u64 * frsize,
+        inodes_free: s.files_free() as u64,
+        inodes: s.files() as u64,
+    })
+    .map(|f| (f, id))
+}
 
 /// How long one `statvfs` is waited for. A local filesystem answers in
 /// microseconds; an NFS server under load in milliseconds.

@@ -16,6 +16,8 @@ mod huffman;
 
 use std::collections::VecDeque;
 
+use bytes::{BufMut, BytesMut};
+
 pub use huffman::HuffmanError;
 
 /// The dynamic table's size before any size update (RFC 7540 §6.5.2).
@@ -219,6 +221,23 @@ fn integer(block: &[u8], pos: &mut usize, n: u32) -> Result<usize, DecodeError> 
         if b & 0x80 == 0 {
             return Ok(value);
         }
+    }
+}
+
+/// Writes an HPACK integer with an `n`-bit prefix under the high bits
+/// `high` (RFC 7541 §5.1), the encoder beside [`integer`].
+pub(crate) fn encode_integer(out: &mut BytesMut, n: u8, high: u8, mut v: usize) {
+    let max = (1usize << n) - 1;
+    if v < max {
+        out.put_u8(high | v as u8);
+    } else {
+        out.put_u8(high | max as u8);
+        v -= max;
+        while v >= 128 {
+            out.put_u8((v % 128 + 128) as u8);
+            v /= 128;
+        }
+        out.put_u8(v as u8);
     }
 }
 
@@ -438,7 +457,7 @@ mod tests {
 
     fn int(out: &mut Vec<u8>, n: u8, high: u8, v: usize) {
         let mut b = bytes::BytesMut::new();
-        crate::cri::headers::integer(&mut b, n, high, v);
+        super::encode_integer(&mut b, n, high, v);
         out.extend_from_slice(&b);
     }
 
