@@ -7,6 +7,11 @@
 //! two modules, and on a module the table does not place. Known breaks are
 //! listed in [`KNOWN`] with their reason; one that no longer occurs must be
 //! taken off the list, so the list only shrinks.
+//!
+//! A second test looks inside each module: the files of one module (`a.rs`,
+//! or `a/` with everything below it, beside the module's root) must not use
+//! each other in a circle, through `super::x` or `crate::m::x`. Known
+//! circles are listed in [`KNOWN_FILE_CIRCLES`], and shrink the same way.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -50,6 +55,13 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ),
     ("signals", "model", "the cgroup path tests build model pods"),
 ];
+
+/// Circles between files of one module the tree still has: (the files,
+/// as `module/file`, sorted; why).
+const KNOWN_FILE_CIRCLES: &[(&[&str], &str)] = &[(
+    &["cri/conn", "cri/held"],
+    "one `impl Conn` over two files: held.rs holds observed bodies with the connection's fields",
+)];
 
 /// Top-level modules and their layer (0: lowest), from the table in
 /// `docs/design.md` (rows `| layer | modules | does |`, modules in backticks).
@@ -214,4 +226,160 @@ fn uses_finds_paths_and_braces_but_not_comments() {
     let text = "use crate::model::Pod;\nuse crate::{policy, signals::memory};\n// crate::kube\nlet x = criguard::cri::x();";
     let got: Vec<_> = uses(text).into_iter().collect();
     assert_eq!(got, ["cri", "model", "policy", "signals"]);
+}
+
+/// The file of module `module` that a path names: `x` of `super::x` (from
+/// a file directly in the module) or of `crate::module::x`, when `x` is a
+/// file (`x.rs`) or a folder (`x/`) of the module.
+fn file_uses(text: &str, module: &str, direct: bool) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let own = format!("crate::{module}::");
+    // `use super::*` and `super::x` in an inline test module name the file
+    // itself, not a sibling: only the code before one counts for `super::`.
+    let before_tests = text.split("mod tests {").next().unwrap_or_default();
+    for (part, prefixes) in [
+        (text, vec![own.as_str()]),
+        (before_tests, if direct { vec!["super::"] } else { vec![] }),
+    ] {
+        for line in part.lines() {
+            let code = line.split("//").next().unwrap_or_default();
+            for prefix in &prefixes {
+                for (i, _) in code.match_indices(prefix) {
+                    let before = code[..i].chars().last();
+                    if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                        continue;
+                    }
+                    let rest = &code[i + prefix.len()..];
+                    let names: Vec<&str> = match rest.strip_prefix('{') {
+                        Some(inner) => inner
+                            .split('}')
+                            .next()
+                            .unwrap_or_default()
+                            .split(',')
+                            .collect(),
+                        None => vec![rest],
+                    };
+                    for n in names {
+                        let name: String = n
+                            .trim()
+                            .chars()
+                            .take_while(|c| c.is_alphanumeric() || *c == '_')
+                            .collect();
+                        if !name.is_empty() {
+                            out.insert(name);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every arrow between two files of one module (`module/file`), the
+/// module's root (`mod.rs`, or `module.rs` beside its folder) left out.
+fn file_arrows(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    for f in files {
+        let Ok(rel) = f.strip_prefix(src) else {
+            continue;
+        };
+        let parts: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+        if parts.len() < 2 || parts[0] == "layers.rs" {
+            continue;
+        }
+        let module = parts[0];
+        let file = parts[1].trim_end_matches(".rs");
+        if file == "mod" {
+            continue;
+        }
+        // `module/file.rs` and `module/file/mod.rs` sit directly in the module.
+        let direct = parts.len() == 2 || (parts.len() == 3 && parts[2] == "mod.rs");
+        let text = std::fs::read_to_string(&f).unwrap();
+        let mut named = file_uses(&text, module, direct);
+        named.extend(file_uses(&text.replace('\n', " "), module, direct));
+        let dir = src.join(module);
+        for to in named {
+            let exists = dir.join(format!("{to}.rs")).exists() || dir.join(&to).is_dir();
+            if to != file && to != "mod" && exists {
+                out.entry(format!("{module}/{file}"))
+                    .or_default()
+                    .insert(format!("{module}/{to}"));
+            }
+        }
+    }
+    out
+}
+
+/// The groups of files that reach each other (strongly connected, more
+/// than one file), each sorted.
+fn circles(arrows: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<Vec<String>> {
+    let reach = |from: &String| {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.clone()];
+        while let Some(n) = todo.pop() {
+            for m in arrows.get(&n).into_iter().flatten() {
+                if seen.insert(m.clone()) {
+                    todo.push(m.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&String, BTreeSet<String>> =
+        arrows.keys().map(|k| (k, reach(k))).collect();
+    let mut out = BTreeSet::new();
+    for (a, from_a) in &reached {
+        let group: Vec<String> = from_a
+            .iter()
+            .filter(|b| *b == *a || reached.get(b).is_some_and(|r| r.contains(*a)))
+            .cloned()
+            .chain(std::iter::once((*a).clone()))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if group.len() > 1 {
+            out.insert(group);
+        }
+    }
+    out
+}
+
+#[test]
+fn no_two_files_of_a_module_use_each_other() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let arrows = file_arrows(&src);
+    assert!(
+        arrows.contains_key("cri/held"),
+        "the file arrows are read: {arrows:?}"
+    );
+    let found = circles(&arrows);
+    let known: BTreeSet<Vec<String>> = KNOWN_FILE_CIRCLES
+        .iter()
+        .map(|(files, _)| files.iter().map(|f| f.to_string()).collect())
+        .collect();
+    let stale: Vec<_> = known.difference(&found).collect();
+    assert!(
+        stale.is_empty(),
+        "no longer in the tree, take them off KNOWN_FILE_CIRCLES: {stale:?}"
+    );
+    let new: Vec<_> = found.difference(&known).collect();
+    assert!(new.is_empty(), "files of one module in a circle: {new:?}");
+}
+
+#[test]
+fn file_uses_finds_siblings_but_not_the_test_module() {
+    let text = "use super::{conn::Io, frame};\nuse crate::cri::held::X;\nuse crate::kube::Y;\nmod tests {\n    use super::out;\n}";
+    let got: Vec<_> = file_uses(text, "cri", true).into_iter().collect();
+    assert_eq!(got, ["conn", "frame", "held"]);
+    let arrows = BTreeMap::from([
+        ("m/a".to_owned(), BTreeSet::from(["m/b".to_owned()])),
+        ("m/b".to_owned(), BTreeSet::from(["m/c".to_owned()])),
+        ("m/c".to_owned(), BTreeSet::from(["m/a".to_owned()])),
+        ("m/d".to_owned(), BTreeSet::from(["m/a".to_owned()])),
+    ]);
+    let got: Vec<_> = circles(&arrows).into_iter().collect();
+    assert_eq!(got, [vec!["m/a", "m/b", "m/c"]]);
 }
