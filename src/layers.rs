@@ -34,16 +34,6 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "the relay's tests and fuzz harness give the real observer a node status",
     ),
     (
-        "config",
-        "kube",
-        "the kubeconfig loader lives in kube; config only names its path",
-    ),
-    (
-        "config",
-        "policy",
-        "image GC settings are validated by policy's own bounds",
-    ),
-    (
         "cri",
         "kubelet",
         "the relay's tests build pods with the test fixture",

@@ -1,4 +1,5 @@
-//! The Kubernetes API report's settings: file keys and flags.
+//! The Kubernetes API report's settings: file keys and flags, validated
+//! into [`KubeSettings`] (which `crate::kube` runs the report with).
 //!
 //! ```toml
 //! kubeconfig = "/etc/criguard/kubeconfig"   # or "in-cluster"; absent: no API report
@@ -11,7 +12,28 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{ConfigError, duration};
-use crate::kube::{ApiSource, KubeSettings};
+
+/// Where the API's address and credentials come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApiSource {
+    /// A kubeconfig file (its current context).
+    Kubeconfig(PathBuf),
+    /// The pod's service account (`KUBERNETES_SERVICE_HOST`, the mounted token).
+    InCluster,
+}
+
+/// The report's settings, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeSettings {
+    /// Where the client's configuration comes from.
+    pub source: ApiSource,
+    /// This node's name in the API.
+    pub node_name: String,
+    /// How long an eviction waits for the pod status write.
+    pub status_timeout: Duration,
+    /// Whether criguard taints the node NoSchedule under pressure.
+    pub taints: bool,
+}
 
 /// The report's keys as given, before validation.
 #[derive(Clone, Debug, Default, PartialEq)]

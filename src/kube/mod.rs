@@ -41,33 +41,12 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 
+pub use crate::config::kube::{ApiSource, KubeSettings};
 pub use body::PodEviction;
 
 use self::metrics::KubeMetrics;
 use crate::backoff::Backoff;
 use crate::policy::thresholds::Condition;
-
-/// Where the API's address and credentials come from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ApiSource {
-    /// A kubeconfig file (its current context).
-    Kubeconfig(PathBuf),
-    /// The pod's service account (`KUBERNETES_SERVICE_HOST`, the mounted token).
-    InCluster,
-}
-
-/// The report's settings, validated.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KubeSettings {
-    /// Where the client's configuration comes from.
-    pub source: ApiSource,
-    /// This node's name in the API.
-    pub node_name: String,
-    /// How long an eviction waits for the pod status write.
-    pub status_timeout: Duration,
-    /// Whether criguard taints the node NoSchedule under pressure.
-    pub taints: bool,
-}
 
 /// Why the report could not start.
 #[derive(Debug, thiserror::Error)]

@@ -17,29 +17,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// The kubelet's image GC settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ImageGcPolicy {
-    /// `imageGCHighThresholdPercent`: imagefs usage (%) that starts a collection.
-    pub high_percent: u8,
-    /// `imageGCLowThresholdPercent`: the usage (%) a collection brings it down to.
-    pub low_percent: u8,
-    /// `imageMinimumGCAge`: an image younger than this (since first detected) stays.
-    pub min_age: Duration,
-    /// `imageMaximumGCAge`: unused longer than this, an image goes (None: off).
-    pub max_age: Option<Duration>,
-}
-
-impl Default for ImageGcPolicy {
-    fn default() -> Self {
-        Self {
-            high_percent: 85,
-            low_percent: 80,
-            min_age: Duration::from_secs(120),
-            max_age: None,
-        }
-    }
-}
+pub use crate::config::image_gc::ImageGcPolicy;
 
 /// What is known of one image at a collection.
 #[derive(Clone, Debug, PartialEq, Eq)]
