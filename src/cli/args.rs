@@ -143,8 +143,9 @@ pub struct ServeCmd {
     /// The runtime to forward to.
     #[arg(long, default_value = "unix:///run/containerd/containerd.sock")]
     pub runtime_endpoint: String,
-    /// How long calls in flight may finish after SIGTERM.
-    #[arg(long, default_value = "10s", value_parser = parse_seconds)]
+    /// How long calls in flight may finish after SIGTERM (a slow
+    /// RunPodSandbox on a loaded node can take over 10 s).
+    #[arg(long, default_value = "30s", value_parser = parse_seconds)]
     pub drain: Duration,
     /// Kubelet connections served at once; a client past it gets
     /// `UNAVAILABLE: criguard: connection limit N reached`.

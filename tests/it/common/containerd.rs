@@ -213,7 +213,55 @@ impl PrivateContainerd {
             "CRIGUARD_CONTAINERD selected {wanted:?} but {} has another config",
             me.dir.display()
         );
+        me.wait_for_cri_images();
         me
+    }
+
+    /// Waits (up to 30 s) until the CRI image service lists the imported
+    /// pause and busybox images by their tags: containerd 2's CRI plugin
+    /// learns an import from its event stream, after `ctr import` returns,
+    /// so a test's first ListImages could otherwise race it. Runs on a
+    /// thread of its own, so it may be called from inside a test's runtime.
+    fn wait_for_cri_images(&self) {
+        let socket = self.socket.clone();
+        let listed = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let mut img = Clients::new(&socket).img;
+                let end = std::time::Instant::now() + Duration::from_secs(30);
+                let mut tags = Vec::new();
+                while std::time::Instant::now() < end {
+                    let req = k8s_cri::v1::ListImagesRequest { filter: None };
+                    if let Ok(r) = img.list_images(req).await {
+                        tags = r
+                            .into_inner()
+                            .images
+                            .into_iter()
+                            .flat_map(|i| i.repo_tags)
+                            .collect();
+                        if [super::pods::BUSYBOX, "registry.k8s.io/pause:3.9"]
+                            .iter()
+                            .all(|want| tags.iter().any(|t| t == want))
+                        {
+                            return Ok(());
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(tags)
+            })
+        })
+        .join()
+        .expect("the image wait thread");
+        if let Err(tags) = listed {
+            panic!(
+                "the CRI image service never listed pause and busybox by tag (last: {tags:?}):\n{}",
+                self.log_tail()
+            );
+        }
     }
 
     /// Kills this instance's containerd daemon alone (SIGKILL, by the pid
