@@ -43,7 +43,11 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "reclaim",
         "the events loop drives the kernel OOM kill recorder",
     ),
-    ("signals", "model", "per-pod usage (signals/usage.rs) walks the model's pods"),
+    (
+        "signals",
+        "model",
+        "per-pod usage (signals/usage.rs) walks the model's pods",
+    ),
 ];
 
 /// Circles between files of one module the tree still has: (the files,
