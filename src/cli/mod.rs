@@ -260,7 +260,7 @@ mod tests {
         };
         // Both dropped: their defaults apply; the essentials are kept.
         assert_eq!(cmd.kube.node_taints, None);
-        assert_eq!(cmd.drain, Duration::from_secs(10));
+        assert_eq!(cmd.drain, Duration::from_secs(30));
         assert_eq!(cmd.listen, PathBuf::from("/x.sock"));
         let (_, none) = parse(&["criguard", "serve", "--drain=5s"]);
         assert_eq!(none, None);
