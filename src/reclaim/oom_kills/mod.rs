@@ -78,7 +78,20 @@ impl OomKillMetrics {
 /// The name recorded for a sandbox's own (pause) task.
 pub const SANDBOX_TASK: &str = "(sandbox)";
 
-/// How long after an OOM notification a suspect's counter is read once more.
+/// When, after an OOM notification, a suspect's counter is read again
+/// until it rises. The kernel notifies before it picks and kills its
+/// victim, and on a loaded machine the notification can cross the shim and
+/// containerd before the kill is counted; by the time the victim's exit
+/// arrives its cgroup (and counter) may be gone (containerd 2 on cgroup
+/// v1). Reads soon after the notification catch the count in between.
+pub const RECHECKS: [Duration; 4] = [
+    Duration::from_millis(5),
+    Duration::from_millis(20),
+    Duration::from_millis(100),
+    RECHECK_AFTER,
+];
+
+/// The last read of a suspect's counter after its OOM notification.
 pub const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
 /// What the watcher needs of a task, read from the model.
@@ -141,6 +154,8 @@ fn target(model: &NodeModel, task_id: &str) -> Option<Target> {
 #[derive(Debug)]
 struct Suspect {
     notified_at_ms: u64,
+    /// When the notification arrived: [`RECHECKS`] count from here.
+    since: Instant,
     recheck_at: Instant,
 }
 
@@ -225,9 +240,11 @@ impl OomKillWatcher {
     ) -> Vec<OomKill> {
         let s = self.suspects.entry(task_id.to_owned()).or_insert(Suspect {
             notified_at_ms: at_ms,
-            recheck_at: now + RECHECK_AFTER,
+            since: now,
+            recheck_at: now + RECHECKS[0],
         });
-        s.recheck_at = now + RECHECK_AFTER;
+        s.since = now;
+        s.recheck_at = now + RECHECKS[0];
         self.check(model, task_id, at_ms, Look::Notification)
     }
 
@@ -252,7 +269,9 @@ impl OomKillWatcher {
         self.suspects.values().map(|s| s.recheck_at).min()
     }
 
-    /// Rechecks the suspects due at `now`, then forgets them.
+    /// Rechecks the suspects due at `now`; one whose counter rose, or
+    /// whose last recheck this was, is forgotten, the others wait for
+    /// their next one ([`RECHECKS`]).
     pub fn on_deadline(&mut self, model: &NodeModel, now: Instant) -> Vec<OomKill> {
         let due: Vec<String> = self
             .suspects
@@ -263,8 +282,20 @@ impl OomKillWatcher {
         let mut out = Vec::new();
         for id in due {
             let at = self.suspects[&id].notified_at_ms;
-            out.extend(self.check(model, &id, at, Look::Recheck));
-            self.suspects.remove(&id);
+            let found = self.check(model, &id, at, Look::Recheck);
+            let since = self.suspects[&id].since;
+            let next = RECHECKS.iter().map(|d| since + *d).find(|t| *t > now);
+            match next {
+                Some(t) if found.is_empty() => {
+                    if let Some(s) = self.suspects.get_mut(&id) {
+                        s.recheck_at = t;
+                    }
+                }
+                _ => {
+                    self.suspects.remove(&id);
+                }
+            }
+            out.extend(found);
         }
         out
     }

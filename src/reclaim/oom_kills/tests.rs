@@ -80,8 +80,10 @@ fn a_notification_to_every_cgroup_records_only_the_one_that_lost_a_process() {
     );
     assert!(k.matched_rank && k.notified);
     assert_eq!(k.first_ranked.as_deref(), Some("ns/x"));
-    // The recheck a second later finds nothing new, and ends.
-    assert_eq!(w.deadline(), Some(now + RECHECK_AFTER));
+    // The rechecks up to a second later find nothing new, and end.
+    assert_eq!(w.deadline(), Some(now + RECHECKS[0]));
+    assert!(w.on_deadline(&m, now + RECHECKS[0]).is_empty());
+    assert_eq!(w.deadline(), Some(now + RECHECKS[1]), "the next recheck");
     assert!(w.on_deadline(&m, now + RECHECK_AFTER).is_empty());
     assert_eq!(w.deadline(), None);
     assert_eq!(w.store.list(), kills);
@@ -319,4 +321,23 @@ fn a_sweep_counts_every_kill_of_a_container_created_since_the_baseline() {
     set(t.path(), "/kubepods/burstable/podsy/cw", 3);
     assert!(w.sweep(&m, 6_000).is_empty());
     assert_eq!(w.seen.get("cw"), Some(&3));
+}
+
+#[test]
+fn a_kill_counted_just_after_its_notification_is_found_by_an_early_recheck() {
+    // The notification crossed to criguard before the kernel counted the
+    // kill; the victim's cgroup is gone by the time its exit arrives.
+    let (t, m) = fixture();
+    let mut w = watcher(t.path(), "sx");
+    w.baseline(&m);
+    let now = Instant::now();
+    assert!(w.on_oom(&m, "cx", 2_000, now).is_empty(), "not counted yet");
+    assert!(w.on_deadline(&m, now + RECHECKS[0]).is_empty());
+    set(t.path(), "/kubepods/besteffort/podsx/cx", 1);
+    let kills = w.on_deadline(&m, now + RECHECKS[1]);
+    assert_eq!(kills.len(), 1, "{kills:#?}");
+    assert!(kills[0].notified && kills[0].matched_rank);
+    assert_eq!(w.deadline(), None, "found: no more rechecks");
+    std::fs::remove_dir_all(t.path().join("memory/kubepods/besteffort/podsx/cx")).unwrap();
+    assert!(w.on_exit(&m, &exit("cx", 137)).is_empty(), "counted once");
 }
