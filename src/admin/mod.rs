@@ -42,4 +42,4 @@ pub use client::{
 pub use config::{ConfigStatus, get_status};
 pub use convert::{ConditionsReport, ConvertError, Observed};
 pub use server::{AdminState, serve};
-pub use table::{eviction_line, evictions_text, pods_table, rank_table, usage_table};
+pub use table::{eviction_line, evictions_text, rank_table, usage_table};

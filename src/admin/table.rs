@@ -5,7 +5,6 @@
 use super::client::EvictionsReport;
 use crate::config::Signal;
 use crate::eviction::Eviction;
-use crate::model::Pod;
 use crate::reclaim::rank::RankEntry;
 use crate::signals::usage::NodeUsage;
 
@@ -36,61 +35,6 @@ pub fn rank_table(entries: &[RankEntry]) -> String {
         ));
     }
     out
-}
-
-/// The model as a table for people.
-pub fn pods_table(pods: &[Pod]) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<30} {:<11} {:>9} {:<8} {:<9} {:<13} {:<16} {:<9} {:>9} {:>9} {:>5}",
-        "NAMESPACE/POD",
-        "QOS",
-        "PRIORITY",
-        "CRITICAL",
-        "STATE",
-        "SANDBOX",
-        "CONTAINER",
-        "C-STATE",
-        "MEM-REQ",
-        "MEM-LIM",
-        "OOM"
-    );
-    for p in pods {
-        let pod = format!("{}/{}", p.namespace, p.name);
-        let crit = if p.critical { "yes" } else { "no" };
-        let head = format!(
-            "{pod:<30} {:<11} {:>9} {crit:<8} {:<9} {:<13}",
-            format!("{:?}", p.qos),
-            p.priority,
-            format!("{:?}", p.state),
-            p.sandbox_id.get(..12).unwrap_or(&p.sandbox_id),
-        );
-        if p.containers.is_empty() {
-            let _ = writeln!(out, "{head}");
-        }
-        for c in p.containers.values() {
-            let _ = writeln!(
-                out,
-                "{head} {:<16} {:<9} {:>9} {:>9} {:>5}",
-                c.name,
-                format!("{:?}", c.state),
-                mib(c.memory_request),
-                mib(c.memory_limit),
-                c.oom_score_adj
-            );
-        }
-    }
-    out
-}
-
-fn mib(bytes: i64) -> String {
-    if bytes <= 0 {
-        "-".into()
-    } else {
-        format!("{}Mi", bytes >> 20)
-    }
 }
 
 /// Per-pod usage as a table for people: one line per pod, then the node's
