@@ -11,89 +11,12 @@
 
 use crate::common;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::containerd::{Clients, PrivateContainerd, unique};
-use common::metrics::free_port;
 use common::pods::{CgroupRoot, proc_oom_score_adj, remove_pods, run_pod, sleeper};
+use common::served::Served;
 use criguard::kubelet::PodSpec;
-
-/// `criguard serve` with a configuration file and metrics.
-struct Served {
-    child: Child,
-    socket: PathBuf,
-    admin: PathBuf,
-    config: PathBuf,
-    port: u16,
-    runtime: String,
-}
-
-impl Served {
-    async fn start(ctrd: &PrivateContainerd, config: &str) -> Self {
-        let dir = ctrd.dir.join(unique("display"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let config_path = dir.join("config.toml");
-        std::fs::write(&config_path, config).unwrap();
-        let port = free_port();
-        let (socket, admin) = (dir.join("criguard.sock"), dir.join("admin.sock"));
-        let runtime = format!("unix://{}", ctrd.socket.display());
-        let child = Command::new(env!("CARGO_BIN_EXE_criguard"))
-            .arg("serve")
-            .arg("--listen")
-            .arg(&socket)
-            .arg("--admin-socket")
-            .arg(&admin)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--config")
-            .arg(&config_path)
-            .args(["--metrics-address", &format!("127.0.0.1:{port}")])
-            .args(["--runtime-endpoint", &runtime])
-            .stderr(Stdio::from(
-                std::fs::File::create(dir.join("criguard.log")).unwrap(),
-            ))
-            .spawn()
-            .expect("spawn criguard");
-        let me = Self {
-            child,
-            socket,
-            admin,
-            config: config_path,
-            port,
-            runtime,
-        };
-        common::poll_until(Duration::from_secs(20), "criguard's sockets", || async {
-            let cri = tokio::net::UnixStream::connect(&me.socket).await.ok();
-            let admin = criguard::admin::get_status(&me.admin).await.ok();
-            cri.and(admin).map(|_| ())
-        })
-        .await;
-        me
-    }
-
-    /// `criguard ARGS --admin-socket ...`: exit code and stdout.
-    fn cli(&self, args: &[&str]) -> (i32, String) {
-        let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
-            .args(args)
-            .arg("--admin-socket")
-            .arg(&self.admin)
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_evictions_and_status_show_what_people_need() {
@@ -102,7 +25,9 @@ async fn pods_evictions_and_status_show_what_people_need() {
     let ctrd = PrivateContainerd::start();
     let served = Served::start(
         &ctrd,
+        "display",
         "evictionHard = { \"memory.available\" = \"1Mi\" }\nimageGCHighThresholdPercent = 100\n",
+        &[],
     )
     .await;
     let mut c = Clients::new(&served.socket);

@@ -17,12 +17,13 @@ use crate::common;
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::containerd::{PrivateContainerd, unique};
-use common::metrics::{free_port, scrape};
+use common::metrics::scrape;
 use common::pods::{CgroupRoot, remove_pods, run_pod, sleeper};
+use common::served::Served;
 use criguard::kubelet::PodSpec;
 use k8s_cri::v1 as cri;
 
@@ -228,70 +229,6 @@ fn dashboard_panels_each_have_a_unique_id_and_a_query() {
     }
 }
 
-/// `criguard serve` with a configuration file and metrics.
-struct Served {
-    child: Child,
-    socket: PathBuf,
-    admin: PathBuf,
-    config: PathBuf,
-    port: u16,
-}
-
-impl Served {
-    async fn start(ctrd: &PrivateContainerd, config: &str) -> Self {
-        let dir = ctrd.dir.join(unique("deploy"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let config_path = dir.join("config.toml");
-        std::fs::write(&config_path, config).unwrap();
-        let port = free_port();
-        let (socket, admin) = (dir.join("criguard.sock"), dir.join("admin.sock"));
-        let child = Command::new(env!("CARGO_BIN_EXE_criguard"))
-            .arg("serve")
-            .arg("--listen")
-            .arg(&socket)
-            .arg("--admin-socket")
-            .arg(&admin)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--config")
-            .arg(&config_path)
-            .args(["--metrics-address", &format!("127.0.0.1:{port}")])
-            .arg("--runtime-endpoint")
-            .arg(format!("unix://{}", ctrd.socket.display()))
-            .stderr(Stdio::from(
-                std::fs::File::create(dir.join("criguard.log")).unwrap(),
-            ))
-            .spawn()
-            .expect("spawn criguard");
-        let me = Self {
-            child,
-            socket,
-            admin,
-            config: config_path,
-            port,
-        };
-        common::poll_until(Duration::from_secs(20), "criguard's sockets", || async {
-            let cri = tokio::net::UnixStream::connect(&me.socket).await.ok();
-            let admin = criguard::admin::get_status(&me.admin).await.ok();
-            cri.and(admin).map(|_| ())
-        })
-        .await;
-        me
-    }
-
-    fn hangup(&self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_in_the_dashboard_and_the_alerts_is_in_a_live_scrape() {
     let root = format!("/{}", unique("criguard-deploy"));
@@ -299,7 +236,9 @@ async fn every_metric_in_the_dashboard_and_the_alerts_is_in_a_live_scrape() {
     let ctrd = PrivateContainerd::start();
     let served = Served::start(
         &ctrd,
+        "deploy",
         "evictionHard = { \"memory.available\" = \"1Mi\" }\nimageGCHighThresholdPercent = 100\n",
+        &[],
     )
     .await;
     let mut rt = common::containerd::Clients::new(&served.socket).rt;

@@ -13,14 +13,13 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::containerd::{Clients, PrivateContainerd, unique};
-use common::metrics::{free_port, parse, scrape, value};
+use common::containerd::{PrivateContainerd, unique};
 use common::pods::{CgroupRoot, proc_oom_score_adj, remove_pods, run_pod, sleeper};
+use common::served::Served;
 use criguard::kubelet::PodSpec;
 use criguard::policy::thresholds::Condition;
 use k8s_cri::v1 as cri;
@@ -28,134 +27,15 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 
 /// A bad value for a key criguard knows.
 const BAD: &str = "evictionHard = { \"memory.available\" = \"lots\" }\n";
+/// criguard's log level, and its fail-open complaint every 100 ms.
+const LOG_ENV: &[(&str, &str)] = &[
+    ("CRIGUARD_LOG", "info"),
+    ("CRIGUARD_CONFIG_COMPLAINT_PERIOD", "100ms"),
+];
 /// A valid configuration no node here is near: memory only (no disk
 /// threshold, so the host's disk never matters), image GC never.
 const GOOD: &str =
     "evictionHard = { \"memory.available\" = \"1Mi\" }\nimageGCHighThresholdPercent = 100\n";
-
-/// `criguard serve` with a configuration file, its log captured.
-struct Served {
-    child: Child,
-    socket: PathBuf,
-    admin: PathBuf,
-    config: PathBuf,
-    log: PathBuf,
-    metrics_port: u16,
-}
-
-impl Served {
-    /// Starts criguard in front of `ctrd` with `config` as its file and
-    /// waits until its CRI and admin sockets accept.
-    async fn start(ctrd: &PrivateContainerd, config: &str) -> Self {
-        let dir = ctrd.dir.join(unique("reload"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (socket, admin) = (dir.join("criguard.sock"), dir.join("admin.sock"));
-        let (file, log) = (dir.join("config.toml"), dir.join("criguard.log"));
-        std::fs::write(&file, config).unwrap();
-        let metrics_port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_criguard"))
-            .arg("serve")
-            .arg("--listen")
-            .arg(&socket)
-            .arg("--admin-socket")
-            .arg(&admin)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--config")
-            .arg(&file)
-            .args(["--metrics-address", &format!("127.0.0.1:{metrics_port}")])
-            .arg("--runtime-endpoint")
-            .arg(format!("unix://{}", ctrd.socket.display()))
-            .env("CRIGUARD_LOG", "info")
-            .env("CRIGUARD_CONFIG_COMPLAINT_PERIOD", "100ms")
-            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .spawn()
-            .expect("spawn criguard");
-        let me = Self {
-            child,
-            socket,
-            admin,
-            config: file,
-            log,
-            metrics_port,
-        };
-        common::poll_until(Duration::from_secs(20), "criguard's sockets", || async {
-            let cri = tokio::net::UnixStream::connect(&me.socket).await.ok();
-            let admin = criguard::admin::get_status(&me.admin).await.ok();
-            cri.and(admin).map(|_| ())
-        })
-        .await;
-        me
-    }
-
-    fn clients(&self) -> Clients {
-        Clients::new(&self.socket)
-    }
-
-    /// `criguard status`: exit code and stdout.
-    fn status_cli(&self) -> (i32, String) {
-        let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
-            .arg("status")
-            .arg("--admin-socket")
-            .arg(&self.admin)
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    }
-
-    async fn status(&self) -> criguard::admin::ConfigStatus {
-        criguard::admin::get_status(&self.admin).await.unwrap()
-    }
-
-    /// Polls the admin API until `done` holds for the configuration status.
-    async fn status_until(
-        &self,
-        what: &str,
-        done: impl Fn(&criguard::admin::ConfigStatus) -> bool,
-    ) -> criguard::admin::ConfigStatus {
-        common::poll_until(Duration::from_secs(20), what, || async {
-            let s = self.status().await;
-            done(&s).then_some(s)
-        })
-        .await
-    }
-
-    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        value(&parse(&scrape(self.metrics_port)), name, labels)
-    }
-
-    fn write_config(&self, text: &str) {
-        std::fs::write(&self.config, text).unwrap();
-    }
-
-    fn hangup(&self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// criguard is still the process the test started, and running.
-    fn assert_running(&mut self) {
-        assert!(
-            self.child.try_wait().unwrap().is_none(),
-            "criguard exited: {}",
-            self.log()
-        );
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A BestEffort pod the kubelet's way, asking for `oom_score_adj` 500
 /// (criguard's patch would make it the kubelet's 1000).
@@ -174,7 +54,7 @@ async fn a_bad_configuration_fails_open_and_a_fixed_one_reloaded_starts_the_guar
     let root = format!("/{}", unique("criguard-reload"));
     let _cg = CgroupRoot(root.clone());
     let ctrd = PrivateContainerd::start();
-    let mut served = Served::start(&ctrd, BAD).await;
+    let mut served = Served::start(&ctrd, "reload", BAD, LOG_ENV).await;
     let mut through = served.clients();
     let mut direct = ctrd.direct();
 
@@ -211,7 +91,7 @@ async fn a_bad_configuration_fails_open_and_a_fixed_one_reloaded_starts_the_guar
 
     // Said loudly: the metric, the status (exit 2, key and value), the log.
     assert_eq!(served.metric("criguard_config_valid", &[]), Some(0.0));
-    let (code, text) = served.status_cli();
+    let (code, text) = served.cli(&["status"]);
     assert_eq!(code, 2, "{text}");
     assert!(
         text.contains("INVALID")
@@ -246,7 +126,7 @@ async fn a_bad_configuration_fails_open_and_a_fixed_one_reloaded_starts_the_guar
         .status_until("the reload applied", |s| s.reloads_applied == 1)
         .await;
     assert!(s.valid(), "{s:?}");
-    let (code, text) = served.status_cli();
+    let (code, text) = served.cli(&["status"]);
     assert_eq!(code, 0, "{text}");
     assert!(
         text.contains("configuration: valid")
@@ -299,7 +179,7 @@ async fn one_connection(socket: &Path) -> RuntimeServiceClient<tonic::transport:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_reload_is_refused_and_an_open_connection_keeps_serving() {
     let ctrd = PrivateContainerd::start();
-    let mut served = Served::start(&ctrd, GOOD).await;
+    let mut served = Served::start(&ctrd, "reload", GOOD, LOG_ENV).await;
     let before = served
         .status_until("the guardian running", |s| s.valid())
         .await;
@@ -325,7 +205,7 @@ async fn a_bad_reload_is_refused_and_an_open_connection_keeps_serving() {
         Some(1.0)
     );
     assert_eq!(served.metric("criguard_config_valid", &[]), Some(1.0));
-    let (code, text) = served.status_cli();
+    let (code, text) = served.cli(&["status"]);
     assert_eq!(code, 0, "{text}");
     assert!(
         text.contains("last reload refused") && text.contains("memory.available=lots"),
@@ -350,7 +230,7 @@ async fn a_bad_reload_is_refused_and_an_open_connection_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_threshold_takes_effect_at_the_reload_without_a_restart() {
     let ctrd = PrivateContainerd::start();
-    let mut served = Served::start(&ctrd, GOOD).await;
+    let mut served = Served::start(&ctrd, "reload", GOOD, LOG_ENV).await;
     let pid = served.child.id();
     // Below 1Mi available: no pressure on this machine.
     let conditions = common::poll_until(Duration::from_secs(20), "a first round", || async {
@@ -442,7 +322,7 @@ async fn failing_open_sets_the_node_condition_and_a_valid_reload_removes_it() {
         kubeconfig.display(),
         t.node
     );
-    let served = Served::start(&ctrd, &format!("{api_keys}{BAD}")).await;
+    let served = Served::start(&ctrd, "reload", &format!("{api_keys}{BAD}"), LOG_ENV).await;
     let c = common::poll_until(Duration::from_secs(20), "the condition set", || async {
         node_condition(&t, TYPE).await
     })

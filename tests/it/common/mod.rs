@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod pods;
 pub mod pressure;
 pub mod rawgrpc;
+pub mod served;
 pub mod tonic_raw;
 
 use std::path::{Path, PathBuf};
