@@ -87,42 +87,62 @@ fn module_of(src: &Path, file: &Path) -> Option<String> {
 /// The top-level modules `text` names through `crate::` or `criguard::`,
 /// comments left out.
 fn uses(text: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    for line in text.lines() {
-        let code = line.split("//").next().unwrap_or_default();
-        for prefix in ["crate::", "criguard::"] {
-            for (i, _) in code.match_indices(prefix) {
-                let before = code[..i].chars().last();
-                if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-                    continue;
-                }
-                let rest = &code[i + prefix.len()..];
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                if !name.is_empty() {
-                    out.insert(name);
-                }
-            }
+    let code = code_of(text);
+    ["crate::", "criguard::"]
+        .iter()
+        .flat_map(|prefix| names_after(&code, prefix, false))
+        .collect()
+}
+
+/// `text` without its `//` comments, its lines joined: a `use` group may
+/// span lines.
+fn code_of(text: &str) -> String {
+    text.lines()
+        .map(|l| l.split("//").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The first names of the paths after each `prefix` in `code` (`a` of
+/// `prefix a::b`, and `a`, `b` of `prefix {a::x, b}`), a prefix inside a
+/// longer path left out (after a `:` too when `colon` is set).
+fn names_after(code: &str, prefix: &str, colon: bool) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.trim()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices(prefix) {
+        let before = code[..i].chars().last();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || (colon && c == ':')) {
+            continue;
         }
-        // `use crate::{a, b::c}`: the names in the braces.
-        for prefix in ["crate::{", "criguard::{"] {
-            if let Some(i) = code.find(prefix) {
-                let inner = &code[i + prefix.len()..];
-                for part in inner.split([',', '}']) {
-                    let name: String = part
-                        .trim()
-                        .chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect();
-                    if !name.is_empty() {
-                        out.insert(name);
-                    }
+        let rest = &code[i + prefix.len()..];
+        let Some(group) = rest.strip_prefix('{') else {
+            out.push(ident(rest));
+            continue;
+        };
+        // The group's top-level entries, up to its closing brace.
+        let (mut depth, mut start) = (0usize, 0);
+        for (j, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => {
+                    out.push(ident(&group[start..j]));
+                    break;
                 }
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    out.push(ident(&group[start..j]));
+                    start = j + 1;
+                }
+                _ => {}
             }
         }
     }
+    out.retain(|n| !n.is_empty());
     out
 }
 
@@ -150,11 +170,7 @@ fn arrows(src: &Path) -> BTreeMap<(String, String), PathBuf> {
             continue;
         }
         let text = std::fs::read_to_string(&f).unwrap();
-        // A multi-line `use crate::{...}` names modules on later lines.
-        let joined = text.replace('\n', " ");
-        let mut named = uses(&text);
-        named.extend(uses(&joined));
-        for to in named {
+        for to in uses(&text) {
             if to != from {
                 out.entry((from.clone(), to)).or_insert_with(|| f.clone());
             }
@@ -217,55 +233,29 @@ fn no_module_uses_a_higher_layer_and_no_two_modules_use_each_other() {
 
 #[test]
 fn uses_finds_paths_and_braces_but_not_comments() {
-    let text = "use crate::model::Pod;\nuse crate::{policy, signals::memory};\n// crate::kube\nlet x = criguard::cri::x();";
+    let text = "use crate::model::Pod;\nuse crate::{policy, signals::memory};\n// crate::kube\nlet x = criguard::cri::x();\nuse crate::{\n    cgroup::{fs, path},\n    // crate::metrics\n    lock,\n};\ncrate::clock::now_ms();";
     let got: Vec<_> = uses(text).into_iter().collect();
-    assert_eq!(got, ["cri", "model", "policy", "signals"]);
+    assert_eq!(
+        got,
+        [
+            "cgroup", "clock", "cri", "lock", "model", "policy", "signals"
+        ]
+    );
 }
 
 /// The file of module `module` that a path names: `x` of `super::x` (from
 /// a file directly in the module) or of `crate::module::x`, when `x` is a
 /// file (`x.rs`) or a folder (`x/`) of the module.
 fn file_uses(text: &str, module: &str, direct: bool) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
     let own = format!("crate::{module}::");
+    let mut out: BTreeSet<String> = names_after(&code_of(text), &own, true)
+        .into_iter()
+        .collect();
     // `use super::*` and `super::x` in an inline test module name the file
     // itself, not a sibling: only the code before one counts for `super::`.
-    let before_tests = text.split("mod tests {").next().unwrap_or_default();
-    for (part, prefixes) in [
-        (text, vec![own.as_str()]),
-        (before_tests, if direct { vec!["super::"] } else { vec![] }),
-    ] {
-        for line in part.lines() {
-            let code = line.split("//").next().unwrap_or_default();
-            for prefix in &prefixes {
-                for (i, _) in code.match_indices(prefix) {
-                    let before = code[..i].chars().last();
-                    if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
-                        continue;
-                    }
-                    let rest = &code[i + prefix.len()..];
-                    let names: Vec<&str> = match rest.strip_prefix('{') {
-                        Some(inner) => inner
-                            .split('}')
-                            .next()
-                            .unwrap_or_default()
-                            .split(',')
-                            .collect(),
-                        None => vec![rest],
-                    };
-                    for n in names {
-                        let name: String = n
-                            .trim()
-                            .chars()
-                            .take_while(|c| c.is_alphanumeric() || *c == '_')
-                            .collect();
-                        if !name.is_empty() {
-                            out.insert(name);
-                        }
-                    }
-                }
-            }
-        }
+    if direct {
+        let before_tests = text.split("mod tests {").next().unwrap_or_default();
+        out.extend(names_after(&code_of(before_tests), "super::", true));
     }
     out
 }
@@ -292,8 +282,7 @@ fn file_arrows(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         // `module/file.rs` and `module/file/mod.rs` sit directly in the module.
         let direct = parts.len() == 2 || (parts.len() == 3 && parts[2] == "mod.rs");
         let text = std::fs::read_to_string(&f).unwrap();
-        let mut named = file_uses(&text, module, direct);
-        named.extend(file_uses(&text.replace('\n', " "), module, direct));
+        let named = file_uses(&text, module, direct);
         let dir = src.join(module);
         for to in named {
             let exists = dir.join(format!("{to}.rs")).exists() || dir.join(&to).is_dir();
