@@ -13,7 +13,7 @@ use super::display;
 
 /// When `at_ms` was, for people: local time and age.
 fn when(at_ms: u64) -> String {
-    display::when(at_ms, display::now_ms(), display::local_time)
+    display::when(at_ms, criguard::clock::now_ms(), display::local_time)
 }
 
 /// Runs a client command to completion; errors go to stderr.

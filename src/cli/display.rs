@@ -63,13 +63,6 @@ pub fn local_time(ms: u64) -> Option<LocalTime> {
     })
 }
 
-/// Milliseconds since the epoch, now.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// `2026-11-26 01:02:03 CET`.
 pub fn format_local(t: &LocalTime) -> String {
     let mut s = format!(
