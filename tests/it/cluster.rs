@@ -50,8 +50,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cluster_support::{
-    BUSYBOX, Cluster, assert_evicted, assert_one_memory_eviction, condition, fresh_dir, hog_yaml,
-    phase, pod_yaml, poll, poll_every, uid,
+    BUSYBOX, Cluster, assert_evicted, assert_one_memory_eviction, assert_pressure_marked,
+    condition, fresh_dir, hog_yaml, phase, pod_yaml, poll, poll_every, tainted, uid,
 };
 use serde_json::Value;
 
@@ -482,14 +482,11 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
 
     // criguard's node condition and taint while the pressure lasts.
     let n = c.json(&["get", "node", node]);
-    let cond = condition(&n, "CriguardMemoryPressure").expect("CriguardMemoryPressure on the node");
-    assert_eq!(cond["status"], "True", "{cond:#}");
-    let taints = n["spec"]["taints"].as_array().cloned().unwrap_or_default();
-    assert!(
-        taints
-            .iter()
-            .any(|t| t["key"] == "criguard.io/memory-pressure" && t["effect"] == "NoSchedule"),
-        "taints: {taints:?}"
+    assert_pressure_marked(
+        &n,
+        "CriguardMemoryPressure",
+        "criguard.io/memory-pressure",
+        "while the pressure lasts",
     );
 
     // criguard made exactly this eviction, of the hog, and the kernel none
@@ -542,15 +539,11 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         (unix_ms_now() - eviction_ms as i64) as f64 / 1000.0
     );
     let n = c.json(&["get", "node", node]);
-    let cond = condition(&n, "CriguardMemoryPressure")
-        .expect("CriguardMemoryPressure on the node after the restart");
-    assert_eq!(cond["status"], "True", "after the restart: {cond:#}");
-    let taints = n["spec"]["taints"].as_array().cloned().unwrap_or_default();
-    assert!(
-        taints
-            .iter()
-            .any(|t| t["key"] == "criguard.io/memory-pressure" && t["effect"] == "NoSchedule"),
-        "taints after the restart: {taints:?}"
+    assert_pressure_marked(
+        &n,
+        "CriguardMemoryPressure",
+        "criguard.io/memory-pressure",
+        "after the restart",
     );
     let ready = condition(&n, "Ready").expect("Ready condition");
     assert_eq!(ready["status"], "True", "after the restart: {ready:#}");
@@ -605,10 +598,10 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
                 never_runs_again(&c, node, old, &started);
                 not_failed_seen += usize::from(phase(old) != "Failed");
             }
-            let taints = c.json(&["get", "node", node])["spec"]["taints"].clone();
-            let tainted = taints
-                .as_array()
-                .is_some_and(|t| t.iter().any(|t| t["key"] == "criguard.io/memory-pressure"));
+            let tainted = tainted(
+                &c.json(&["get", "node", node]),
+                "criguard.io/memory-pressure",
+            );
             let news = pods
                 .iter()
                 .filter(|p| p["metadata"]["labels"]["app"] == "hog" && uid(p) != hog_uid);
@@ -1468,14 +1461,11 @@ fn disk_pressure_criguard(c: &Cluster, node: &str) {
     // criguard's condition and taint while the pressure lasts; the kubelet's
     // own DiskPressure never set (its threshold is lower).
     let n = c.json(&["get", "node", node]);
-    let cond = condition(&n, "CriguardDiskPressure").expect("CriguardDiskPressure on the node");
-    assert_eq!(cond["status"], "True", "{cond:#}");
-    let taints = n["spec"]["taints"].as_array().cloned().unwrap_or_default();
-    assert!(
-        taints
-            .iter()
-            .any(|t| t["key"] == "criguard.io/disk-pressure" && t["effect"] == "NoSchedule"),
-        "taints: {taints:?}"
+    assert_pressure_marked(
+        &n,
+        "CriguardDiskPressure",
+        "criguard.io/disk-pressure",
+        "while the pressure lasts",
     );
 
     // criguard's record: the hog, on imagefs.available, and no other pod.
@@ -1637,9 +1627,7 @@ fn disk_pressure_criguard(c: &Cluster, node: &str) {
                 never_runs_again(c, node, old, &d.started);
             }
             let n = c.json(&["get", "node", node]);
-            let tainted = n["spec"]["taints"]
-                .as_array()
-                .is_some_and(|t| t.iter().any(|t| t["key"] == "criguard.io/disk-pressure"));
+            let tainted = tainted(&n, "criguard.io/disk-pressure");
             let running = pods.iter().any(|p| {
                 p["metadata"]["labels"]["app"] == "disk-hog"
                     && uid(p) != hog_uid

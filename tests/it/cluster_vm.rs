@@ -2,15 +2,24 @@
 //! (`hack/cluster.sh up`, with its host node) and a second node in the VM
 //! tier's machine (`hack/cluster/vm-node.sh up`): systemd as PID 1, cgroup
 //! v2, containerd 2 with the systemd cgroup driver, criguard installed by
-//! `hack/install.sh` and the kubelet v1.37.2, all as systemd units. The
-//! guest reaches the API server only through QEMU's user network with
-//! `restrict=on` and a guestfwd to the API server's loopback port.
+//! `hack/install.sh` and the kubelet v1.37.2, all as systemd units, the
+//! kubelet dialling containerd (`CRIGUARD_VMNODE_KUBELET_RUNTIME=containerd`:
+//! a node criguard has yet to adopt). The guest reaches the API server only
+//! through QEMU's user network with `restrict=on` and a guestfwd to the API
+//! server's loopback port.
 //!
 //! What it checks, through kubectl and, in the guest, criguard's admin
 //! socket and metrics (`vm-node.sh exec`):
 //! - the VM node registers and becomes Ready with kubelet v1.37.2 and
-//!   runtime `containerd://2.3.7`, every unit active, the kubelet's CRI
-//!   calls relayed by criguard;
+//!   runtime `containerd://2.3.7`, every unit active, and runs a pod with
+//!   the kubelet on containerd's socket, no call of its through criguard;
+//! - `criguard adopt --dry-run` prints the change of the kubelet's config
+//!   file (`containerRuntimeEndpoint`) and changes nothing (the file, no
+//!   backup, the same kubelet process); `criguard adopt` says criguard
+//!   answered, backs the file up, rewrites it and restarts the kubelet: the
+//!   restarted kubelet posts the node Ready, its CRI calls are relayed by
+//!   criguard (its metrics), the pod started before keeps its container and
+//!   criguard's model has it;
 //! - a pod scheduled to the VM node runs, in the systemd driver's slices
 //!   under `kubepods.slice`, and criguard's model has it;
 //! - one memory eviction there: a BestEffort Deployment pod grows until
@@ -39,7 +48,11 @@
 //!   one transition period after the last observed pressure (the guest's
 //!   clock: pressure.json and criguard's journal), the taint set and
 //!   removed once (audit log); the evicted pod's status stays criguard's
-//!   and `criguard evictions` still lists the eviction.
+//!   and `criguard evictions` still lists the eviction;
+//! - `criguard adopt --undo`: the kubelet's config file as it was, byte for
+//!   byte, no backup left, the kubelet restarted on containerd's socket
+//!   (no further call through criguard), the node Ready again and every
+//!   running pod with the same containers.
 //!
 //! It prints the VM's start to node Ready, the pod's start latency and the
 //! whole test's time. Everything is stopped whatever happens (the VM first,
@@ -57,7 +70,7 @@ use std::time::{Duration, Instant};
 
 use cluster_support::{
     Cluster, assert_evicted, assert_one_memory_eviction, condition, fresh_dir, hog_yaml, phase,
-    pod_yaml, repo, uid,
+    pod_yaml, repo, tainted, uid,
 };
 use serde_json::Value;
 
@@ -103,6 +116,15 @@ const LATE_MS: i64 = 15_000;
 const KUBELET_CONNECT_TIMEOUT_MS: u64 = 5_000;
 /// criguard's ServiceAccount, as the audit log names it.
 const CRIGUARD_USER: &str = "system:serviceaccount:kube-system:criguard";
+/// The kubelet's configuration file in the guest (hack/vm/cluster-node.sh).
+const KUBELET_CONFIG: &str = "/etc/kubernetes/kubelet.yaml";
+/// criguard's CRI socket, as the kubelet dials it.
+const CRIGUARD_SOCK: &str = "unix:///run/criguard/criguard.sock";
+/// containerd's, as the kubelet dials it before the adoption and after
+/// its undo.
+const CONTAINERD_SOCK: &str = "unix:///run/containerd/containerd.sock";
+/// Where `criguard adopt` keeps its backup and record (its default).
+const ADOPT_DIR: &str = "/var/lib/criguard/adopt";
 
 /// [`cluster_support::poll_every`] [`EVERY`].
 fn poll<T>(deadline: Duration, what: &str, check: impl FnMut() -> Option<T>) -> T {
@@ -119,14 +141,19 @@ struct VmNode {
 }
 
 impl VmNode {
-    /// `hack/cluster/vm-node.sh up`: boots the VM node and waits until it is
-    /// Ready; stopped again if that fails.
-    fn up(cluster: &Cluster) -> Self {
+    /// `hack/cluster/vm-node.sh up`: boots the VM node, its kubelet dialling
+    /// `runtime` (`criguard` or `containerd`), and waits until it is Ready;
+    /// stopped again if that fails.
+    fn up(cluster: &Cluster, runtime: &str) -> Self {
         let mut node = VmNode {
             dir: cluster.dir.clone(),
             times: BTreeMap::new(),
         };
-        let status = node.script(&["up"]).status().expect("run vm-node.sh up");
+        let status = node
+            .script(&["up"])
+            .env("CRIGUARD_VMNODE_KUBELET_RUNTIME", runtime)
+            .status()
+            .expect("run vm-node.sh up");
         assert!(
             status.success(),
             "hack/cluster/vm-node.sh up failed: {status}"
@@ -196,6 +223,229 @@ impl VmNode {
             "exec 3<>/dev/tcp/127.0.0.1/9809; printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3",
         )
     }
+
+    /// What `criguard adopt` may change, in one request: the kubelet's
+    /// config file, the backup directory's entries and the kubelet's pid.
+    fn adoption_state(&self) -> String {
+        self.guest(&format!(
+            "cat {KUBELET_CONFIG}; echo '--- {ADOPT_DIR}'; ls -A {ADOPT_DIR} 2>/dev/null; \
+             echo '--- kubelet.service'; systemctl show -p MainPID --value kubelet.service"
+        ))
+    }
+}
+
+/// How many calls of `method` (`RunPodSandbox`, `ListPodSandbox`) criguard
+/// relayed, whatever their answer, from its `metrics`.
+fn relayed(metrics: &str, method: &str) -> f64 {
+    let label = format!("/{method}\"");
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("criguard_cri_request_duration_seconds_count") && l.contains(&label)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The kubelet's pid, the last part of [`VmNode::adoption_state`].
+fn kubelet_pid(state: &str) -> u64 {
+    let pid = state.rsplit("--- kubelet.service").next().unwrap_or("");
+    pid.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("the kubelet's MainPID: {e}: {state}"))
+}
+
+/// Polls until the VM node is Ready in a status the kubelet posted at
+/// `since_s` (the guest's clock, seconds since the epoch) or later: a
+/// restarted kubelet's first status. How long that took.
+fn ready_posted_since(c: &Cluster, since_s: i64, what: &str) -> Duration {
+    let t = Instant::now();
+    poll(GUEST_DEADLINE, what, || {
+        let n = c.json(&["get", "node", NODE]);
+        let ready = condition(&n, "Ready")?;
+        let at = rfc3339_s(ready["lastHeartbeatTime"].as_str()?);
+        (ready["status"] == "True" && at >= since_s).then_some(())
+    });
+    t.elapsed()
+}
+
+/// `criguard adopt`, a dry run first, on the VM node whose kubelet dials
+/// containerd and runs `pod` (a Running pod, as the API shows it): the
+/// dry run changes nothing; the adoption says criguard answered, backs up
+/// and rewrites the kubelet's config file and restarts the kubelet, whose
+/// calls then go through criguard, the node Ready, `pod`'s container the
+/// same and in criguard's model. The kubelet's config file from before.
+fn adopt(c: &Cluster, vm: &VmNode, pod: &Value) -> String {
+    let before = vm.adoption_state();
+    let original = before.split("--- ").next().unwrap_or_default().to_owned();
+    let old_line = format!("containerRuntimeEndpoint: {CONTAINERD_SOCK}\n");
+    let new_line = format!("containerRuntimeEndpoint: {CRIGUARD_SOCK}\n");
+    assert!(
+        original.contains(&old_line) && original.contains("cgroupDriver: systemd"),
+        "the kubelet's config before the adoption: {original}"
+    );
+    // Nothing of the kubelet's went through criguard yet (its PLEG lists
+    // the sandboxes every second).
+    let metrics = vm.metrics();
+    assert_eq!(
+        relayed(&metrics, "ListPodSandbox"),
+        0.0,
+        "criguard relayed ListPodSandbox before the adoption"
+    );
+    let change = format!("{KUBELET_CONFIG}: {CONTAINERD_SOCK} -> {CRIGUARD_SOCK}\n");
+    let diff = format!("- {old_line}+ {new_line}");
+
+    // The dry run: the change printed, nothing else.
+    let t = Instant::now();
+    let dry = vm.guest("criguard adopt --dry-run");
+    let dry_s = t.elapsed().as_secs_f64();
+    assert!(
+        dry.contains(&change)
+            && dry.contains(&diff)
+            && dry.contains("dry run: nothing written, nothing restarted"),
+        "criguard adopt --dry-run: {dry}"
+    );
+    assert_eq!(
+        vm.adoption_state(),
+        before,
+        "criguard adopt --dry-run changed something"
+    );
+
+    // The adoption.
+    let since_s = guest_ms(vm) / 1000;
+    let t = Instant::now();
+    let out = vm.guest("criguard adopt");
+    let adopt_s = t.elapsed().as_secs_f64();
+    let backup = format!("{ADOPT_DIR}/etc_kubernetes_kubelet.yaml.orig");
+    let at = |what: &str| {
+        out.find(what)
+            .unwrap_or_else(|| panic!("criguard adopt did not say {what:?}: {out}"))
+    };
+    // In this order: the change, criguard answering, the backup, the restart.
+    let steps = [
+        at(&change),
+        at(&diff),
+        at(&format!("{CRIGUARD_SOCK} answers (containerd ")),
+        at(&format!("backup: {backup}\n")),
+        at("kubelet.service restarted"),
+    ];
+    assert!(steps.is_sorted(), "criguard adopt's steps: {out}");
+    let after = vm.adoption_state();
+    assert_eq!(
+        after.split("--- ").next().unwrap_or_default(),
+        original.replace(&old_line, &new_line),
+        "the kubelet's config after the adoption"
+    );
+    assert!(
+        after.contains(&format!(
+            "--- {ADOPT_DIR}\nadopt.json\netc_kubernetes_kubelet.yaml.orig\n"
+        )),
+        "the backup directory: {after}"
+    );
+    assert_ne!(
+        kubelet_pid(&after),
+        kubelet_pid(&before),
+        "the kubelet not restarted"
+    );
+    assert_eq!(vm.guest(&format!("cat {backup}")), original, "the backup");
+    let record: Value =
+        serde_json::from_str(&vm.guest(&format!("cat {ADOPT_DIR}/adopt.json"))).unwrap();
+    assert_eq!(
+        (&record["path"], &record["old"], &record["new"]),
+        (
+            &Value::from(KUBELET_CONFIG),
+            &Value::from(CONTAINERD_SOCK),
+            &Value::from(CRIGUARD_SOCK)
+        ),
+        "{record:#}"
+    );
+
+    // The restarted kubelet: the node Ready, its calls through criguard.
+    let ready = ready_posted_since(c, since_s, "the node Ready from the adopted kubelet");
+    let t_relayed = Instant::now();
+    let listed = poll(
+        GUEST_DEADLINE,
+        "the kubelet's ListPodSandbox relayed by criguard",
+        || {
+            let n = relayed(&vm.metrics(), "ListPodSandbox");
+            (n > 0.0).then_some(n)
+        },
+    );
+    let relayed_s = t_relayed.elapsed().as_secs_f64();
+    // The pod the kubelet started on containerd runs on, and criguard's
+    // model has it (read from containerd, not from a call it relayed).
+    let name = pod["metadata"]["name"].as_str().unwrap();
+    let now = c
+        .pods(NS)
+        .into_iter()
+        .find(|p| uid(p) == uid(pod))
+        .unwrap_or_else(|| panic!("{name} gone after the adoption"));
+    assert_eq!(phase(&now), "Running", "{now:#}");
+    assert_eq!(
+        now["status"]["containerStatuses"], pod["status"]["containerStatuses"],
+        "{name}'s containers after the adoption"
+    );
+    let model = vm.model();
+    assert!(
+        model
+            .iter()
+            .any(|p| p.uid == uid(pod) && p.containers.len() == 1),
+        "criguard's model lacks {name}: {model:#?}"
+    );
+    println!(
+        "cluster-vm: criguard adopt --dry-run {dry_s:.1} s; criguard adopt {adopt_s:.1} s (criguard answered, kubelet.yaml backed up, kubelet restarted), node Ready from the restarted kubelet {:.1} s later, its ListPodSandbox through criguard {relayed_s:.1} s after that ({listed} calls)",
+        ready.as_secs_f64()
+    );
+    original
+}
+
+/// `criguard adopt --undo` at the end: the kubelet's config file is
+/// `original` again, no backup left, the kubelet restarted on containerd's
+/// socket (no further call of its through criguard), the node Ready again
+/// and every running pod with the same containers.
+fn undo(c: &Cluster, vm: &VmNode, original: &str) {
+    let before = vm.adoption_state();
+    let pods = containers(c);
+    let since_s = guest_ms(vm) / 1000;
+    let t = Instant::now();
+    let out = vm.guest("criguard adopt --undo");
+    let undo_s = t.elapsed().as_secs_f64();
+    assert!(
+        out.contains(&format!(
+            "{KUBELET_CONFIG}: {CRIGUARD_SOCK} -> {CONTAINERD_SOCK}"
+        )) && out.contains("kubelet.service restarted"),
+        "criguard adopt --undo: {out}"
+    );
+    let after = vm.adoption_state();
+    assert_eq!(
+        after.split("--- ").next().unwrap_or_default(),
+        original,
+        "the kubelet's config after the undo"
+    );
+    assert!(
+        after.contains(&format!("--- {ADOPT_DIR}\n--- kubelet.service")),
+        "the backup directory after the undo: {after}"
+    );
+    assert_ne!(
+        kubelet_pid(&after),
+        kubelet_pid(&before),
+        "the kubelet not restarted"
+    );
+    // From here the kubelet's PLEG lists every second, on containerd.
+    let listed = relayed(&vm.metrics(), "ListPodSandbox");
+    let ready = ready_posted_since(c, since_s, "the node Ready from the kubelet on containerd");
+    let now = containers(c);
+    assert_eq!(now, pods, "the running pods' containers across the undo");
+    let listed_after = relayed(&vm.metrics(), "ListPodSandbox");
+    assert_eq!(
+        listed_after, listed,
+        "the kubelet's ListPodSandbox still relayed by criguard after the undo"
+    );
+    println!(
+        "cluster-vm: criguard adopt --undo {undo_s:.1} s, node Ready from the kubelet on containerd {:.1} s later, {} pods running on with the same containers",
+        ready.as_secs_f64(),
+        now.len()
+    );
 }
 
 impl Drop for VmNode {
@@ -259,7 +509,7 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
 
     // --- the node -------------------------------------------------------------
     let t_vm = Instant::now();
-    let vm = VmNode::up(&c);
+    let vm = VmNode::up(&c, "containerd");
     let times = &vm.times;
     let vm_ready = t_vm.elapsed();
     let n = c.json(&["get", "node", NODE]);
@@ -294,7 +544,7 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
     );
 
     // In the guest: systemd runs every part, on cgroup v2, the kubelet with
-    // the systemd driver and criguard's socket as its runtime.
+    // the systemd driver and containerd's socket as its runtime.
     let units = vm.guest(
         "systemctl is-active containerd.service criguard.socket criguard.service kubelet.service",
     );
@@ -304,18 +554,20 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
         "containerd, criguard.socket, criguard, kubelet: {units}"
     );
     assert_eq!(vm.guest("stat -fc %T /sys/fs/cgroup").trim(), "cgroup2fs");
-    let kubelet_cfg = vm.guest("cat /etc/kubernetes/kubelet.yaml");
-    assert!(
-        kubelet_cfg.contains("cgroupDriver: systemd"),
-        "{kubelet_cfg}"
-    );
-    assert!(
-        kubelet_cfg.contains("containerRuntimeEndpoint: unix:///run/criguard/criguard.sock"),
-        "{kubelet_cfg}"
-    );
+
+    // --- criguard adopt: a node with a pod the kubelet runs on containerd -----------
+    c.kubectl(&["create", "namespace", NS]);
+    c.apply(&vm_pod_yaml("before-adoption", "{}"));
+    let unadopted = poll(GUEST_DEADLINE, "a pod Running before the adoption", || {
+        c.pods(NS)
+            .into_iter()
+            .find(|p| p["metadata"]["name"] == "before-adoption" && phase(p) == "Running")
+    });
+    let t_adopt = Instant::now();
+    let kubelet_config = adopt(&c, &vm, &unadopted);
+    let adoption = t_adopt.elapsed();
 
     // --- a pod on the VM node ----------------------------------------------------
-    c.kubectl(&["create", "namespace", NS]);
     let t_pod = Instant::now();
     c.apply(&vm_pod_yaml("sleeper", "{}"));
     let sleeper = poll(GUEST_DEADLINE, "the sleeper Running on the VM node", || {
@@ -359,14 +611,7 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
     );
     // The kubelet's calls went through criguard.
     let metrics = vm.metrics();
-    let relayed = metrics
-        .lines()
-        .filter(|l| {
-            l.starts_with("criguard_cri_request_duration_seconds_count")
-                && l.contains("RunPodSandbox")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>();
+    let relayed = relayed(&metrics, "RunPodSandbox");
     assert!(
         relayed >= 1.0,
         "no RunPodSandbox relayed by criguard:\n{metrics}"
@@ -388,7 +633,11 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
     });
     let ready = ready_since(&c);
     let before = containers(&c);
-    assert_eq!(before.len(), 2, "sleeper and guaranteed: {before:?}");
+    assert_eq!(
+        before.len(),
+        3,
+        "before-adoption, sleeper and guaranteed: {before:?}"
+    );
     // A window of the same churn without restarts: the CRI errors the
     // kubelet logs anyway (NotFound for a container it is deleting).
     let t_window = Instant::now();
@@ -578,10 +827,16 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
         .expect("the Guaranteed pod");
     assert_eq!(phase(&guaranteed), "Running", "{guaranteed:#}");
     assert_eq!(ready_since(&c), ready, "the node's Ready changed");
+
+    // --- criguard adopt --undo ----------------------------------------------------------
+    let t_undo = Instant::now();
+    undo(&c, &vm, &kubelet_config);
     println!(
-        "cluster-vm: VM node Ready {:.1} s, pod start {:.1} s, whole test {:.1} s (before teardown)",
+        "cluster-vm: VM node Ready {:.1} s, pod start {:.1} s, adoption {:.1} s, undo {:.1} s, whole test {:.1} s (before teardown)",
         vm_ready.as_secs_f64(),
         pod_running.as_secs_f64(),
+        adoption.as_secs_f64(),
+        t_undo.elapsed().as_secs_f64(),
         t_test.elapsed().as_secs_f64()
     );
     assert!(
@@ -864,11 +1119,7 @@ fn churn(
 /// Whether the node shows criguard's memory condition True and its taint.
 fn pressure_reported(n: &Value) -> (bool, bool) {
     let cond = condition(n, "CriguardMemoryPressure").is_some_and(|c| c["status"] == "True");
-    let tainted = n["spec"]["taints"].as_array().is_some_and(|t| {
-        t.iter()
-            .any(|t| t["key"] == "criguard.io/memory-pressure" && t["effect"] == "NoSchedule")
-    });
-    (cond, tainted)
+    (cond, tainted(n, "criguard.io/memory-pressure"))
 }
 
 /// The guest's clock, ms since the epoch.

@@ -8,7 +8,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::containerd::CriguardProcess;
-use common::pods::{hog, remove_pods, run_pod, sleeper};
+use common::pods::{hog, run_pod, sleeper};
 use common::pressure::Pressure;
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::model::SandboxState;
@@ -88,12 +88,7 @@ impl Scenario {
     }
 
     async fn teardown(&self) {
-        let mut rt = self.guard.clients().rt;
-        remove_pods(
-            &mut rt,
-            self.guard.pods().await.into_iter().map(|p| p.sandbox_id),
-        )
-        .await;
+        self.guard.remove_all_pods().await;
     }
 }
 

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::containerd::PrivateContainerd;
-use common::metrics::{free_port, parse, scrape, value};
+use common::metrics::{free_port, scraped};
 use common::poll_until;
 use common::pressure::Pressure;
 use k8s_cri::v1 as cri;
@@ -136,17 +136,13 @@ async fn pressure_with_runtime_gone(fault: Fault) {
     let published = fault_at.elapsed();
     assert_eq!(evictions.len(), 1, "{evictions:#?}");
     assert_eq!(evictions[0].uid, hog.uid);
-    let counted = value(
-        &parse(&scrape(port)),
+    let counted = scraped(
+        port,
         "criguard_evictions_total",
         &[("signal", "allocatableMemory.available")],
     );
     assert_eq!(counted, Some(1.0), "counted before the runtime is back");
-    let kill = value(
-        &parse(&scrape(port)),
-        "criguard_pressure_to_kill_seconds_sum",
-        &[],
-    );
+    let kill = scraped(port, "criguard_pressure_to_kill_seconds_sum", &[]);
     eprintln!("eviction published {published:?} after the fault; pressure->kill sum {kill:?} s");
     // Killed through its cgroup: nothing of the pod runs.
     let parent = hog.cgroup_parent();

@@ -23,7 +23,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::containerd::CriguardProcess;
-use common::metrics::{free_port, parse, scrape, value};
+use common::metrics::{free_port, scraped};
 use common::poll_until;
 use common::pressure::Pressure;
 use k8s_cri::v1 as cri;
@@ -116,11 +116,7 @@ async fn cri_latency(guard: &CriguardProcess, container: &str, n: usize) -> (f64
 }
 
 fn stuck(port: u16, path: &str) -> Option<f64> {
-    value(
-        &parse(&scrape(port)),
-        "criguard_observation_stuck",
-        &[("path", path)],
-    )
+    scraped(port, "criguard_observation_stuck", &[("path", path)])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,8 +147,8 @@ async fn a_hung_nodefs_stalls_neither_the_relay_nor_memory_eviction() {
     let hog = sc.hog("hog", 60, 200);
     let (_sandbox, container) = sc.run(&guard, &hog).await;
     poll_until(Duration::from_secs(10), "nodefs observed", || async {
-        value(
-            &parse(&scrape(port)),
+        scraped(
+            port,
             "criguard_signal_available",
             &[("signal", "nodefs.available")],
         )
@@ -198,11 +194,7 @@ async fn a_hung_nodefs_stalls_neither_the_relay_nor_memory_eviction() {
         .await;
     assert_eq!(evictions[0].uid, hog.uid);
     assert_eq!(evictions[0].signal, "allocatableMemory.available");
-    let kill = value(
-        &parse(&scrape(port)),
-        "criguard_pressure_to_kill_seconds_sum",
-        &[],
-    );
+    let kill = scraped(port, "criguard_pressure_to_kill_seconds_sum", &[]);
     eprintln!(
         "evicted {:?} after the grow; pressure->kill {kill:?} s; still stuck: {:?}",
         grown.elapsed(),

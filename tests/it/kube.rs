@@ -567,11 +567,7 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
     let requests = t.requests();
     assert_user_agent(&requests);
     assert_no_403(&requests);
-    common::pods::remove_pods(
-        &mut guard.clients().rt,
-        guard.pods().await.into_iter().map(|p| p.sandbox_id),
-    )
-    .await;
+    guard.remove_all_pods().await;
 }
 
 /// How long after criguard decided the eviction the pod's container exited.
@@ -660,11 +656,7 @@ async fn a_slow_api_delays_no_eviction_past_the_bound() {
         slow < 3000,
         "slow: {slow} ms: the eviction waited for the API"
     );
-    common::pods::remove_pods(
-        &mut guard.clients().rt,
-        guard.pods().await.into_iter().map(|p| p.sandbox_id),
-    )
-    .await;
+    guard.remove_all_pods().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -742,11 +734,7 @@ async fn a_refusing_or_unreachable_api_delays_no_eviction_past_the_bound() {
             "{what}: {ms} ms: the eviction waited for the API"
         );
     }
-    common::pods::remove_pods(
-        &mut guard.clients().rt,
-        guard.pods().await.into_iter().map(|p| p.sandbox_id),
-    )
-    .await;
+    guard.remove_all_pods().await;
 }
 
 /// criguard's flags for a report test: the memory threshold, the pressure
@@ -858,11 +846,7 @@ async fn a_status_undone_past_the_bound_gets_the_pod_deleted_as_the_last_resort(
     );
     assert_user_agent(&requests);
     assert_no_403(&requests);
-    common::pods::remove_pods(
-        &mut guard.clients().rt,
-        guard.pods().await.into_iter().map(|p| p.sandbox_id),
-    )
-    .await;
+    guard.remove_all_pods().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -979,9 +963,5 @@ async fn a_restarted_criguard_keeps_the_pressure_the_watch_and_the_evictions() {
     let requests = t.requests();
     assert_user_agent(&requests);
     assert_no_403(&requests);
-    common::pods::remove_pods(
-        &mut guard.clients().rt,
-        guard.pods().await.into_iter().map(|p| p.sandbox_id),
-    )
-    .await;
+    guard.remove_all_pods().await;
 }

@@ -10,10 +10,9 @@ use crate::common;
 use std::time::Duration;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
-use common::metrics::{free_port, parse, scrape, value};
+use common::metrics::{free_port, parse, scrape, scraped, value};
 use common::pods::{
-    CgroupRoot, grow, hog, init_pid, mem_total, oom_score_adj_of, remove_pods, run_pod, sleeper,
-    wait_holding,
+    CgroupRoot, grow, hog, init_pid, mem_total, oom_score_adj_of, run_pod, sleeper, wait_holding,
 };
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::model::QosClass;
@@ -146,7 +145,7 @@ async fn oom_scenario(dynamic: bool) -> Outcome {
         // The kill is matched against the adjuster's latest ranking: let
         // one round start after every hog holds its memory (two counted
         // from now: the one running may have started before).
-        let rounds = || value(&parse(&scrape(port)), "criguard_oom_rank_rounds_total", &[]);
+        let rounds = || scraped(port, "criguard_oom_rank_rounds_total", &[]);
         let before = rounds().unwrap_or(0.0);
         common::poll_until(
             Duration::from_secs(20),
@@ -192,11 +191,7 @@ async fn oom_scenario(dynamic: bool) -> Outcome {
 
     // The teardown SIGKILLs every container, each notified of the OOM on
     // cgroup v1 a moment ago: none of that is a kernel OOM kill.
-    remove_pods(
-        &mut rt,
-        guard.pods().await.into_iter().map(|p| p.sandbox_id),
-    )
-    .await;
+    guard.remove_all_pods().await;
     let kills = guard.oom_kills().await;
     let metrics = parse(&scrape(port));
     // What `criguard evictions` shows of it, as JSON and as text.

@@ -264,6 +264,23 @@ pub fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a Value> {
         .find(|c| c["type"] == kind)
 }
 
+/// Whether the node `n` carries criguard's NoSchedule taint `key`.
+pub fn tainted(n: &Value, key: &str) -> bool {
+    n["spec"]["taints"].as_array().is_some_and(|t| {
+        t.iter()
+            .any(|t| t["key"] == key && t["effect"] == "NoSchedule")
+    })
+}
+
+/// Asserts that the node `n` shows criguard's `condition` True and its
+/// NoSchedule taint `key`; `when` names the moment in the failure message.
+pub fn assert_pressure_marked(n: &Value, condition_type: &str, key: &str, when: &str) {
+    let cond = condition(n, condition_type)
+        .unwrap_or_else(|| panic!("{when}: no {condition_type} on the node"));
+    assert_eq!(cond["status"], "True", "{when}: {cond:#}");
+    assert!(tainted(n, key), "{when}: taints {}", n["spec"]["taints"]);
+}
+
 /// A test pod in `namespace` on `node`: busybox `sleep`, host network,
 /// never pulled; `extra_spec` is spec lines (two spaces indented, each
 /// ending in a newline), `annotations` the inside of a flow mapping.

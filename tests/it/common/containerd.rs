@@ -497,6 +497,12 @@ impl CriguardProcess {
         Clients::new(&self.socket)
     }
 
+    /// Stops and removes every pod criguard's model knows, through criguard.
+    pub async fn remove_all_pods(&self) {
+        let ids = self.pods().await.into_iter().map(|p| p.sandbox_id);
+        super::pods::remove_pods(&mut self.clients().rt, ids).await;
+    }
+
     /// The live node model, as `criguard pods --json` prints it.
     pub async fn pods(&self) -> Vec<criguard::model::Pod> {
         criguard::admin::get_pods(&self.admin)

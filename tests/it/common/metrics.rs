@@ -62,3 +62,8 @@ pub fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<
         .then_some(*v)
     })
 }
+
+/// One scrape of 127.0.0.1:`port`: the value of `name` with `labels`.
+pub fn scraped(port: u16, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    value(&parse(&scrape(port)), name, labels)
+}
