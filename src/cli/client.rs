@@ -148,7 +148,11 @@ pub fn status(admin_socket: PathBuf, json: bool, checks: StatusChecks) -> ExitCo
             (Ok(c), Ok(e)) => print!(
                 "{}",
                 display::status_overview(
-                    &display::hard_thresholds(&s.settings),
+                    &[
+                        display::hard_thresholds(&s.settings),
+                        display::soft_thresholds(&s.settings)
+                    ]
+                    .concat(),
                     &c,
                     &e,
                     STATUS_LAST,

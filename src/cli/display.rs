@@ -218,21 +218,42 @@ fn amount(signal: Signal, v: i64) -> String {
 /// (`memory.available<100Mi, nodefs.available<10%`), which is how the admin
 /// API serves them; an entry that does not parse is left out.
 pub fn hard_thresholds(settings: &str) -> Vec<Threshold> {
-    let Some(line) = settings
-        .lines()
-        .find_map(|l| l.strip_prefix("evictionHard: "))
-    else {
+    settings_thresholds(settings, "evictionHard: ")
+}
+
+/// The soft thresholds named on the settings' `evictionSoft:` line
+/// (`memory.available<300Mi for 1m30s`), each with its grace period; an
+/// entry that does not parse, or has no grace period, is left out (a
+/// minimum reclaim, `, reclaiming 50Mi more`, is not read).
+pub fn soft_thresholds(settings: &str) -> Vec<Threshold> {
+    settings_thresholds(settings, "evictionSoft: ")
+        .into_iter()
+        .filter(|t| t.grace_period.is_some())
+        .collect()
+}
+
+/// The entries of the settings' line that starts with `key`: `SIGNAL<AMOUNT`
+/// with an optional ` for DURATION` (the grace period).
+fn settings_thresholds(settings: &str, key: &str) -> Vec<Threshold> {
+    let Some(line) = settings.lines().find_map(|l| l.strip_prefix(key)) else {
         return Vec::new();
     };
     line.split(',')
         .filter_map(|e| {
-            let (name, value) = e.trim().split_once('<')?;
+            let (name, rest) = e.trim().split_once('<')?;
             let signal = Signal::parse(name)?;
+            let (value, grace) = match rest.split_once(" for ") {
+                Some((v, g)) => (v, Some(criguard::quantity::parse_duration(g).ok()?)),
+                None => (rest, None),
+            };
             let amount = match value.strip_suffix('%') {
                 Some(_) => Amount::Percentage(criguard::quantity::parse_percentage(value).ok()?),
                 None => Amount::Quantity(criguard::quantity::parse_quantity(value).ok()?),
             };
-            Some(Threshold::hard(signal, amount))
+            Some(Threshold {
+                grace_period: grace,
+                ..Threshold::hard(signal, amount)
+            })
         })
         .collect()
 }
@@ -275,9 +296,11 @@ pub struct Connections {
 }
 
 /// The overview `criguard status` prints between the configuration's state
-/// and its settings: each signal against its hard threshold, the
-/// conditions, the last `last` evictions and kernel OOM kills, the
-/// connections.
+/// and its settings: each signal against its hard threshold and its soft
+/// one with the grace period (`MET` when the hard one is, `SOFT MET` when
+/// only the soft one is: criguard acts once it has stayed met for the grace
+/// period), the conditions, the last `last` evictions and kernel OOM kills,
+/// the connections.
 pub fn status_overview(
     thresholds: &[Threshold],
     conditions: &ConditionsReport,
@@ -293,35 +316,55 @@ pub fn status_overview(
     let _ = writeln!(out, "\nsignals (read {observed}):");
     let _ = writeln!(
         out,
-        "  {:<28} {:>14} {:>14} {:>14}  ",
-        "SIGNAL", "AVAILABLE", "THRESHOLD", "CAPACITY"
+        "  {:<28} {:>14} {:>14} {:>22} {:>14}  ",
+        "SIGNAL", "AVAILABLE", "THRESHOLD", "SOFT (GRACE)", "CAPACITY"
     );
     let mut hard: BTreeMap<Signal, &Threshold> = BTreeMap::new();
-    for t in thresholds.iter().filter(|t| t.grace_period.is_none()) {
-        hard.insert(t.signal, t);
+    let mut soft: BTreeMap<Signal, &Threshold> = BTreeMap::new();
+    for t in thresholds {
+        match t.grace_period {
+            None => hard.insert(t.signal, t),
+            Some(_) => soft.insert(t.signal, t),
+        };
     }
     let mut signals: BTreeSet<Signal> = conditions.observations.keys().copied().collect();
     signals.extend(hard.keys().copied());
+    signals.extend(soft.keys().copied());
     for s in signals {
         let o = conditions.observations.get(&s);
         // Resolved against the observed capacity; as configured (`15%`)
         // for a signal not observed.
-        let threshold = hard.get(&s).map(|t| match o {
+        let resolve = |t: &Threshold| match o {
             Some(o) => {
                 let t = t.amount.resolve(o.capacity) as i64;
                 (Some(t), amount(s, t))
             }
             None => (None, t.amount_display()),
+        };
+        let threshold = hard.get(&s).map(|t| resolve(t));
+        let soft_threshold = soft.get(&s).map(|t| {
+            let (at, shown) = resolve(t);
+            let grace = t.grace_period.map_or_else(String::new, |g| {
+                format!(" ({})", criguard::quantity::format_duration(g))
+            });
+            (at, format!("{shown}{grace}"))
         });
-        let met = matches!((o, &threshold), (Some(o), Some((Some(t), _))) if o.available < *t);
+        let below = |t: &Option<(Option<i64>, String)>| matches!((o, t), (Some(o), Some((Some(t), _))) if o.available < *t);
+        let met = if below(&threshold) {
+            "MET"
+        } else if below(&soft_threshold) {
+            "SOFT MET"
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
-            "  {:<28} {:>14} {:>14} {:>14}  {}",
+            "  {:<28} {:>14} {:>14} {:>22} {:>14}  {met}",
             s.name(),
             o.map_or("-".into(), |o| amount(s, o.available)),
             threshold.map_or("-".into(), |(_, shown)| shown),
+            soft_threshold.map_or("-".into(), |(_, shown)| shown),
             o.map_or("-".into(), |o| amount(s, o.capacity as i64)),
-            if met { "MET" } else { "" }
         );
     }
     let conds: Vec<String> = conditions
@@ -598,6 +641,137 @@ mod tests {
             text.contains("signals (read 2026-11-26 01:02:03 UTC (1m00s ago))"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_overview_shows_soft_thresholds_with_their_grace_beside_the_hard_ones() {
+        let soft = |signal, amount, s| Threshold {
+            grace_period: Some(std::time::Duration::from_secs(s)),
+            ..Threshold::hard(signal, amount)
+        };
+        let thresholds = vec![
+            Threshold::hard(Signal::MemoryAvailable, Amount::Quantity(100 << 20)),
+            soft(Signal::MemoryAvailable, Amount::Quantity(300 << 20), 90),
+            soft(Signal::NodefsAvailable, Amount::Percentage(15.0), 120),
+            soft(Signal::ImagefsAvailable, Amount::Percentage(20.0), 60),
+        ];
+        let observed = |available| Observed {
+            available,
+            capacity: 1 << 30,
+        };
+        let conditions = ConditionsReport {
+            conditions: BTreeSet::new(),
+            observations: BTreeMap::from([
+                // Under the soft threshold, over the hard one.
+                (Signal::MemoryAvailable, observed(200 << 20)),
+                // Over the soft threshold (15% of 1Gi is 153.6Mi).
+                (Signal::NodefsAvailable, observed(500 << 20)),
+            ]),
+            observed_at_unix_ms: Some(T),
+        };
+        let evictions = EvictionsReport {
+            evictions: vec![],
+            kernel_oom_kills: vec![],
+        };
+        let connections = Connections {
+            runtime: ("r".into(), Reach::Off("-".into())),
+            cri: ("c".into(), Reach::Off("-".into())),
+            api: Reach::Off("-".into()),
+        };
+        let text = status_overview(
+            &thresholds,
+            &conditions,
+            &evictions,
+            3,
+            &connections,
+            |_| "then".into(),
+        );
+        let line = |signal: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(signal))
+                .unwrap_or_else(|| panic!("no {signal} in {text}"))
+                .split_whitespace()
+                .collect::<Vec<_>>()
+        };
+        let header = text.lines().find(|l| l.contains("SIGNAL")).unwrap();
+        assert_eq!(
+            header.split_whitespace().collect::<Vec<_>>(),
+            [
+                "SIGNAL",
+                "AVAILABLE",
+                "THRESHOLD",
+                "SOFT",
+                "(GRACE)",
+                "CAPACITY"
+            ]
+        );
+        assert_eq!(
+            line("memory.available"),
+            [
+                "memory.available",
+                "200Mi",
+                "100Mi",
+                "300Mi",
+                "(1m30s)",
+                "1Gi",
+                "SOFT",
+                "MET"
+            ]
+        );
+        assert_eq!(
+            line("nodefs.available"),
+            ["nodefs.available", "500Mi", "-", "153.6Mi", "(2m0s)", "1Gi"]
+        );
+        // Not observed: as configured.
+        assert_eq!(
+            line("imagefs.available"),
+            ["imagefs.available", "-", "-", "20%", "(1m0s)", "-"]
+        );
+    }
+
+    #[test]
+    fn soft_thresholds_and_their_grace_are_read_from_the_settings_line() {
+        // The settings as the admin API serves them: criguard's own
+        // description of its configuration.
+        let grace = |s| Some(std::time::Duration::from_secs(s));
+        let soft = vec![
+            Threshold {
+                grace_period: grace(90),
+                ..Threshold::hard(Signal::MemoryAvailable, Amount::Quantity(300 << 20))
+            },
+            Threshold {
+                grace_period: grace(120),
+                ..Threshold::hard(Signal::NodefsAvailable, Amount::Percentage(15.0))
+            },
+        ];
+        let mut with_reclaim = soft.clone();
+        with_reclaim[0].min_reclaim = Some(Amount::Quantity(50 << 20));
+        let settings = criguard::config::EvictionConfig {
+            hard: vec![Threshold::hard(
+                Signal::MemoryAvailable,
+                Amount::Quantity(100 << 20),
+            )],
+            soft: with_reclaim,
+            max_pod_grace_period: None,
+            pressure_transition_period: std::time::Duration::from_secs(300),
+            housekeeping_interval: std::time::Duration::from_secs(10),
+        }
+        .describe();
+        assert!(
+            settings.contains(
+                "evictionSoft: memory.available<300Mi for 1m30s, reclaiming 50Mi more, nodefs.available<15% for 2m0s\n"
+            ),
+            "{settings}"
+        );
+        assert_eq!(soft_thresholds(&settings), soft);
+        assert_eq!(
+            hard_thresholds(&settings),
+            vec![Threshold::hard(
+                Signal::MemoryAvailable,
+                Amount::Quantity(100 << 20)
+            )]
+        );
+        assert!(soft_thresholds("evictionSoft: (none)\n").is_empty());
     }
 
     #[test]
