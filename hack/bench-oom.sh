@@ -29,7 +29,38 @@
 # of the memcgs, memory.oom_control's oom_kill, the kernel log, the
 # contender's log.
 #
-# Usage: hack/bench-oom.sh   (root; about 10 minutes for the host
+# VM tier (hack/bench-oom.sh vm, or CRIGUARD_OOM_TIER=vm): the VM tier's
+# Debian bookworm machine (hack/vm.sh: QEMU TCG, systemd as PID 1, cgroup v2,
+# PSI) with CRIGUARD_VM_MEM (1024) MiB; the node is the whole machine (no
+# limit on kubepods.slice), memory.available = MemTotal - the root cgroup's
+# working set, the hard threshold memory.available<CRIGUARD_OOM_THRESHOLD_MIB
+# (200 here: on a 1 GiB machine the kernel's own memory, which the working
+# set leaves out, puts the page-cache thrashing at memory.available
+# 110-150Mi, so the kubelet's default 100Mi is crossed only once the node is
+# out of memory). The guest has no python3: hack/bench-oom/vm-guest.sh (bash)
+# runs the races in it and writes what it saw to the results directory (a
+# read-write share); hack/bench-oom/vm.py analyses it here. Contenders:
+#   criguard-events, criguard-tick  as on the host, in front of the guest's
+#                    containerd.service;
+#   earlyoom         Debian's (1.7), -M at the threshold (both its SIGTERM
+#                    and SIGKILL levels: always SIGKILL, as a hard eviction),
+#                    less the difference between memory.available and the
+#                    MemAvailable earlyoom reads, measured at its start;
+#   systemd-oomd     Debian's (the guest's systemd's version),
+#                    ManagedOOMMemoryPressure=kill on kubepods.slice with
+#                    oomd.conf's defaults (60 % for 20 s);
+#   kernel           nothing but the global OOM killer.
+# systemd-oomd's and earlyoom's packages are fetched here (apt-get download)
+# and installed in the guest's copy-on-write root; the image is unchanged.
+# Each run waits CRIGUARD_OOM_TAIL_S (35) after the grower would have
+# filled the machine (CRIGUARD_OOM_KERNEL_TAIL_S, 120, for the kernel),
+# then the bench kills the grower itself: a run no one won. Settings:
+# CRIGUARD_OOM_RUNS, CRIGUARD_OOM_KERNEL_RUNS, CRIGUARD_OOM_RUNS_BY
+# (contender=N,...), CRIGUARD_OOM_RATES, CRIGUARD_OOM_CONTENDERS
+# (criguard-events,earlyoom,kernel,criguard-tick,systemd-oomd),
+# CRIGUARD_OOM_SAMPLE_US (5000), CRIGUARD_OOM_VM_TIMEOUT (3600 s).
+#
+# Usage: hack/bench-oom.sh [host|vm]   (root; about 10 minutes for the host
 #   contenders, 15 for the kubelet's, on 2 cores)
 #   CRIGUARD_OOM_RUNS (5), CRIGUARD_OOM_RATES (e.g. 8,128,0; 0 = full speed),
 #   CRIGUARD_OOM_CONTENDERS (kernel,criguard-events,criguard-tick; "" skips
@@ -51,11 +82,47 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-matplotlib >&2
 fi
+tier="${1:-${CRIGUARD_OOM_TIER:-host}}"
+[[ "$tier" == host || "$tier" == vm ]] || { echo "bench-oom.sh: tier host or vm, not $tier" >&2; exit 2; }
 if [[ -z "${CRIGUARD_BIN:-}" ]]; then
     cargo build --release --bin criguard >&2
     CRIGUARD_BIN="$PWD/target/release/criguard"
 fi
 crictl="$(hack/k8s/build.sh --path cri-tools)/crictl"
+if [[ "$tier" == vm ]]; then
+    # The VM tier: everything the guest needs in a directory under the
+    # repository (shared read-only with the guest), the results in a
+    # read-write share; the guest runs hack/bench-oom/vm-guest.sh.
+    tools="$PWD/target/bench-oom-vm/tools"
+    out="${CRIGUARD_OOM_OUT:-$(mktemp -d /tmp/criguard-oom-vm.XXXXXX)/results}"
+    export CRIGUARD_OOM_THRESHOLD_MIB="${CRIGUARD_OOM_THRESHOLD_MIB:-200}"
+    mkdir -p "$tools/debs" "$out"
+    out="$(readlink -f "$out")"
+    gcc -O2 -Wall -static -o "$tools/grower" hack/bench-oom/grower.c
+    gcc -O2 -Wall -static -o "$tools/sampler" hack/bench-oom/sampler.c
+    cp "$crictl" "$CRIGUARD_BIN" "$tools/"
+    # Debian's systemd-oomd (its version must be the guest's systemd's) and
+    # earlyoom, installed in the guest's copy-on-write root at run time.
+    systemd="$(dpkg-query -W -f '${Version}' systemd)"
+    (cd "$tools/debs" && { ls systemd-oomd_*.deb earlyoom_*.deb >/dev/null 2>&1 ||
+        apt-get download "systemd-oomd=$systemd" earlyoom >&2; })
+    envs=()
+    for k in CRIGUARD_OOM_CONTENDERS CRIGUARD_OOM_RATES CRIGUARD_OOM_RUNS CRIGUARD_OOM_THRESHOLD_MIB \
+        CRIGUARD_OOM_LEAD_MIB CRIGUARD_OOM_TAIL_S CRIGUARD_OOM_SAMPLE_US CRIGUARD_OOM_PHYSICAL \
+        CRIGUARD_OOM_KERNEL_RUNS CRIGUARD_OOM_KERNEL_TAIL_S CRIGUARD_OOM_RUNS_BY; do
+        [[ -z "${!k:-}" ]] || envs+=(--env "$k=${!k}")
+    done
+    t0=$SECONDS
+    CRIGUARD_VM_MEM="${CRIGUARD_VM_MEM:-1024}" hack/vm.sh run --timeout "${CRIGUARD_OOM_VM_TIMEOUT:-3600}" \
+        --share-rw "$out" "${envs[@]}" -- hack/bench-oom/vm-guest.sh "$out" "$tools" >&2 || vm_status=$?
+    # A VM that timed out leaves the runs it finished: they are analysed.
+    echo "vm: $((SECONDS - t0)) s wall time, hack/vm.sh exit status ${vm_status:-0}" >"$out/load.txt"
+    export PYTHONDONTWRITEBYTECODE=1
+    /usr/bin/python3 hack/bench-oom/vm.py "$out"
+    /usr/bin/python3 hack/bench-oom/report.py "$out"
+    echo "results: $out" >&2
+    exit 0
+fi
 dir="$(mktemp -d /tmp/criguard-oom.XXXXXX)"
 out="${CRIGUARD_OOM_OUT:-$dir/results}"
 mkdir -p "$out" "$dir/tools"

@@ -208,7 +208,11 @@ def one_run(node, steady, contender, rate, run, out_dir):
     return res, lines
 
 
-def analyse(samples, steady, grower, kernel_kills_seen, counted, evictions, dead, limit):
+def analyse(samples, steady, grower, kernel_kills_seen, counted, evictions, dead, limit,
+            since=None):
+    """One run's row from its samples (see the module's doc); `since`
+    (CLOCK_MONOTONIC ns): actions from then on count, instead of from 100 ms
+    before the crossing (the VM tier, where each run has its own window)."""
     rows = []
     with open(samples) as f:
         for line in f:
@@ -247,7 +251,7 @@ def analyse(samples, steady, grower, kernel_kills_seen, counted, evictions, dead
     first = kubelet_first(pods, usage)
     # Actions from before the crossing (less the sampling period and the
     # event's own lead) belong to the pressure of the run before.
-    early = tc - 100_000_000
+    early = tc - 100_000_000 if since is None else since
     acts = [(t, "kernel", name_of(m)) for t, m in kernel_kills_seen if t >= early]
     acts += [(t, "contender", name_of(k)) for t, k in evictions if t is not None and t >= early]
     if kernel_kills and not kernel_kills_seen:

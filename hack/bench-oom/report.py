@@ -69,8 +69,15 @@ def main():
                 f"| {fmt(min(low))} |")
             series.setdefault(c, []).append((rate or physical, pct(freed, .5), pct(freed, .99),
                                              min(low), sum(low) / n))
-    head = (f"{meta['date']}, kernel {meta['kernel']}, {meta['nproc']} cores; kubepods limit "
-            f"{meta['limit_mib']} MiB, allocatableMemory.available<{meta['threshold_mib']}Mi, "
+    if meta.get("tier") == "vm":
+        node = (f"the VM's memory {meta['limit_mib']} MiB (MemTotal), "
+                f"memory.available<{meta['threshold_mib']}Mi, systemd {meta.get('systemd', '?')}, "
+                f"samples every {meta.get('sample_us', 0) / 1000:g} ms")
+    else:
+        node = (f"kubepods limit {meta['limit_mib']} MiB, "
+                f"allocatableMemory.available<{meta['threshold_mib']}Mi")
+    head = (f"{meta['date']}, {meta.get('tier', 'host')} tier, kernel {meta['kernel']}, "
+            f"{meta['nproc']} cores; {node}, "
             f"housekeeping {meta['housekeeping']}; physical limit {physical} MiB/s; "
             f"{open(f'{out}/load.txt').read().strip() if os.path.exists(f'{out}/load.txt') else meta['uptime']}")
     table = head + "\n\n" + "\n".join(lines) + "\n"
@@ -106,7 +113,8 @@ def plot(out, series, meta):
     ax.axhline(meta["threshold_mib"], color="grey", linestyle="--", label="threshold")
     ax.set_xscale("log")
     ax.set_xlabel("growth rate, MiB/s (last point: the physical limit)")
-    ax.set_ylabel("lowest allocatable memory available, MiB")
+    ax.set_ylabel("lowest memory available, MiB" if tier == "vm"
+                  else "lowest allocatable memory available, MiB")
     ax.set_title(f"OOM race, {tier} tier: lowest available (min of runs)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)

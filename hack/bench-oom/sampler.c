@@ -22,6 +22,8 @@ struct spec {
 	int fd;
 	const char *key;
 	size_t keylen;
+	int same; /* index of an earlier spec of the same file, or -1 */
+	char buf[16384];
 };
 
 static long long ns(clockid_t c) {
@@ -30,14 +32,23 @@ static long long ns(clockid_t c) {
 	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static double value(struct spec *s) {
-	static char buf[16384];
-	if (s->fd < 0)
+/* A file named by several specs (the root's memory.stat) is read once per
+ * sample: the first spec reads it, the others parse that text. */
+static double value(struct spec *specs, int i) {
+	struct spec *s = &specs[i];
+	char *buf = s->same >= 0 ? specs[s->same].buf : s->buf;
+	if (s->same < 0) {
+		if (s->fd < 0)
+			return -1;
+		ssize_t n = pread(s->fd, buf, sizeof s->buf - 1, 0);
+		if (n <= 0) {
+			buf[0] = 0;
+			return -1;
+		}
+		buf[n] = 0;
+	} else if (!buf[0]) {
 		return -1;
-	ssize_t n = pread(s->fd, buf, sizeof buf - 1, 0);
-	if (n <= 0)
-		return -1;
-	buf[n] = 0;
+	}
 	if (!s->key)
 		return strtod(buf, NULL);
 	for (char *line = buf; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
@@ -75,7 +86,14 @@ int main(int argc, char **argv) {
 			specs[i].key = colon + 1;
 			specs[i].keylen = strlen(colon + 1);
 		}
-		specs[i].fd = open(path, O_RDONLY | O_CLOEXEC);
+		specs[i].same = -1;
+		for (int j = 0; j < i; j++)
+			if (strncmp(argv[5 + j], path, strlen(path)) == 0 &&
+			    (argv[5 + j][strlen(path)] == ':' || argv[5 + j][strlen(path)] == 0))
+				specs[i].same = j;
+		while (specs[i].same >= 0 && specs[specs[i].same].same >= 0)
+			specs[i].same = specs[specs[i].same].same;
+		specs[i].fd = specs[i].same >= 0 ? -1 : open(path, O_RDONLY | O_CLOEXEC);
 	}
 	size_t cap = 1 << 24, len = 0;
 	char *buf = malloc(cap);
@@ -95,7 +113,7 @@ int main(int argc, char **argv) {
 		for (int i = 0; i < n; i++)
 			/* PSI avg10 (a percentage) in hundredths, to stay an integer. */
 			len += snprintf(buf + len, cap - len, " %.0f",
-					value(&specs[i]) * (specs[i].key && strcmp(specs[i].key, "full") == 0 ? 100 : 1));
+					value(specs, i) * (specs[i].key && strcmp(specs[i].key, "full") == 0 ? 100 : 1));
 		buf[len++] = '\n';
 		next.tv_nsec += interval * 1000;
 		while (next.tv_nsec >= 1000000000) {

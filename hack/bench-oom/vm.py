@@ -1,0 +1,236 @@
+#!/usr/bin/python3
+"""The race against the OOM killer, VM tier: the host's half. The guest
+(hack/bench-oom/vm-guest.sh, bash only) wrote per run a record, the samples,
+the kernel log and the contenders' logs to OUT; this turns them into the
+tiers' common runs.csv, meta.json and losses.txt (race.analyse does the
+analysis, as for the host tier), then report.py makes the table and plots.
+
+Clocks: the samples are on the guest's CLOCK_MONOTONIC, with the guest's
+realtime - monotonic in their header; criguard's and the journal's stamps
+are realtime; the kernel log's stamps are put on realtime through the mark
+the guest writes to /dev/kmsg at the start of each run.
+
+Usage: vm.py OUT   (then: report.py OUT)
+"""
+
+import calendar
+import csv
+import glob
+import json
+import os
+import re
+import sys
+import time
+
+import race
+
+MI = 1 << 20
+
+
+class Pod:
+    """What race.analyse needs of a pod: its name, uid and pod name."""
+
+    def __init__(self, name, uid, pid):
+        self.name, self.uid, self.pod_name, self.pid = name, uid, name, pid
+        self.request = next((s[2] for s in race.STEADY if s[0] == name), 0)
+
+
+def kv(path):
+    out = {}
+    for line in open(path):
+        k, _, v = line.rstrip("\n").partition("=")
+        out[k] = v
+    return out
+
+
+def kmsg_records(path):
+    """(stamp ns since boot, text) of each /dev/kmsg record."""
+    recs = []
+    for line in open(path, errors="replace"):
+        head, sep, text = line.partition(";")
+        if not sep:
+            continue
+        try:
+            recs.append((int(head.split(",")[2]) * 1000, text.rstrip("\n")))
+        except (IndexError, ValueError):
+            pass
+    return recs
+
+
+def rfc3339_ns(stamp):
+    try:
+        date, frac = stamp.rstrip("Z").split(".")
+        base = calendar.timegm(time.strptime(date, "%Y-%m-%dT%H:%M:%S"))
+        return int(base * 1e9 + int(frac.ljust(9, "0")[:9]))
+    except ValueError:
+        return None
+
+
+def criguard_actions(path):
+    """(realtime ns, pod uid, line) per eviction in criguard's JSON log: the
+    SIGKILL through the pod's cgroup when logged, else the decision."""
+    out, lines = [], []
+    if not os.path.exists(path):
+        return out, lines
+    for l in open(path, errors="replace"):
+        l = l.rstrip("\n")
+        try:
+            j = json.loads(l)
+        except ValueError:
+            continue
+        stamp = rfc3339_ns(j.get("timestamp", ""))
+        lines.append((stamp, l))
+        msg = j.get("fields", {}).get("message", "")
+        if msg.startswith("evicting pod"):
+            out.append([stamp, j["fields"].get("uid", "")])
+        elif msg.startswith("pod's processes killed") and out and stamp is not None:
+            out[-1][0] = stamp
+    return out, lines
+
+
+def journal_actions(path, pattern):
+    """(realtime ns, what it killed) per match of `pattern` in a
+    `journalctl -o short-unix` file, and all its lines."""
+    out, lines = [], []
+    if not os.path.exists(path):
+        return out, lines
+    for l in open(path, errors="replace"):
+        l = l.rstrip("\n")
+        try:
+            stamp = int(float(l.split(" ", 1)[0]) * 1e9)
+        except ValueError:
+            continue
+        lines.append((stamp, l))
+        m = re.search(pattern, l)
+        if m:
+            out.append([stamp, m.group(1)])
+    return out, lines
+
+
+def samples_with_node_usage(src, dst):
+    """The samples as race.analyse reads them: column 1 the root cgroup's
+    usage (anon + file, the last column), without the last two columns
+    (kubepods' oom_kill, file). Returns the guest's realtime - monotonic
+    (ns) and the CLOCK_MONOTONIC stamps at which kubepods' oom_kill rose,
+    one per kill."""
+    offset, rises, last = 0, [], None
+    with open(src) as f, open(dst, "w") as o:
+        for line in f:
+            if line.startswith("#"):
+                offset = int(line.split()[-1])
+                continue
+            r = line.split()
+            if len(r) < 4:
+                continue
+            r[1] = str(int(r[1]) + int(r[-1]))
+            kills = int(r[-2])
+            if last is not None and kills > last:
+                rises += [int(r[0])] * (kills - last)
+            if kills >= 0:
+                last = kills
+            o.write(" ".join(r[:-2]) + "\n")
+    return offset, rises
+
+
+def main():
+    out = sys.argv[1]
+    meta = kv(f"{out}/meta.txt")
+    cap = int(meta["capacity_bytes"])
+    kmsg = kmsg_records(f"{out}/kmsg.txt")
+    logs = {}
+    for c in ("criguard-events", "criguard-tick"):
+        logs[c] = criguard_actions(f"{out}/{c}.log")
+    logs["systemd-oomd"] = journal_actions(f"{out}/systemd-oomd.log", r"Killed (\S+) due to")
+    logs["earlyoom"] = journal_actions(f"{out}/earlyoom.log", r"sending SIG\w+ to process (\d+)")
+    rows = []
+    losses = open(f"{out}/losses.txt", "w")
+    order = {c: i for i, c in enumerate(meta["contenders"].split(","))}
+    recs = [kv(p) for p in glob.glob(f"{out}/runs/*.txt")]
+    recs.sort(key=lambda r: (order.get(r["contender"], 99), int(r["rate"]) or 1 << 30, int(r["run"])))
+    for rec in recs:
+        c, rate, run = rec["contender"], int(rec["rate"]), int(rec["run"])
+        tag = f"{c}-{rate}-{run}"
+        src = f"{out}/samples/{tag}.samples"
+        if not os.path.exists(src):
+            continue
+        tmp = f"{out}/samples/{tag}.node"
+        offset, rises = samples_with_node_usage(src, tmp)  # realtime - monotonic
+        name, uid, pid = rec["grower"].split(":")
+        grower = Pod(name, uid, int(pid))
+        steady, dead = [], []
+        for s in rec["steady"].split():
+            n, u, p, a = s.split(":")
+            pod = Pod(n, u, int(p))
+            steady.append(pod)
+            if a == "0":
+                dead.append(pod)
+        by_pid = {p.pid: p.uid for p in steady + [grower]}
+        go_mono = int(rec["go_realtime_ns"]) - offset
+        with open(tmp) as f:
+            last = [l for l in f if l.strip()][-1]
+        end_mono = int(last.split()[0])
+        # The kernel log: the run's mark gives realtime - kmsg stamp.
+        mark_text = "criguard-oombench mark " + rec["mark"]
+        mark_rt = int(rec["mark"].split()[-1])
+        kmark = next((t for t, text in kmsg if text == mark_text), None)
+        kills, klines = [], []
+        if kmark is not None:
+            for t, text in kmsg:
+                mono = t + (mark_rt - kmark) - offset
+                if go_mono - 2e9 <= mono <= end_mono + 1e9 and ("oom" in text.lower() or "killed" in text.lower()):
+                    klines.append(f"[kernel {mono / 1e9:.3f}] {text}")
+                if text.startswith("oom-kill:") and go_mono - 1e9 <= mono <= end_mono + 1e9:
+                    memcg = next((x[len("task_memcg="):] for x in text.split(",")
+                                  if x.startswith("task_memcg=")), "?")
+                    # A pod's kill: when kubepods' oom_kill rose (sampled);
+                    # another's: the kernel log's stamp (drifts under TCG).
+                    if memcg.startswith("/kubepods.slice") and rises:
+                        mono = rises.pop(0)
+                    kills.append((mono, memcg))
+        before, after = (int(x) for x in rec["pods_oom_kills"].split())
+        acts, lines = logs.get(c, ([], []))
+        evictions = []
+        for t, key in acts:
+            if t is None:
+                continue
+            mono = t - offset
+            if go_mono - 1e9 <= mono <= end_mono:
+                if c == "earlyoom":
+                    key = by_pid.get(int(key), f"pid {key}")
+                evictions.append((mono, key))
+        res = race.analyse(tmp, steady, grower, kills, after - before, evictions, dead, cap,
+                           since=go_mono - 1_000_000_000)
+        os.unlink(tmp)
+        if res["actor"] == "none" and evictions:
+            # Acted before the kubelet's memory.available crossed (earlyoom
+            # reads MemAvailable, another figure).
+            res.update(actor="contender", victim=evictions[0][1])
+        if res["actor"] == "contender":
+            res["actor"] = c
+        res.update(tier="vm", contender=c, rate=rate, run=run,
+                   grower_survived=rec["survived"] == "1", load1=rec["load1"])
+        rows.append(res)
+        won = res["actor"] == c and res["kernel_kills"] == 0
+        if c != "kernel" and not won:
+            losses.write(f"== {c} rate={rate or 'max'} run={run}: "
+                         + json.dumps({k: res.get(k) for k in race.FIELDS}) + "\n")
+            window = [l for t, l in lines if t is not None and go_mono - 2e9 <= t - offset <= end_mono + 1e9]
+            losses.writelines(f"  {l}\n" for l in window[-25:])
+            losses.writelines(f"  {l}\n" for l in klines[-12:])
+    losses.close()
+    with open(f"{out}/runs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=race.FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    rates = [int(x) for x in meta["rates"].split()]
+    json.dump({"tier": "vm", "physical_mib_s": int(meta["physical_mib_s"]),
+               "limit_mib": cap // MI, "threshold_mib": int(meta["threshold_mib"]),
+               "housekeeping": "10s", "runs": int(meta["runs"]), "rates": rates,
+               "uptime": "", "kernel": meta["kernel"], "nproc": int(meta["nproc"]),
+               "systemd": meta["systemd"], "sample_us": int(meta["sample_us"]),
+               "idle_available_mib": int(meta["idle_available_mib"]),
+               "date": meta["date"]}, open(f"{out}/meta.json", "w"))
+
+
+if __name__ == "__main__":
+    main()
