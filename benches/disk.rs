@@ -372,7 +372,7 @@ async fn main() {
         uids.push(uid);
     }
     let upstream = Upstream::new(RuntimeEndpoint::parse(ctrd.socket.to_str().unwrap()).unwrap());
-    let model = criguard::model::sync::rebuild(&upstream, mem_total())
+    let model = criguard::runtime::sync::rebuild(&upstream, mem_total())
         .await
         .unwrap();
     let pods: Vec<Pod> = model

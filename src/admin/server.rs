@@ -26,10 +26,11 @@ use super::pb::admin_server::{Admin, AdminServer};
 use crate::accept::Acceptor;
 use crate::config::{Signal, Threshold};
 use crate::eviction::NodeStatus;
-use crate::model::{NodeModel, Pod, sync};
+use crate::model::{NodeModel, Pod};
 use crate::reclaim::oom_kills::OomKills;
 use crate::reclaim::rank::Ranker;
 use crate::runtime::Upstream;
+use crate::runtime::sync;
 use crate::signal::Ranking;
 use crate::signals::usage::UsageReader;
 
