@@ -19,17 +19,17 @@ use tokio::sync::watch;
 
 use super::{Stopping, periodic};
 
-/// Rebuilds `node` from the runtime in the background; the receiver turns
+/// Rebuilds `node` from the runtime in the background; `ready_tx` turns
 /// true once it is done. A runtime that is down must not keep the kubelet
 /// out: readiness is then given anyway, with what the model holds, and the
 /// sync loop fills it once the runtime is up.
 pub fn rebuild(
     node: &Arc<RwLock<NodeModel>>,
     upstream: &Upstream,
-) -> (tokio::task::JoinHandle<()>, watch::Receiver<bool>) {
-    let (ready_tx, ready) = watch::channel(false);
+    ready_tx: watch::Sender<bool>,
+) -> tokio::task::JoinHandle<()> {
     let (node, upstream) = (node.clone(), upstream.clone());
-    let task = tokio::spawn(async move {
+    tokio::spawn(async move {
         let started = std::time::Instant::now();
         match sync::sync(&node, &upstream).await {
             Ok(()) => {
@@ -46,8 +46,7 @@ pub fn rebuild(
             }
         }
         ready_tx.send_replace(true);
-    });
-    (task, ready)
+    })
 }
 
 /// containerd's task events applied to the model, each kernel OOM kill in
