@@ -362,6 +362,87 @@ async fn sleep_until(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{ContainerInfo, ContainerState};
+
+    /// One call a watcher got: its name, the task, and whether the model
+    /// it was given already saw the task's container exit.
+    type Call = (&'static str, String, bool);
+
+    /// A watcher that writes down each call.
+    #[derive(Clone, Default)]
+    struct Recorder(Arc<Mutex<Vec<Call>>>);
+
+    impl Recorder {
+        fn note(&self, call: &'static str, task: &str, m: &NodeModel) {
+            let exited = m.container_state(task) == Some(ContainerState::Exited);
+            self.0.lock().unwrap().push((call, task.to_owned(), exited));
+        }
+    }
+
+    impl TaskWatcher for Recorder {
+        fn baseline(&mut self, m: &NodeModel) {
+            self.note("baseline", "", m);
+        }
+        fn on_exit(&mut self, m: &NodeModel, exit: &TaskExit) {
+            self.note("exit", &exit.container_id, m);
+        }
+        fn on_oom(&mut self, m: &NodeModel, task: &str, _: u64, _: Instant) {
+            self.note("oom", task, m);
+        }
+        fn deadline(&self) -> Option<Instant> {
+            None
+        }
+        fn on_deadline(&mut self, m: &NodeModel, _: Instant) {
+            self.note("deadline", "", m);
+        }
+        fn sweep(&mut self, m: &NodeModel, _: u64) {
+            self.note("sweep", "", m);
+        }
+    }
+
+    #[tokio::test]
+    async fn each_event_reaches_the_model_then_the_watcher() {
+        let mut model = NodeModel::new(1 << 30);
+        model.upsert_sandbox(crate::model::tests::sandbox("s1", "/kubepods/pods1"));
+        model.upsert_container(ContainerInfo {
+            id: "c1".into(),
+            sandbox_id: "s1".into(),
+            state: Some(ContainerState::Running),
+            ..Default::default()
+        });
+        let model = Arc::new(RwLock::new(model));
+        // Never dialled: the events are handed in, not subscribed to.
+        let upstream =
+            Upstream::new(super::super::RuntimeEndpoint::parse("/nowhere.sock").unwrap());
+        let seen = Recorder::default();
+        let mut events = TaskEvents::new(model.clone(), upstream).with_watcher(seen.clone());
+        events
+            .apply(TaskEvent::Oom {
+                container_id: "c1".into(),
+                at_unix_ms: 1,
+            })
+            .await;
+        let exit = TaskExit {
+            container_id: "c1".into(),
+            process_id: "c1".into(),
+            pid: 7,
+            exit_status: 137,
+            exited_at_unix_ms: 2,
+        };
+        events.apply(TaskEvent::Exit(exit)).await;
+        events.sweep().await;
+        let calls = seen.0.lock().unwrap().clone();
+        assert_eq!(
+            calls,
+            [
+                ("oom", "c1".to_owned(), false),
+                ("exit", "c1".to_owned(), true),
+                ("sweep", String::new(), false),
+            ]
+        );
+        let m = model.read_locked();
+        assert_eq!(m.container_state("c1"), Some(ContainerState::Exited));
+    }
 
     #[test]
     fn a_runtime_down_for_a_minute_costs_a_few_dozen_attempts() {
