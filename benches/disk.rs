@@ -32,6 +32,7 @@ use common::pods::{BUSYBOX, mem_total, remove_pods, run_pod, sleeper};
 use criguard::cgroup::fs::CgroupFs;
 use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::model::Pod;
+use criguard::reclaim::rank::usage_pods;
 use criguard::runtime::snapshots::Snapshots;
 use criguard::runtime::{RuntimeEndpoint, Upstream};
 use criguard::signals::disk;
@@ -254,7 +255,7 @@ async fn cost(ctrd: &PrivateContainerd, pods: Vec<Pod>, sources: UsageSources, r
         assert!(bytes > 0);
 
         let (t, c) = (Instant::now(), rusage(me));
-        let u = reader.read(pods.clone()).await;
+        let u = reader.read(usage_pods(&pods)).await;
         r[1] = (t.elapsed(), rusage(me) - c);
         let full = |p: &criguard::signals::usage::PodUsage| {
             p.errors.is_empty() && p.rootfs.inodes > (PER_POD * FILES) as u64
@@ -263,7 +264,7 @@ async fn cost(ctrd: &PrivateContainerd, pods: Vec<Pod>, sources: UsageSources, r
 
         let cold_reader = UsageReader::new(upstream.snapshots("overlayfs"), sources.clone());
         let (t, c) = (Instant::now(), rusage(me));
-        cold_reader.read(pods.clone()).await;
+        cold_reader.read(usage_pods(&pods)).await;
         r[2] = (t.elapsed(), rusage(me) - c);
 
         let (t, c) = (Instant::now(), process_cpu(ctrd_pid));
@@ -372,7 +373,7 @@ async fn main() {
         uids.push(uid);
     }
     let upstream = Upstream::new(RuntimeEndpoint::parse(ctrd.socket.to_str().unwrap()).unwrap());
-    let model = criguard::model::sync::rebuild(&upstream, mem_total())
+    let model = criguard::runtime::sync::rebuild(&upstream, mem_total())
         .await
         .unwrap();
     let pods: Vec<Pod> = model

@@ -34,8 +34,8 @@ use common::pods::{CgroupRoot, hog, init_pid, mem_total, remove_pods, run_pod, s
 use criguard::cgroup::fs::{CgroupFs, stat_value};
 use criguard::config::{Amount, EvictionConfig, Signal, Threshold};
 use criguard::kubelet::{ContainerSpec, PodSpec};
-use criguard::signals::events::{MemoryEvents, Watch};
 use criguard::signals::node::NodeSources;
+use criguard::signals::notify::{MemoryEvents, Watch};
 use k8s_cri::v1 as cri;
 
 const MI: u64 = 1 << 20;

@@ -5,7 +5,7 @@
 //! SIGKILLed from the host one at a time, evenly over W seconds, so that
 //! their deaths fall at every phase of the sync period. Two node models
 //! watch the same runtime:
-//! - **events**: criguard's wiring, `model::events::TaskEvents` plus the
+//! - **events**: criguard's wiring, `runtime::track::TaskEvents` plus the
 //!   periodic sync (every 10 s);
 //! - **sync**: the periodic sync alone (criguard before containerd events).
 //!
@@ -31,9 +31,10 @@ use std::time::{Duration, Instant};
 use common::containerd::{PrivateContainerd, unique};
 use common::pods::{CgroupRoot, init_pid, mem_total, remove_pods, run_pod, sleeper};
 use criguard::kubelet::PodSpec;
-use criguard::model::events::TaskEventMetrics;
-use criguard::model::events::TaskEvents;
-use criguard::model::{ContainerState, NodeModel, sync};
+use criguard::model::{ContainerState, NodeModel};
+use criguard::runtime::sync;
+use criguard::runtime::track::TaskEventMetrics;
+use criguard::runtime::track::TaskEvents;
 use criguard::runtime::{RuntimeEndpoint, Upstream};
 
 const SYNC_EVERY: Duration = Duration::from_secs(10);
@@ -267,7 +268,7 @@ fn main() {
             "events received: {} exits over {} subscription(s)",
             metrics
                 .events
-                .get_or_create(&criguard::model::events::TopicLabels {
+                .get_or_create(&criguard::runtime::track::TopicLabels {
                     topic: criguard::runtime::events::TOPIC_EXIT
                 })
                 .get(),

@@ -46,7 +46,7 @@ async fn main() -> anyhow::Result<()> {
     pod.cgroup_root = "/criguard-demo/kubepods".into();
     // The kubelet's oom_score_adj formula divides by the node's memory.
     let meminfo = std::fs::read_to_string("/proc/meminfo")?;
-    pod.node_memory = criguard::model::sync::mem_total(&meminfo).unwrap_or(pod.node_memory);
+    pod.node_memory = criguard::signals::node::mem_total(&meminfo).unwrap_or(pod.node_memory);
     pod.log_root = log_root.clone();
     std::fs::create_dir_all(pod.log_directory())?;
     let config = pod.sandbox_config();

@@ -38,16 +38,6 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "kubelet",
         "the relay's tests build pods with the test fixture",
     ),
-    (
-        "model",
-        "reclaim",
-        "the events loop drives the kernel OOM kill recorder",
-    ),
-    (
-        "signals",
-        "model",
-        "per-pod usage (signals/usage.rs) walks the model's pods",
-    ),
 ];
 
 /// Circles between files of one module the tree still has: (the files,

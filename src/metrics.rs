@@ -7,7 +7,7 @@
 //! [`EvictionMetrics`] (admission's refusals included) in
 //! `eviction::metrics`, [`ReclaimMetrics`] in `reclaim::metrics`,
 //! [`KubeMetrics`] in `kube::metrics`, [`TaskEventMetrics`] in
-//! `model::events`, [`OomKillMetrics`] in `reclaim::oom_kills`,
+//! `runtime::track`, [`OomKillMetrics`] in `reclaim::oom_kills`,
 //! [`ConfigMetrics`] in `config::metrics`; the process-wide state-file and
 //! statvfs ones in `statefile` and `signals::probe`. This module only builds
 //! the registry from them (one table, in [`Metrics::new`]) and holds
@@ -30,10 +30,10 @@ use crate::config::metrics::ConfigMetrics;
 use crate::cri::metrics::CriMetrics;
 use crate::eviction::metrics::EvictionMetrics;
 use crate::kube::metrics::KubeMetrics;
-use crate::model::events::TaskEventMetrics;
 use crate::reclaim::metrics::ReclaimMetrics;
 use crate::reclaim::oom_adjust::OomMetrics;
 use crate::reclaim::oom_kills::OomKillMetrics;
+use crate::runtime::track::TaskEventMetrics;
 
 /// All of criguard's metrics.
 #[derive(Clone, Debug)]

@@ -26,10 +26,11 @@ use super::pb::admin_server::{Admin, AdminServer};
 use crate::accept::Acceptor;
 use crate::config::{Signal, Threshold};
 use crate::eviction::NodeStatus;
-use crate::model::{NodeModel, Pod, sync};
+use crate::model::{NodeModel, Pod};
 use crate::reclaim::oom_kills::OomKills;
-use crate::reclaim::rank::Ranker;
+use crate::reclaim::rank::{Ranker, usage_pods};
 use crate::runtime::Upstream;
+use crate::runtime::sync;
 use crate::signal::Ranking;
 use crate::signals::usage::UsageReader;
 
@@ -162,7 +163,7 @@ impl Admin for Service {
         _: Request<pb::UsageRequest>,
     ) -> Result<Response<pb::UsageResponse>, Status> {
         let pods = self.state.synced_pods("Usage").await;
-        let usage = self.state.usage.read(pods).await;
+        let usage = self.state.usage.read(usage_pods(&pods)).await;
         Ok(Response::new((&usage).into()))
     }
 

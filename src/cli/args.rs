@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use criguard::signals::events::v2::PsiSettings;
-use criguard::{config, model, runtime};
+use criguard::signals::notify::v2::PsiSettings;
+use criguard::{config, runtime};
 
 use super::{DEFAULT_ADMIN, parse_seconds};
 
@@ -358,7 +358,7 @@ impl NodeArgs {
             None => std::fs::read_to_string("/proc/meminfo")
                 .ok()
                 .as_deref()
-                .and_then(model::sync::mem_total)
+                .and_then(criguard::signals::node::mem_total)
                 .context("read MemTotal from /proc/meminfo (or pass --node-memory-capacity)"),
         }
     }

@@ -81,7 +81,7 @@ pub struct Guardian {
     /// File and flags, validated.
     pub settings: Settings,
     /// Memory events' PSI trigger (`None`: `--memory-events=false`).
-    pub psi: Option<criguard::signals::events::v2::PsiSettings>,
+    pub psi: Option<criguard::signals::notify::v2::PsiSettings>,
 }
 
 impl Guardian {

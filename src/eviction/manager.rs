@@ -26,7 +26,7 @@
 //!
 //! [`EvictionManager::run`] starts a round on every housekeeping tick and,
 //! between ticks, as soon as a memory event says to look
-//! ([`crate::signals::events`]).
+//! ([`crate::signals::notify`]).
 //!
 //! With a state directory the manager remembers, across restarts, when each
 //! condition's threshold was last observed met and the latest evictions
@@ -52,7 +52,7 @@ use crate::policy::reclaim::{InFlight, NodeAction, PodUse, node_actions, pending
 use crate::policy::thresholds::{Condition, EvictionState, Observations, deficit};
 use crate::reclaim::rank::Victim;
 use crate::signal::Ranking;
-use crate::signals::events::{MemoryEvent, MemoryEvents};
+use crate::signals::notify::{MemoryEvent, MemoryEvents};
 
 use super::message::eviction_message;
 use super::metrics::{

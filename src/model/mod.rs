@@ -3,12 +3,14 @@
 //!
 //! Plain data with pure updates. criguard feeds it from two sides: the CRI
 //! calls it forwards (immediately, see `cri::observe`) and the runtime's own
-//! lists (at start and on every sync, see [`sync`]), so the model is rebuilt
+//! lists (at start and on every sync, see `runtime::sync`), so the model is rebuilt
 //! from containerd after a restart and needs no state file of its own.
 //! Derived fields (QoS class, memory requests, criticality) are recomputed
 //! from the stored inputs whenever those change, never patched by hand.
-//! containerd's task events ([`events`]) tell it at once of what the calls
-//! do not show: a container that exits by itself.
+//! containerd's task events (applied by `runtime::track`) tell it at once
+//! of what the calls do not show: a container that exits by itself. The
+//! model does no I/O and knows no client: those loops live beside the
+//! runtime client and write it through its pure updates.
 //!
 //! States only move forward (Created → Running → Exited, Ready → NotReady):
 //! CRI never restarts a container or a sandbox under the same id, so a
@@ -17,9 +19,7 @@
 
 pub mod convert;
 pub mod derive;
-pub mod events;
 pub mod keys;
-pub mod sync;
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -14,7 +14,7 @@
 //!   pending, which is not a failure.
 //! - A subscriber only gets events published after containerd registered
 //!   it; what happened before (or while containerd was down) must be read
-//!   from the runtime's lists (`model::sync`).
+//!   from the runtime's lists (`runtime::sync`).
 
 use containerd_client::events::{TaskExit as ProtoTaskExit, TaskOom};
 use containerd_client::services::v1::SubscribeRequest;

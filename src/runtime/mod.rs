@@ -9,10 +9,18 @@
 //! once, and the first call after it is back opens a new connection. The
 //! kubelet's calls do not use it: the proxy relays each kubelet connection
 //! on a runtime connection of its own (`crate::cri`).
+//!
+//! Beside the client, what keeps the node model (`crate::model`, plain
+//! data) equal to the runtime: [`sync`] reads the runtime's lists into it,
+//! and [`track`] applies containerd's task events ([`events`]) to it as they
+//! arrive, handing them on to a [`track::TaskWatcher`] (the kernel OOM kill
+//! recorder, wired in by `serve`).
 
 pub mod content;
 pub mod events;
 pub mod snapshots;
+pub mod sync;
+pub mod track;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

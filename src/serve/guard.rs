@@ -28,8 +28,8 @@ use criguard::kube::KubeSettings;
 use criguard::metrics::Metrics;
 use criguard::model::NodeModel;
 use criguard::policy::oom_kill::RankHistory;
-use criguard::signals::events::MemoryEvents;
 use criguard::signals::node::NodeSources;
+use criguard::signals::notify::MemoryEvents;
 use tokio::sync::watch;
 
 use super::reclaim::{Live, Parts};
@@ -79,7 +79,7 @@ pub struct Guard {
 struct Running {
     reloads: watch::Sender<Arc<Reloadable>>,
     kube: Option<KubeSettings>,
-    psi: Option<criguard::signals::events::v2::PsiSettings>,
+    psi: Option<criguard::signals::notify::v2::PsiSettings>,
 }
 
 /// What differs between the running guardian (its API report's settings
@@ -88,7 +88,7 @@ struct Running {
 /// reports in progress; the memory events' PSI trigger is armed once.
 fn needs_restart(
     kube: &Option<KubeSettings>,
-    psi: Option<criguard::signals::events::v2::PsiSettings>,
+    psi: Option<criguard::signals::notify::v2::PsiSettings>,
     g: &Guardian,
 ) -> Vec<String> {
     let mut restart = Vec::new();
@@ -166,7 +166,7 @@ impl Guard {
     async fn start(
         &mut self,
         settings: Arc<Settings>,
-        psi: Option<criguard::signals::events::v2::PsiSettings>,
+        psi: Option<criguard::signals::notify::v2::PsiSettings>,
     ) -> Result<(), ConfigError> {
         let h = &self.handles;
         let report = match &settings.kube {
@@ -295,7 +295,7 @@ mod tests {
         let r = needs_restart(&running.settings.kube, None, &with_api);
         assert_eq!(r.len(), 1, "{r:?}");
         assert!(r[0].contains("kubeconfig"), "{r:?}");
-        let psi = criguard::signals::events::v2::PsiSettings::default();
+        let psi = criguard::signals::notify::v2::PsiSettings::default();
         let r = needs_restart(&running.settings.kube, Some(psi), &running);
         assert!(r[0].contains("--memory-psi"), "{r:?}");
     }

@@ -26,12 +26,14 @@
 //! refused, logged and counted, and the running configuration stays.
 //!
 //! [`main`] checks the relay essentials, loads the guardian's settings and
-//! runs [`serve`] on a current-thread runtime. `serve` binds the sockets
-//! ([`servers`]), starts rebuilding the node model from the runtime
-//! ([`runtime`]), containerd's task events, the admin and metrics servers,
-//! the guardian when the settings are valid ([`guard`]), and relays CRI
-//! calls on a thread of its own until SIGTERM; then it stops the relay,
-//! the loops, and removes its sockets.
+//! runs [`serve`] on a current-thread runtime. `serve` builds criguard
+//! ([`App::build`]: binds the sockets ([`servers`]) and makes the parts,
+//! starting nothing), spawns it ([`App::spawn`]: starts rebuilding the node
+//! model from the runtime ([`runtime`]), the guardian when the settings are
+//! valid ([`guard`]), containerd's task events, the admin and metrics
+//! servers, and relays CRI calls on a thread of its own), serves until
+//! SIGTERM ([`Running::until_stopped`]), then stops the relay, the loops,
+//! and removes its sockets ([`Running::stop`]).
 //!
 //! Calls are relayed at once, the rebuild going on meanwhile: only the
 //! calls criguard observes (`cri::observe`) wait for it, and the loops that
@@ -48,13 +50,24 @@ mod servers;
 use std::future::Future;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
 use criguard::admin::ConfigStatus;
 use criguard::config::ConfigError;
 use criguard::config::metrics::{ReloadLabels, ReloadOutcome};
+use criguard::eviction::NodeStatus;
+use criguard::eviction::store::EvictedStore;
+use criguard::metrics::Metrics;
+use criguard::model::NodeModel;
+use criguard::policy::oom_kill::RankHistory;
+use criguard::reclaim::image_uses::ImageUses;
+use criguard::reclaim::oom_kills::OomKills;
+use criguard::reclaim::rank::Ranker;
+use criguard::runtime::track::TaskEvents;
+use criguard::runtime::{RuntimeEndpoint, Upstream};
+use criguard::signals::node::NodeSources;
 use criguard::{admin, listen};
 use tokio::sync::watch;
 
@@ -189,61 +202,290 @@ impl Stopping {
 /// (if any); `metrics_address` where metrics are served (`None`: not at all).
 async fn serve(
     activated: Option<std::os::unix::net::UnixListener>,
-    endpoint: criguard::runtime::RuntimeEndpoint,
+    endpoint: RuntimeEndpoint,
     cmd: ServeCmd,
-    (loaded, flag_error): (Result<Guardian, ConfigError>, Option<ConfigError>),
+    loaded: (Result<Guardian, ConfigError>, Option<ConfigError>),
     metrics_address: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    // First of all: a SIGHUP's default action would end criguard.
-    let mut hangup = signal(SignalKind::hangup()).context("install the SIGHUP handler")?;
-    // A metrics address that does not parse, or is not this machine's,
-    // fails open too; it stays refused until a restart (the flag cannot
-    // change meanwhile).
-    let (metrics_listener, flag_error) = match servers::bind_metrics(metrics_address).await? {
+    let app = App::build(activated, endpoint, cmd, loaded, metrics_address).await?;
+    let mut running = app.spawn().await?;
+    running.until_stopped().await;
+    running.stop().await
+}
+
+/// criguard, built by [`App::build`] from the command line and the
+/// configuration: the sockets bound and the parts made, nothing running yet
+/// but the SIGHUP handler. [`App::spawn`] starts it.
+struct App {
+    cmd: ServeCmd,
+    /// The guardian's settings, or why criguard fails open.
+    loaded: Result<Guardian, ConfigError>,
+    /// A flag refused at start: it stays until a restart.
+    flag_error: Option<ConfigError>,
+    hangup: tokio::signal::unix::Signal,
+    /// The CRI and admin sockets; their files are removed however serve ends.
+    listeners: servers::Listeners,
+    metrics_listener: Option<tokio::net::TcpListener>,
+    parts: Parts,
+}
+
+/// The parts of criguard and the state they share, made by [`Parts::build`].
+struct Parts {
+    metrics: Metrics,
+    upstream: Upstream,
+    node: Arc<RwLock<NodeModel>>,
+    /// The model's readiness, turned true by the rebuild.
+    ready: (watch::Sender<bool>, watch::Receiver<bool>),
+    /// Turned true when criguard stops ([`Stopping`] waits for it).
+    stop: watch::Sender<bool>,
+    status: Arc<RwLock<NodeStatus>>,
+    image_uses: ImageUses,
+    /// The proxy changes requests only while this is true.
+    guarding: Arc<AtomicBool>,
+    events: TaskEvents,
+    admin: admin::AdminState,
+    guard: guard::Handles,
+    config: watch::Sender<ConfigStatus>,
+    notice: (watch::Sender<Notice>, watch::Receiver<Notice>),
+}
+
+/// What runs once [`App::spawn`] returns, kept to be stopped in order.
+struct Running {
+    cmd: ServeCmd,
+    flag_error: Option<ConfigError>,
+    hangup: tokio::signal::unix::Signal,
+    metrics: Metrics,
+    guard: guard::Guard,
+    config: watch::Sender<ConfigStatus>,
+    notice: watch::Sender<Notice>,
+    rebuild: tokio::task::JoinHandle<()>,
+    proxy: criguard::cri::server::ProxyThread,
+    stop: watch::Sender<bool>,
+    /// The admin, sync, events, metrics, complaint and notice loops.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    sockets: servers::OwnedSockets,
+}
+
+impl App {
+    /// Binds the sockets and makes the parts; the SIGHUP handler is
+    /// installed first of all.
+    async fn build(
+        activated: Option<std::os::unix::net::UnixListener>,
+        endpoint: RuntimeEndpoint,
+        cmd: ServeCmd,
+        (loaded, flag_error): (Result<Guardian, ConfigError>, Option<ConfigError>),
+        metrics_address: Option<std::net::SocketAddr>,
+    ) -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        // First of all: a SIGHUP's default action would end criguard.
+        let hangup = signal(SignalKind::hangup()).context("install the SIGHUP handler")?;
+        let (metrics_listener, flag_error) = bind_metrics(metrics_address, flag_error).await?;
+        let loaded = match (loaded, &flag_error) {
+            (Ok(_), Some(e)) => Err(e.clone()),
+            (l, _) => l,
+        };
+        let sources = cmd.node.sources()?;
+        let listeners = servers::Listeners::bind(activated, &cmd.listen, &cmd.admin_socket).await?;
+        // From here on, any way out of serve removes the sockets bound above.
+        tighten_state_dir(&cmd.state_dir);
+        let parts = Parts::build(&cmd, endpoint, sources);
+        Ok(Self {
+            cmd,
+            loaded,
+            flag_error,
+            hangup,
+            listeners,
+            metrics_listener,
+            parts,
+        })
+    }
+
+    /// Starts it: the model's rebuild, the guardian with the settings
+    /// loaded (or failing open), criguard's loops, then the relay.
+    async fn spawn(self) -> anyhow::Result<Running> {
+        let (p, cmd) = (self.parts, self.cmd);
+        let (ready_tx, ready) = p.ready;
+        let rebuild = runtime::rebuild(&p.node, &p.upstream, ready_tx);
+        let mut guard = guard::Guard::new(p.guard);
+        let started = match self.loaded {
+            Ok(g) => guard.apply(&g).await.map(|_| g),
+            Err(e) => Err(e),
+        };
+        let (notice, notice_rx) = p.notice;
+        announce(&cmd, started.as_ref(), &p.config, &notice);
+        let stopping = Stopping(p.stop.subscribe());
+        let (node, upstream) = (p.node.clone(), p.upstream.clone());
+        let sync = runtime::sync_loop(node, upstream, cmd.sync_interval, stopping.clone());
+        let period = complaint_period();
+        let metrics_listener = self.metrics_listener;
+        let tasks = vec![
+            tokio::spawn(node_notice(notice_rx, period, stopping.clone())),
+            tokio::spawn(admin::serve(self.listeners.admin, p.admin, stopping.wait())),
+            tokio::spawn(servers::metrics(
+                metrics_listener,
+                p.metrics.clone(),
+                stopping.wait(),
+            )),
+            tokio::spawn(p.events.run(stopping.wait())),
+            tokio::spawn(after_ready(ready.clone(), stopping.wait(), sync)),
+            tokio::spawn(complaints(p.config.subscribe(), period, stopping.clone())),
+        ];
+        tracing::info!(runtime = %p.upstream.endpoint(), "forwarding CRI calls");
+        let proxy = servers::start_proxy(
+            self.listeners.cri,
+            &p.upstream,
+            (p.node, ready),
+            (p.status, p.guarding),
+            p.image_uses,
+            &p.metrics,
+            (cmd.drain, cmd.max_connections),
+        )?;
+        Ok(Running {
+            cmd,
+            flag_error: self.flag_error,
+            hangup: self.hangup,
+            metrics: p.metrics,
+            guard,
+            config: p.config,
+            notice,
+            rebuild,
+            proxy,
+            stop: p.stop,
+            tasks,
+            sockets: self.listeners.owned,
+        })
+    }
+}
+
+impl Parts {
+    /// Makes the parts from the command line: the metrics, the runtime
+    /// client, the node model (empty until the rebuild), the evicted pods
+    /// and conditions (from the state directory), the reclaim parts, the
+    /// task-events loop with its OOM kill recorder, the admin API's state
+    /// and the guardian's handles.
+    fn build(cmd: &ServeCmd, endpoint: RuntimeEndpoint, sources: NodeSources) -> Self {
+        let metrics = Metrics::new();
+        let upstream = Upstream::new(endpoint);
+        let node = Arc::new(RwLock::new(NodeModel::new(sources.memory_capacity as i64)));
+        let ready = watch::channel(false);
+        let (stop, stopped) = watch::channel(false);
+        let status = EvictedStore::new(&cmd.state_dir).initial_status();
+        let status = Arc::new(RwLock::new(status));
+        let parts = reclaim::Parts::new(
+            &upstream,
+            &cmd.node,
+            &cmd.snapshotter,
+            &cmd.state_dir,
+            &metrics,
+        );
+        let ranks = Arc::new(Mutex::new(RankHistory::default()));
+        let oom_kills = OomKills::default();
+        let (config, config_rx) = watch::channel(initial_config(cmd));
+        let admin = admin::AdminState {
+            model: node.clone(),
+            upstream: upstream.clone(),
+            status: status.clone(),
+            usage: parts.usage.clone(),
+            ranker: Ranker::new(node.clone(), sources.clone(), Some(parts.usage.clone())),
+            oom_kills: oom_kills.clone(),
+            config: config_rx,
+        };
+        let cgroup_root = &cmd.node.cgroup_root;
+        let events =
+            runtime::task_events(&node, &upstream, cgroup_root, &ranks, oom_kills, &metrics);
+        let image_uses = parts.image_uses.clone();
+        let guarding = Arc::new(AtomicBool::new(false));
+        let guard = guard::Handles {
+            node: node.clone(),
+            status: status.clone(),
+            sources,
+            parts,
+            metrics: metrics.clone(),
+            ready: ready.1.clone(),
+            stopping: Stopping(stopped),
+            ranks,
+            cgroup_root: cgroup_root.clone(),
+            oom: (cmd.dynamic_oom_score_adj, cmd.oom_adjust_interval),
+            state_dir: cmd.state_dir.clone(),
+            guarding: guarding.clone(),
+        };
+        Self {
+            metrics,
+            upstream,
+            node,
+            ready,
+            stop,
+            status,
+            image_uses,
+            guarding,
+            events,
+            admin,
+            guard,
+            config,
+            notice: watch::channel(None),
+        }
+    }
+}
+
+impl Running {
+    /// Relays until SIGTERM or SIGINT, reloading the configuration at each
+    /// SIGHUP.
+    async fn until_stopped(&mut self) {
+        let shutdown = shutdown_signal();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                _ = self.hangup.recv() => {
+                    let channels = (&self.config, &self.notice);
+                    let flag_error = self.flag_error.as_ref();
+                    reload(&self.cmd, &mut self.guard, channels, &self.metrics, flag_error).await;
+                }
+            }
+        }
+    }
+
+    /// Stops in order: the rebuild, the relay (draining its connections),
+    /// criguard's loops, the guardian; then writes what state is pending
+    /// and removes the sockets.
+    async fn stop(self) -> anyhow::Result<()> {
+        self.rebuild.abort();
+        self.proxy.stop().await;
+        let _ = self.stop.send(true);
+        futures::future::join_all(self.tasks).await;
+        self.guard.join().await?;
+        let unwritten = tokio::task::spawn_blocking(criguard::statefile::flush_pending)
+            .await
+            .unwrap_or_default();
+        for path in unwritten {
+            tracing::error!(path = %path.display(), "stopping with a state file still not written (the state directory is full or unwritable): what it records is lost");
+        }
+        self.sockets.remove()?;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// Binds the metrics port. A metrics address that does not parse, or is
+/// not this machine's, fails open too; it stays refused until a restart
+/// (the flag cannot change meanwhile), as the flag error returned.
+async fn bind_metrics(
+    address: Option<std::net::SocketAddr>,
+    flag_error: Option<ConfigError>,
+) -> anyhow::Result<(Option<tokio::net::TcpListener>, Option<ConfigError>)> {
+    Ok(match servers::bind_metrics(address).await? {
         Ok(l) => (l, flag_error),
         Err(e) => {
             complain(&e, "at start");
             (None, flag_error.or(Some(e)))
         }
-    };
-    let loaded = match (loaded, &flag_error) {
-        (Ok(_), Some(e)) => Err(e.clone()),
-        (l, _) => l,
-    };
-    let listen_path = cmd.listen.clone();
-    let admin_socket = cmd.admin_socket.clone();
-    let sources = cmd.node.sources()?;
-    let listeners = servers::Listeners::bind(activated, &listen_path, &admin_socket).await?;
-    // From here on, any way out of serve removes the sockets bound above.
-    let servers::Listeners {
-        cri: cri_listener,
-        admin: admin_listener,
-        owned: sockets,
-    } = listeners;
-    tighten_state_dir(&cmd.state_dir);
-    let metrics = criguard::metrics::Metrics::new();
-    let upstream = criguard::runtime::Upstream::new(endpoint);
-    let node = criguard::model::NodeModel::new(sources.memory_capacity as i64);
-    let node = Arc::new(RwLock::new(node));
-    let (rebuild_task, ready) = runtime::rebuild(&node, &upstream);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopping = Stopping(stop_rx);
-    let evicted_store = criguard::eviction::store::EvictedStore::new(&cmd.state_dir);
-    let status = Arc::new(RwLock::new(evicted_store.initial_status()));
-    let parts = reclaim::Parts::new(
-        &upstream,
-        &cmd.node,
-        &cmd.snapshotter,
-        &cmd.state_dir,
-        &metrics,
-    );
-    let ranks = Arc::new(std::sync::Mutex::new(
-        criguard::policy::oom_kill::RankHistory::default(),
-    ));
-    let oom_kills = criguard::reclaim::oom_kills::OomKills::default();
-    let guarding = Arc::new(AtomicBool::new(false));
-    let (config_tx, config_rx) = watch::channel(ConfigStatus {
+    })
+}
+
+/// The configuration's state before anything is loaded: the version and
+/// the file.
+fn initial_config(cmd: &ServeCmd) -> ConfigStatus {
+    ConfigStatus {
         version: env!("CARGO_PKG_VERSION").into(),
         config_file: cmd
             .eviction
@@ -252,46 +494,23 @@ async fn serve(
             .map(|p| p.display().to_string())
             .unwrap_or_default(),
         ..Default::default()
-    });
-    // The node condition CriguardConfigInvalid, through the API report's
-    // own settings when those are valid.
-    let (notice_tx, notice_rx) = watch::channel(None);
-    let admin_state = admin::AdminState {
-        model: node.clone(),
-        upstream: upstream.clone(),
-        status: status.clone(),
-        usage: parts.usage.clone(),
-        ranker: criguard::reclaim::rank::Ranker::new(
-            node.clone(),
-            sources.clone(),
-            Some(parts.usage.clone()),
-        ),
-        oom_kills: oom_kills.clone(),
-        config: config_rx,
-    };
-    let image_uses = parts.image_uses.clone();
-    let mut guard = guard::Guard::new(guard::Handles {
-        node: node.clone(),
-        status: status.clone(),
-        sources,
-        parts,
-        metrics: metrics.clone(),
-        ready: ready.clone(),
-        stopping: stopping.clone(),
-        ranks: ranks.clone(),
-        cgroup_root: cmd.node.cgroup_root.clone(),
-        oom: (cmd.dynamic_oom_score_adj, cmd.oom_adjust_interval),
-        state_dir: cmd.state_dir.clone(),
-        guarding: guarding.clone(),
-    });
-    let started = match loaded {
-        Ok(g) => guard.apply(&g).await.map(|_| g),
-        Err(e) => Err(e),
-    };
-    match &started {
+    }
+}
+
+/// Publishes how the guardian started (`started`: its settings, or why it
+/// fails open) for the admin API and the node condition
+/// `CriguardConfigInvalid` (through the API report's own settings when
+/// those are valid).
+fn announce(
+    cmd: &ServeCmd,
+    started: Result<&Guardian, &ConfigError>,
+    config: &watch::Sender<ConfigStatus>,
+    notice: &watch::Sender<Notice>,
+) {
+    match started {
         Ok(g) => {
-            publish(&config_tx, Ok(g), &[], false);
-            notice_tx.send_replace(g.settings.kube.clone().map(|k| (k, None)));
+            publish(config, Ok(g), &[], false);
+            notice.send_replace(g.settings.kube.clone().map(|k| (k, None)));
         }
         Err(e) => {
             // The API report failing to start is logged here; the others
@@ -299,86 +518,10 @@ async fn serve(
             if e.key == "kubeconfig" {
                 complain(e, "at start");
             }
-            publish(&config_tx, Err(e), &[], false);
-            notice_tx.send_replace(notice_api(&cmd).map(|k| (k, Some(e.clone()))));
+            publish(config, Err(e), &[], false);
+            notice.send_replace(notice_api(cmd).map(|k| (k, Some(e.clone()))));
         }
     }
-    let notice_task = tokio::spawn(node_notice(notice_rx, complaint_period(), stopping.clone()));
-    let admin_task = tokio::spawn(admin::serve(admin_listener, admin_state, stopping.wait()));
-    let metrics_task = tokio::spawn(servers::metrics(
-        metrics_listener,
-        metrics.clone(),
-        stopping.wait(),
-    ));
-    let events_task = tokio::spawn(
-        runtime::task_events(
-            &node,
-            &upstream,
-            &cmd.node.cgroup_root,
-            &ranks,
-            oom_kills,
-            &metrics,
-        )
-        .run(stopping.wait()),
-    );
-    let sync_task = tokio::spawn(after_ready(
-        ready.clone(),
-        stopping.wait(),
-        runtime::sync_loop(
-            node.clone(),
-            upstream.clone(),
-            cmd.sync_interval,
-            stopping.clone(),
-        ),
-    ));
-    let complaint_task = tokio::spawn(complaints(
-        config_tx.subscribe(),
-        complaint_period(),
-        stopping.clone(),
-    ));
-
-    tracing::info!(runtime = %upstream.endpoint(), "forwarding CRI calls");
-    let proxy = servers::start_proxy(
-        cri_listener,
-        &upstream,
-        (node, ready),
-        (status, guarding),
-        image_uses,
-        &metrics,
-        (cmd.drain, cmd.max_connections),
-    )?;
-    let shutdown = shutdown_signal();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            _ = hangup.recv() => {
-                let channels = (&config_tx, &notice_tx);
-                reload(&cmd, &mut guard, channels, &metrics, flag_error.as_ref()).await;
-            }
-        }
-    }
-    rebuild_task.abort();
-    proxy.stop().await;
-    let _ = stop_tx.send(true);
-    let _ = tokio::join!(
-        admin_task,
-        sync_task,
-        events_task,
-        metrics_task,
-        complaint_task,
-        notice_task
-    );
-    guard.join().await?;
-    let unwritten = tokio::task::spawn_blocking(criguard::statefile::flush_pending)
-        .await
-        .unwrap_or_default();
-    for path in unwritten {
-        tracing::error!(path = %path.display(), "stopping with a state file still not written (the state directory is full or unwritable): what it records is lost");
-    }
-    sockets.remove()?;
-    tracing::info!("stopped");
-    Ok(())
 }
 
 /// Makes an existing state directory private (0700) as the README promises,

@@ -10,27 +10,28 @@ use std::time::Duration;
 
 use criguard::lock::RwLocked;
 use criguard::metrics::Metrics;
-use criguard::model::{self, NodeModel};
+use criguard::model::NodeModel;
 use criguard::policy::oom_kill::RankHistory;
 use criguard::reclaim::oom_kills::{OomKillWatcher, OomKills};
-use criguard::runtime::Upstream;
+use criguard::runtime::track::TaskEvents;
+use criguard::runtime::{Upstream, sync};
 use tokio::sync::watch;
 
 use super::{Stopping, periodic};
 
-/// Rebuilds `node` from the runtime in the background; the receiver turns
+/// Rebuilds `node` from the runtime in the background; `ready_tx` turns
 /// true once it is done. A runtime that is down must not keep the kubelet
 /// out: readiness is then given anyway, with what the model holds, and the
 /// sync loop fills it once the runtime is up.
 pub fn rebuild(
     node: &Arc<RwLock<NodeModel>>,
     upstream: &Upstream,
-) -> (tokio::task::JoinHandle<()>, watch::Receiver<bool>) {
-    let (ready_tx, ready) = watch::channel(false);
+    ready_tx: watch::Sender<bool>,
+) -> tokio::task::JoinHandle<()> {
     let (node, upstream) = (node.clone(), upstream.clone());
-    let task = tokio::spawn(async move {
+    tokio::spawn(async move {
         let started = std::time::Instant::now();
-        match model::sync::sync(&node, &upstream).await {
+        match sync::sync(&node, &upstream).await {
             Ok(()) => {
                 let (s, c) = node.read_locked().ids();
                 tracing::info!(
@@ -45,8 +46,7 @@ pub fn rebuild(
             }
         }
         ready_tx.send_replace(true);
-    });
-    (task, ready)
+    })
 }
 
 /// containerd's task events applied to the model, each kernel OOM kill in
@@ -58,9 +58,9 @@ pub fn task_events(
     ranks: &Arc<Mutex<RankHistory>>,
     oom_kills: OomKills,
     metrics: &Metrics,
-) -> model::events::TaskEvents {
-    model::events::TaskEvents::new(node.clone(), upstream.clone())
-        .with_oom_kills(
+) -> TaskEvents {
+    TaskEvents::new(node.clone(), upstream.clone())
+        .with_watcher(
             OomKillWatcher::new(cgroup_root, ranks.clone(), oom_kills)
                 .with_metrics(metrics.oom_kills.clone()),
         )
@@ -77,7 +77,7 @@ pub async fn sync_loop(
     periodic(every, stopping.wait(), move || {
         let (node, upstream) = (node.clone(), upstream.clone());
         async move {
-            if let Err(err) = model::sync::sync(&node, &upstream).await {
+            if let Err(err) = sync::sync(&node, &upstream).await {
                 tracing::warn!(%err, "node model sync failed");
             }
         }

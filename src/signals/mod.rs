@@ -4,8 +4,8 @@
 //! text, so tests run them against fixture trees. Errors carry the path.
 
 pub mod disk;
-pub mod events;
 pub mod node;
+pub mod notify;
 pub mod probe;
 pub mod usage;
 

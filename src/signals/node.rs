@@ -233,6 +233,14 @@ impl NodeSources {
     }
 }
 
+/// `MemTotal` from `/proc/meminfo` text, in bytes: the capacity the kubelet
+/// (through cAdvisor) uses in its `oom_score_adj` formula.
+pub fn mem_total(meminfo: &str) -> Option<i64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,5 +358,12 @@ mod tests {
         // Free space and inodes move while other tests run; allow a little.
         assert!((s.available as i64 - (f[0] * f[2]) as i64).unsigned_abs() < 256 << 20);
         assert!((s.inodes_free as i64 - f[4] as i64).unsigned_abs() < 100_000);
+    }
+
+    #[test]
+    fn mem_total_reads_kib() {
+        let text = "MemTotal:       24567892 kB\nMemFree:         1000 kB\n";
+        assert_eq!(super::mem_total(text), Some(24567892 * 1024));
+        assert_eq!(super::mem_total("MemFree: 1 kB"), None);
     }
 }

@@ -29,6 +29,10 @@
 //! cannot be read is left at zero and named in [`PodUsage::errors`]; reading
 //! usage never fails as a whole. [`counted`] says, as a pure function, which
 //! part of a pod's usage a given signal ranks by.
+//!
+//! The pods to read come as plain data ([`UsagePod`]: who each is, where its
+//! logs and cgroup are, its containers), built by the caller from the node
+//! model: this module reads the node, it does not walk the model.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -41,7 +45,6 @@ use super::disk::{self, DiskUsage};
 use super::node::FsStats;
 use crate::cgroup::fs::CgroupFs;
 use crate::config::Signal;
-use crate::model::Pod;
 use crate::runtime::content::Content;
 use crate::runtime::snapshots::Snapshots;
 use crate::signal::Source;
@@ -55,6 +58,34 @@ pub struct UsageSources {
     pub imagefs: PathBuf,
     /// The cgroup hierarchy, for process counts.
     pub cgroups: CgroupFs,
+}
+
+/// A pod whose usage is read: who it is and where its parts are.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UsagePod {
+    /// Sandbox id.
+    pub sandbox_id: String,
+    /// Pod UID (empty: unknown, no emptyDirs are read).
+    pub uid: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub name: String,
+    /// Its log directory (empty: none).
+    pub log_directory: String,
+    /// Its cgroup from the hierarchy root; `None` when unknown.
+    pub cgroup: Option<String>,
+    /// Its containers, in the order their usage is reported.
+    pub containers: Vec<UsageContainer>,
+}
+
+/// A container of a [`UsagePod`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UsageContainer {
+    /// Container id (its writable layer is looked up by it).
+    pub id: String,
+    /// Container name (its logs are `<log_directory>/<name>`).
+    pub name: String,
 }
 
 /// One container's share of its pod's usage.
@@ -106,7 +137,7 @@ impl PodUsage {
     }
 
     /// `pod` with nothing counted yet.
-    fn nothing(pod: &Pod) -> Self {
+    fn nothing(pod: &UsagePod) -> Self {
         PodUsage {
             sandbox_id: pod.sandbox_id.clone(),
             uid: pod.uid.clone(),
@@ -205,12 +236,12 @@ pub type Layers = HashMap<String, Result<Option<PathBuf>, String>>;
 
 /// Reads one pod's usage (blocking I/O). `layers` holds the writable-layer
 /// directories of its containers, looked up beforehand.
-pub fn read_pod(pod: &Pod, layers: &Layers, src: &UsageSources) -> PodUsage {
+pub fn read_pod(pod: &UsagePod, layers: &Layers, src: &UsageSources) -> PodUsage {
     let mut errors = Vec::new();
     let mut containers = Vec::new();
     let log_dir = (!pod.log_directory.is_empty()).then(|| PathBuf::from(&pod.log_directory));
     let mut logs_by_name: HashMap<&str, Option<DiskUsage>> = HashMap::new();
-    for c in pod.containers.values() {
+    for c in &pod.containers {
         let what = format!("container {}", c.id);
         let rootfs = match layers.get(&c.id) {
             // Absent: removed with its container since the lookup.
@@ -256,7 +287,7 @@ pub fn read_pod(pod: &Pod, layers: &Layers, src: &UsageSources) -> PodUsage {
             (_, Err(e)) => errors.push(format!("{}: {e}", root.display())),
         }
     }
-    let processes = match pod.cgroup().map(|cg| src.cgroups.pids(&cg)) {
+    let processes = match pod.cgroup.as_ref().map(|cg| src.cgroups.pids(cg)) {
         None => None,
         Some(Ok(p)) => Some(p.len() as u64),
         Some(Err(e)) if e.source.kind() == std::io::ErrorKind::NotFound => None,
@@ -279,7 +310,7 @@ pub fn read_pod(pod: &Pod, layers: &Layers, src: &UsageSources) -> PodUsage {
 
 /// Reads the node's usage (blocking I/O): filesystems, image store, and
 /// every pod in `pods` with the writable layers in `layers`.
-pub fn read_node(pods: &[Pod], layers: &Layers, src: &UsageSources) -> NodeUsage {
+pub fn read_node(pods: &[UsagePod], layers: &Layers, src: &UsageSources) -> NodeUsage {
     let started = Instant::now();
     let nodefs = super::probe::statvfs_blocking(&src.nodefs)
         .inspect_err(|e| tracing::debug!(%e, "nodefs not read"))
@@ -358,11 +389,11 @@ impl UsageReader {
 
     /// Where each container of `pods` keeps its writable layer; forgets
     /// cached directories of containers no longer in `pods`.
-    pub async fn layers(&self, pods: &[Pod]) -> Layers {
+    pub async fn layers(&self, pods: &[UsagePod]) -> Layers {
         let mut out = Layers::new();
         let ids: HashSet<&str> = pods
             .iter()
-            .flat_map(|p| p.containers.keys().map(String::as_str))
+            .flat_map(|p| p.containers.iter().map(|c| c.id.as_str()))
             .collect();
         self.snapshots.retain(&ids);
         for id in ids {
@@ -384,7 +415,7 @@ impl UsageReader {
     /// left to its thread and answered as unread: a hung mount never holds
     /// the caller (an eviction round, an admin call), and never more than
     /// one walk waits on it.
-    pub async fn read(&self, pods: Vec<Pod>) -> NodeUsage {
+    pub async fn read(&self, pods: Vec<UsagePod>) -> NodeUsage {
         for fs in [&self.sources.nodefs, &self.sources.imagefs] {
             if let Err(e @ super::probe::ProbeError::Stuck { .. }) = super::probe::statvfs(fs).await
             {
@@ -422,7 +453,7 @@ impl UsageReader {
 pub const WALK_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Every pod's usage unread, with `why`.
-fn unread(pods: &[Pod], why: &str) -> NodeUsage {
+fn unread(pods: &[UsagePod], why: &str) -> NodeUsage {
     NodeUsage {
         nodefs: None,
         imagefs: None,
@@ -442,7 +473,6 @@ fn unread(pods: &[Pod], why: &str) -> NodeUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ContainerInfo, ContainerState, NodeModel, SandboxInfo, SandboxState};
     use crate::signals::write_fixture as write;
 
     fn usage(bytes: u64, inodes: u64) -> DiskUsage {
@@ -461,28 +491,21 @@ mod tests {
 
     /// A pod "p" (uid "u1", log dir `<logs>/ns_p_u1`) with containers c1
     /// ("app") and c2 ("side").
-    fn model_pod(logs: &Path, parent: &str) -> Pod {
-        let mut m = NodeModel::new(1 << 30);
-        m.upsert_sandbox(SandboxInfo {
-            id: "s1".into(),
+    fn model_pod(logs: &Path, parent: &str) -> UsagePod {
+        UsagePod {
+            sandbox_id: "s1".into(),
             name: "p".into(),
             namespace: "ns".into(),
             uid: "u1".into(),
-            cgroup_parent: parent.into(),
+            cgroup: crate::cgroup::path::pod(parent),
             log_directory: logs.join("ns_p_u1").display().to_string(),
-            state: Some(SandboxState::Ready),
-            ..Default::default()
-        });
-        for (id, name) in [("c1", "app"), ("c2", "side")] {
-            m.upsert_container(ContainerInfo {
-                id: id.into(),
-                sandbox_id: "s1".into(),
-                name: name.into(),
-                state: Some(ContainerState::Running),
-                ..Default::default()
-            });
+            containers: [("c1", "app"), ("c2", "side")]
+                .map(|(id, name)| UsageContainer {
+                    id: id.into(),
+                    name: name.into(),
+                })
+                .into(),
         }
-        m.pod("s1").unwrap()
     }
 
     #[test]

@@ -15,9 +15,9 @@ use std::time::Duration;
 use common::memcg::{Filler, MEMORY, Proc, TestCgroup, UNIFIED, in_cgroups};
 use criguard::cgroup::fs::{CgroupFs, stat_value};
 use criguard::config::{Amount, EvictionConfig, Signal, Threshold};
-use criguard::signals::events::v2::{FileModified, PsiSettings, PsiTrigger, psi_total};
-use criguard::signals::events::{MemoryEvent, MemoryEvents, Watch, v1::usage_threshold};
 use criguard::signals::node::NodeSources;
+use criguard::signals::notify::v2::{FileModified, PsiSettings, PsiTrigger, psi_total};
+use criguard::signals::notify::{MemoryEvent, MemoryEvents, Watch, v1::usage_threshold};
 use tokio::time::timeout;
 
 const MI: u64 = 1 << 20;

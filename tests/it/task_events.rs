@@ -12,10 +12,11 @@ use std::time::Duration;
 use common::containerd::{Clients, PrivateContainerd, unique};
 use common::pods::{CgroupRoot, init_pid, mem_total, remove_pods, run_pod, sleeper};
 use criguard::kubelet::PodSpec;
-use criguard::model::events::TaskEvents;
-use criguard::model::events::{TaskEventMetrics, TopicLabels};
-use criguard::model::{ContainerState, NodeModel, SandboxState, sync};
+use criguard::model::{ContainerState, NodeModel, SandboxState};
 use criguard::runtime::events::TOPIC_EXIT;
+use criguard::runtime::sync;
+use criguard::runtime::track::TaskEvents;
+use criguard::runtime::track::{TaskEventMetrics, TopicLabels};
 use criguard::runtime::{RuntimeEndpoint, Upstream};
 use k8s_cri::v1 as cri;
 
@@ -139,7 +140,7 @@ async fn exits_reach_the_model_from_events_across_a_containerd_restart() {
     // at least MIN_WAIT, then twice, four and eight times that (1.5 s in
     // all: fewer attempts a second than the 10 in 3 s once allowed),
     // however fast each failed attempt was.
-    let waits = criguard::model::events::MIN_WAIT * (1 + 2 + 4 + 8);
+    let waits = criguard::runtime::track::MIN_WAIT * (1 + 2 + 4 + 8);
     assert!(
         took >= waits,
         "four subscription attempts {took:?} after containerd went down: back-off, not a busy loop"

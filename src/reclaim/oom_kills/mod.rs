@@ -4,8 +4,8 @@
 //! This is the measure of the dynamic `oom_score_adj` rule in production
 //! (`reclaim::oom_adjust`): when the kernel has to kill, it should kill in
 //! criguard's first-ranked pod. The watcher is driven by containerd's task
-//! events (`model::events`): a `/tasks/oom` makes the task a suspect and its
-//! memory cgroup's `oom_kill` counter is read at once, again when the task
+//! events (`runtime::track`, whose [`TaskWatcher`] it is): a `/tasks/oom`
+//! makes the task a suspect and its memory cgroup's `oom_kill` counter is read at once, again when the task
 //! exits by SIGKILL and once more a second later; a counter that went up is
 //! a kill (see [`crate::policy::oom_kill`]). The ranking at the time comes
 //! from the adjuster's rounds ([`RankHistory`]), not from a second ranking.
@@ -45,6 +45,7 @@ use crate::cgroup::path as cgroup_path;
 use crate::model::{NodeModel, QosClass};
 use crate::policy::oom_kill::{RankHistory, kills_from_notification, new_kills};
 use crate::runtime::events::TaskExit;
+use crate::runtime::track::TaskWatcher;
 
 mod record;
 
@@ -418,6 +419,34 @@ impl OomKillWatcher {
         );
         self.store.push(kill.clone());
         kill
+    }
+}
+
+/// The events loop's calls, the kills found each time recorded (counted,
+/// logged, kept) by the calls themselves.
+impl TaskWatcher for OomKillWatcher {
+    fn baseline(&mut self, model: &NodeModel) {
+        OomKillWatcher::baseline(self, model);
+    }
+
+    fn on_exit(&mut self, model: &NodeModel, exit: &TaskExit) {
+        OomKillWatcher::on_exit(self, model, exit);
+    }
+
+    fn on_oom(&mut self, model: &NodeModel, task: &str, at_unix_ms: u64, now: Instant) {
+        OomKillWatcher::on_oom(self, model, task, at_unix_ms, now);
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        OomKillWatcher::deadline(self)
+    }
+
+    fn on_deadline(&mut self, model: &NodeModel, now: Instant) {
+        OomKillWatcher::on_deadline(self, model, now);
+    }
+
+    fn sweep(&mut self, model: &NodeModel, now_ms: u64) {
+        OomKillWatcher::sweep(self, model, now_ms);
     }
 }
 

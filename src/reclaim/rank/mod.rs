@@ -13,7 +13,7 @@ use crate::policy::rank::{PodMemory, rank_memory};
 use crate::policy::reclaim::{PodUse, rank_usage};
 use crate::signals::disk::DiskUsage;
 use crate::signals::node::NodeSources;
-use crate::signals::usage::{PodUsage, UsageReader, counted};
+use crate::signals::usage::{PodUsage, UsageContainer, UsagePod, UsageReader, counted};
 
 mod report;
 
@@ -183,7 +183,7 @@ impl Ranker {
             return Vec::new();
         };
         let pods = self.candidates(tried);
-        let node = reader.read(pods.clone()).await;
+        let node = reader.read(usage_pods(&pods)).await;
         let dedicated = node.dedicated_imagefs;
         let pick = |d: DiskUsage| {
             if signal.is_bytes() { d.bytes } else { d.inodes }
@@ -215,6 +215,32 @@ impl Ranker {
                     .max_by_key(|(_, n, _)| *n)
             })
         })
+    }
+}
+
+/// What per-pod usage reads of `pods` ([`UsageReader::read`]): each pod's
+/// identity, log directory, cgroup and containers, taken from the model.
+pub fn usage_pods(pods: &[Pod]) -> Vec<UsagePod> {
+    pods.iter().map(usage_pod).collect()
+}
+
+/// What per-pod usage reads of `pod`.
+pub fn usage_pod(pod: &Pod) -> UsagePod {
+    UsagePod {
+        sandbox_id: pod.sandbox_id.clone(),
+        uid: pod.uid.clone(),
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        log_directory: pod.log_directory.clone(),
+        cgroup: pod.cgroup(),
+        containers: pod
+            .containers
+            .values()
+            .map(|c| UsageContainer {
+                id: c.id.clone(),
+                name: c.name.clone(),
+            })
+            .collect(),
     }
 }
 

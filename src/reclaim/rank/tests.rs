@@ -64,3 +64,47 @@ fn parallel_reads_keep_the_pods_order() {
         .collect();
     assert_eq!(got, want);
 }
+
+#[test]
+fn usage_reads_each_pod_where_the_model_places_it() {
+    use crate::model::{ContainerInfo, SandboxInfo};
+    let mut m = NodeModel::new(1 << 30);
+    m.upsert_sandbox(SandboxInfo {
+        id: "s1".into(),
+        name: "p".into(),
+        namespace: "ns".into(),
+        uid: "u1".into(),
+        cgroup_parent: "/kubepods/burstable/podu1".into(),
+        log_directory: "/var/log/pods/ns_p_u1".into(),
+        state: Some(SandboxState::Ready),
+        ..Default::default()
+    });
+    for (id, name) in [("c2", "side"), ("c1", "app")] {
+        m.upsert_container(ContainerInfo {
+            id: id.into(),
+            sandbox_id: "s1".into(),
+            name: name.into(),
+            state: Some(ContainerState::Running),
+            ..Default::default()
+        });
+    }
+    let pod = m.pod("s1").unwrap();
+    let got = usage_pods(std::slice::from_ref(&pod));
+    let container = |id: &str, name: &str| UsageContainer {
+        id: id.into(),
+        name: name.into(),
+    };
+    assert_eq!(
+        got,
+        [UsagePod {
+            sandbox_id: "s1".into(),
+            uid: "u1".into(),
+            namespace: "ns".into(),
+            name: "p".into(),
+            log_directory: "/var/log/pods/ns_p_u1".into(),
+            cgroup: pod.cgroup(),
+            containers: vec![container("c1", "app"), container("c2", "side")],
+        }]
+    );
+    assert!(got[0].cgroup.is_some());
+}

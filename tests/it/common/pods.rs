@@ -23,7 +23,7 @@ impl Drop for CgroupRoot {
 
 /// MemTotal of this machine, read independently of criguard.
 pub fn mem_total() -> i64 {
-    criguard::model::sync::mem_total(&std::fs::read_to_string("/proc/meminfo").unwrap()).unwrap()
+    criguard::signals::node::mem_total(&std::fs::read_to_string("/proc/meminfo").unwrap()).unwrap()
 }
 
 /// A one-container BestEffort pod under `/kubepods`, as the relay tests

@@ -1,25 +1,28 @@
-//! Following containerd's task events, so the model learns of a container
-//! that exits by itself at once instead of at the next sync.
+//! Tracking containerd's task events in the node model, so the model
+//! learns of a container that exits by itself at once instead of at the
+//! next sync.
 //!
 //! [`TaskEvents::run`] subscribes to `/tasks/exit` and `/tasks/oom` in
-//! namespace `k8s.io` (`runtime::events`) and applies each exit of a task's
+//! namespace `k8s.io` ([`super::events`]) and applies each exit of a task's
 //! init process to the model ([`NodeModel::task_exited`]): task id =
 //! container id for CRI containers, sandbox id for a sandbox's pause task.
-//! OOM notifications and SIGKILL exits go to the kernel OOM kill recorder
-//! (`reclaim::oom_kills`) when one is attached.
+//! Every event also goes to the [`TaskWatcher`] attached, if any (`serve`
+//! attaches the kernel OOM kill recorder, `reclaim::oom_kills`): the loop
+//! owns the interface, the recorder implements it, so this module knows
+//! nothing of what watches.
 //!
-//! The periodic sync (`model::sync`) stays the safety net: events published
+//! The periodic sync ([`super::sync`]) stays the safety net: events published
 //! before containerd registered a subscription are never delivered, so
 //! each subscription is followed, [`SETTLE`] later, by a catch-up sync (and
-//! an OOM counter sweep). When the stream ends (containerd restarted or
+//! a sweep by the watcher). When the stream ends (containerd restarted or
 //! stopped) the loop subscribes again after a back-off that doubles from
 //! [`MIN_WAIT`] to [`MAX_WAIT`] and starts over once a subscription has
 //! delivered an event or lived [`MAX_WAIT`]: a runtime that stays down
 //! costs one connection attempt every few seconds, never a busy loop.
 //!
 //! The loop is thin: it waits on the stream, the next deadline (catch-up,
-//! OOM recheck) and shutdown; every decision is in the model, the recorder
-//! or [`Backoff`].
+//! the watcher's recheck) and shutdown; every decision is in the model, the
+//! watcher or [`Backoff`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -34,17 +37,18 @@ use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{NodeModel, sync};
+use super::Upstream;
+use super::events::{EventError, Subscription, TOPIC_EXIT, TOPIC_OOM, TaskEvent, TaskExit};
+use super::sync;
 use crate::backoff::Backoff;
-use crate::reclaim::oom_kills::OomKillWatcher;
-use crate::runtime::Upstream;
-use crate::runtime::events::{EventError, Subscription, TOPIC_EXIT, TOPIC_OOM, TaskEvent};
+use crate::model::NodeModel;
 
 /// The first wait before subscribing again.
 pub const MIN_WAIT: Duration = Duration::from_millis(100);
 /// The longest wait before subscribing again.
 pub const MAX_WAIT: Duration = Duration::from_secs(2);
-/// How long the events loop waits for one OOM kill check (cgroup reads).
+/// How long the events loop waits for one call of its watcher (the OOM
+/// kill recorder's cgroup reads).
 pub const OOM_READ_DEADLINE: Duration = Duration::from_secs(2);
 /// How long after subscribing the catch-up sync runs: containerd has
 /// registered the subscriber by then (it sends nothing to say so).
@@ -92,6 +96,32 @@ impl TaskEventMetrics {
     }
 }
 
+/// What follows the task events besides the model: the kernel OOM kill
+/// recorder (`reclaim::oom_kills::OomKillWatcher`), attached by `serve`.
+///
+/// Each call runs on the blocking pool (it may read cgroupfs) with a copy
+/// of the model taken under its read lock and released at once, and is
+/// waited for at most [`OOM_READ_DEADLINE`]; a call still running holds the
+/// watcher, so the next ones are skipped, never queued, until it returns.
+pub trait TaskWatcher: Send {
+    /// Once, before the first subscription: what the model's tasks have
+    /// counted so far.
+    fn baseline(&mut self, model: &NodeModel);
+    /// A task's exit (any process, init or not).
+    fn on_exit(&mut self, model: &NodeModel, exit: &TaskExit);
+    /// A `/tasks/oom` for `task`, published at `at_unix_ms` (epoch ms),
+    /// received at `now`.
+    fn on_oom(&mut self, model: &NodeModel, task: &str, at_unix_ms: u64, now: Instant);
+    /// When the watcher next wants [`TaskWatcher::on_deadline`]; `None`:
+    /// nothing pending.
+    fn deadline(&self) -> Option<Instant>;
+    /// Its deadline passed (or another did: it checks what is due at `now`).
+    fn on_deadline(&mut self, model: &NodeModel, now: Instant);
+    /// After a catch-up sync, at `now_ms` (epoch ms): what the events may
+    /// have missed.
+    fn sweep(&mut self, model: &NodeModel, now_ms: u64);
+}
+
 /// How one subscription ended.
 enum Ended {
     /// Shutdown.
@@ -111,8 +141,8 @@ enum CatchUp {
 pub struct TaskEvents {
     model: Arc<RwLock<NodeModel>>,
     upstream: Upstream,
-    /// Shared with the blocking threads its cgroup reads run on.
-    oom: Option<Arc<Mutex<OomKillWatcher>>>,
+    /// Shared with the blocking threads its calls run on.
+    oom: Option<Arc<Mutex<dyn TaskWatcher>>>,
     metrics: TaskEventMetrics,
 }
 
@@ -127,8 +157,9 @@ impl TaskEvents {
         }
     }
 
-    /// The same loop, recording kernel OOM kills with `watcher`.
-    pub fn with_oom_kills(mut self, watcher: OomKillWatcher) -> Self {
+    /// The same loop, handing every event to `watcher` (the kernel OOM kill
+    /// recorder).
+    pub fn with_watcher(mut self, watcher: impl TaskWatcher + 'static) -> Self {
         self.oom = Some(Arc::new(Mutex::new(watcher)));
         self
     }
@@ -228,7 +259,7 @@ impl TaskEvents {
         }
     }
 
-    /// Applies one event to the model and the OOM recorder.
+    /// Applies one event to the model and hands it to the watcher.
     async fn apply(&mut self, ev: TaskEvent) {
         match ev {
             TaskEvent::Exit(exit) => {
@@ -273,16 +304,16 @@ impl TaskEvents {
         .await;
     }
 
-    /// Runs `f` on the OOM recorder with a copy of the model, on the
+    /// Runs `f` on the watcher with a copy of the model, on the
     /// blocking pool (it reads cgroup counters), waited for at most
     /// [`OOM_READ_DEADLINE`]. A call still running holds the recorder: the
     /// next ones are skipped, never queued, until it returns.
-    async fn with_oom(&self, f: impl FnOnce(&mut OomKillWatcher, &NodeModel) + Send + 'static) {
+    async fn with_oom(&self, f: impl FnOnce(&mut dyn TaskWatcher, &NodeModel) + Send + 'static) {
         let Some(w) = self.oom.clone() else { return };
         let model = snapshot(&self.model);
         let run = tokio::task::spawn_blocking(move || match w.try_lock() {
             Ok(mut w) => {
-                f(&mut w, &model);
+                f(&mut *w, &model);
                 true
             }
             Err(_) => false,
@@ -301,7 +332,7 @@ impl TaskEvents {
 }
 
 /// A copy of the model, taken under its read lock and released at once:
-/// the OOM recorder reads cgroup counters with it, and no lock the relay
+/// the watcher reads cgroup counters with it, and no lock the relay
 /// thread waits on may be held across I/O.
 fn snapshot(model: &RwLock<NodeModel>) -> NodeModel {
     model.read_locked().clone()
@@ -331,6 +362,87 @@ async fn sleep_until(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{ContainerInfo, ContainerState};
+
+    /// One call a watcher got: its name, the task, and whether the model
+    /// it was given already saw the task's container exit.
+    type Call = (&'static str, String, bool);
+
+    /// A watcher that writes down each call.
+    #[derive(Clone, Default)]
+    struct Recorder(Arc<Mutex<Vec<Call>>>);
+
+    impl Recorder {
+        fn note(&self, call: &'static str, task: &str, m: &NodeModel) {
+            let exited = m.container_state(task) == Some(ContainerState::Exited);
+            self.0.lock().unwrap().push((call, task.to_owned(), exited));
+        }
+    }
+
+    impl TaskWatcher for Recorder {
+        fn baseline(&mut self, m: &NodeModel) {
+            self.note("baseline", "", m);
+        }
+        fn on_exit(&mut self, m: &NodeModel, exit: &TaskExit) {
+            self.note("exit", &exit.container_id, m);
+        }
+        fn on_oom(&mut self, m: &NodeModel, task: &str, _: u64, _: Instant) {
+            self.note("oom", task, m);
+        }
+        fn deadline(&self) -> Option<Instant> {
+            None
+        }
+        fn on_deadline(&mut self, m: &NodeModel, _: Instant) {
+            self.note("deadline", "", m);
+        }
+        fn sweep(&mut self, m: &NodeModel, _: u64) {
+            self.note("sweep", "", m);
+        }
+    }
+
+    #[tokio::test]
+    async fn each_event_reaches_the_model_then_the_watcher() {
+        let mut model = NodeModel::new(1 << 30);
+        model.upsert_sandbox(crate::model::tests::sandbox("s1", "/kubepods/pods1"));
+        model.upsert_container(ContainerInfo {
+            id: "c1".into(),
+            sandbox_id: "s1".into(),
+            state: Some(ContainerState::Running),
+            ..Default::default()
+        });
+        let model = Arc::new(RwLock::new(model));
+        // Never dialled: the events are handed in, not subscribed to.
+        let upstream =
+            Upstream::new(super::super::RuntimeEndpoint::parse("/nowhere.sock").unwrap());
+        let seen = Recorder::default();
+        let mut events = TaskEvents::new(model.clone(), upstream).with_watcher(seen.clone());
+        events
+            .apply(TaskEvent::Oom {
+                container_id: "c1".into(),
+                at_unix_ms: 1,
+            })
+            .await;
+        let exit = TaskExit {
+            container_id: "c1".into(),
+            process_id: "c1".into(),
+            pid: 7,
+            exit_status: 137,
+            exited_at_unix_ms: 2,
+        };
+        events.apply(TaskEvent::Exit(exit)).await;
+        events.sweep().await;
+        let calls = seen.0.lock().unwrap().clone();
+        assert_eq!(
+            calls,
+            [
+                ("oom", "c1".to_owned(), false),
+                ("exit", "c1".to_owned(), true),
+                ("sweep", String::new(), false),
+            ]
+        );
+        let m = model.read_locked();
+        assert_eq!(m.container_state("c1"), Some(ContainerState::Exited));
+    }
 
     #[test]
     fn a_runtime_down_for_a_minute_costs_a_few_dozen_attempts() {

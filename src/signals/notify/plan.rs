@@ -155,7 +155,7 @@ pub(super) mod tests {
     const MI: u64 = 1 << 20;
 
     /// Sources over a fixture tree (shared with the events tests).
-    pub(in crate::signals::events) fn sources(cg: &Path, proc_root: &Path) -> NodeSources {
+    pub(in crate::signals::notify) fn sources(cg: &Path, proc_root: &Path) -> NodeSources {
         NodeSources {
             cgroups: CgroupFs::detect(cg),
             proc_root: proc_root.to_owned(),
@@ -167,7 +167,7 @@ pub(super) mod tests {
     }
 
     /// A threshold with no minimum reclaim (shared with the events tests).
-    pub(in crate::signals::events) fn threshold(
+    pub(in crate::signals::notify) fn threshold(
         signal: Signal,
         amount: Amount,
         grace_s: Option<u64>,

@@ -15,9 +15,9 @@ use crate::lock::RwLocked;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_cri::v1 as cri;
 
-use super::NodeModel;
-use super::convert::{self, InfoError};
-use crate::runtime::{CALL_DEADLINE, Upstream, bounded};
+use super::{CALL_DEADLINE, Upstream, bounded};
+use crate::model::convert::{self, InfoError};
+use crate::model::{ContainerInfo, NodeModel, SandboxInfo};
 
 /// Why the model could not be read from the runtime.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +42,7 @@ fn call_err(call: &'static str) -> impl FnOnce(tonic::Status) -> SyncError {
     move |status| SyncError::Call { call, status }
 }
 
-async fn fetch_sandbox(up: &Upstream, id: &str) -> Result<Option<super::SandboxInfo>, SyncError> {
+async fn fetch_sandbox(up: &Upstream, id: &str) -> Result<Option<SandboxInfo>, SyncError> {
     let req = cri::PodSandboxStatusRequest {
         pod_sandbox_id: id.to_owned(),
         verbose: true,
@@ -61,10 +61,7 @@ async fn fetch_sandbox(up: &Upstream, id: &str) -> Result<Option<super::SandboxI
     }
 }
 
-async fn fetch_container(
-    up: &Upstream,
-    id: &str,
-) -> Result<Option<super::ContainerInfo>, SyncError> {
+async fn fetch_container(up: &Upstream, id: &str) -> Result<Option<ContainerInfo>, SyncError> {
     let req = cri::ContainerStatusRequest {
         container_id: id.to_owned(),
         verbose: true,
@@ -207,18 +204,9 @@ fn apply_lists(
     }
 }
 
-/// `MemTotal` from `/proc/meminfo` text, in bytes: the capacity the kubelet
-/// (through cAdvisor) uses in its `oom_score_adj` formula.
-pub fn mem_total(meminfo: &str) -> Option<i64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ContainerInfo;
     use crate::model::tests::sandbox;
 
     fn listed(id: &str) -> cri::PodSandbox {
@@ -253,12 +241,5 @@ mod tests {
         s.sort();
         assert_eq!(s, ["new", "old"]);
         assert_eq!(c, ["c-new"]);
-    }
-
-    #[test]
-    fn mem_total_reads_kib() {
-        let text = "MemTotal:       24567892 kB\nMemFree:         1000 kB\n";
-        assert_eq!(super::mem_total(text), Some(24567892 * 1024));
-        assert_eq!(super::mem_total("MemFree: 1 kB"), None);
     }
 }
