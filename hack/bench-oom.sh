@@ -56,7 +56,8 @@
 # filled the machine (CRIGUARD_OOM_KERNEL_TAIL_S, 120, for the kernel),
 # then the bench kills the grower itself: a run no one won. Settings:
 # CRIGUARD_OOM_RUNS, CRIGUARD_OOM_KERNEL_RUNS, CRIGUARD_OOM_RUNS_BY
-# (contender=N,...), CRIGUARD_OOM_RATES, CRIGUARD_OOM_CONTENDERS
+# (contender=N,...), CRIGUARD_OOM_SKIP (contender-rate-run,...: runs left
+# out), CRIGUARD_OOM_RATES, CRIGUARD_OOM_CONTENDERS
 # (criguard-events,earlyoom,kernel,criguard-tick,systemd-oomd),
 # CRIGUARD_OOM_SAMPLE_US (5000), CRIGUARD_OOM_VM_TIMEOUT (3600 s).
 #
@@ -100,7 +101,8 @@ if [[ "$tier" == vm ]]; then
     out="$(readlink -f "$out")"
     gcc -O2 -Wall -static -o "$tools/grower" hack/bench-oom/grower.c
     gcc -O2 -Wall -static -o "$tools/sampler" hack/bench-oom/sampler.c
-    cp "$crictl" "$CRIGUARD_BIN" "$tools/"
+    cp "$crictl" "$tools/"
+    cp "$CRIGUARD_BIN" "$tools/criguard"
     # Debian's systemd-oomd (its version must be the guest's systemd's) and
     # earlyoom, installed in the guest's copy-on-write root at run time.
     systemd="$(dpkg-query -W -f '${Version}' systemd)"
@@ -109,7 +111,7 @@ if [[ "$tier" == vm ]]; then
     envs=()
     for k in CRIGUARD_OOM_CONTENDERS CRIGUARD_OOM_RATES CRIGUARD_OOM_RUNS CRIGUARD_OOM_THRESHOLD_MIB \
         CRIGUARD_OOM_LEAD_MIB CRIGUARD_OOM_TAIL_S CRIGUARD_OOM_SAMPLE_US CRIGUARD_OOM_PHYSICAL \
-        CRIGUARD_OOM_KERNEL_RUNS CRIGUARD_OOM_KERNEL_TAIL_S CRIGUARD_OOM_RUNS_BY; do
+        CRIGUARD_OOM_KERNEL_RUNS CRIGUARD_OOM_KERNEL_TAIL_S CRIGUARD_OOM_RUNS_BY CRIGUARD_OOM_SKIP; do
         [[ -z "${!k:-}" ]] || envs+=(--env "$k=${!k}")
     done
     t0=$SECONDS

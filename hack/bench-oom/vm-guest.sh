@@ -222,6 +222,13 @@ start_contender() {
     case "$1" in
         kernel) ;;
         criguard-events | criguard-tick)
+            # The binary may still be building on the host when the VM
+            # starts (tools/criguard.building): until it is there.
+            local w
+            for w in $(seq 900); do
+                [[ -e "$tools/criguard.building" ]] || break
+                sleep 1
+            done
             local ev=true
             [[ "$1" == criguard-tick ]] && ev=false
             rm -rf "$work/criguard"
@@ -308,6 +315,8 @@ one_run() {
     local c="$1" rate="$2" run="$3" tag prefill avail i t0 budget rec specs
     tag="$c-$rate-$run"
     rec="$out/runs/$tag.txt"
+    # CRIGUARD_OOM_SKIP=contender-rate-run,...: runs left out (time).
+    [[ ",${CRIGUARD_OOM_SKIP:-}," == *",$tag,"* ]] && { log "$tag: skipped"; return 0; }
     revive
     avail="$(available_mib)"
     prefill=$((avail - THRESHOLD - LEAD))

@@ -136,6 +136,8 @@ def main():
     out = sys.argv[1]
     meta = kv(f"{out}/meta.txt")
     cap = int(meta["capacity_bytes"])
+    # race.analyse's threshold: the guest's.
+    race.THRESHOLD = int(meta["threshold_mib"])
     kmsg = kmsg_records(f"{out}/kmsg.txt")
     logs = {}
     for c in ("criguard-events", "criguard-tick"):
@@ -198,13 +200,30 @@ def main():
                 if c == "earlyoom":
                     key = by_pid.get(int(key), f"pid {key}")
                 evictions.append((mono, key))
+        with open(tmp) as f:
+            first = f.readline().split()
+        if int(first[4]) < int(rec.get("prefill_mib", 0)) * MI // 2:
+            # The grower was gone before the race began (a contender killed
+            # it during its full-speed prefill): not a run of the race.
+            losses.write(f"== {c} rate={rate or 'max'} run={run}: void, the grower was killed "
+                         f"during its prefill, before the race ({first[4]} bytes at the start)\n")
+            os.unlink(tmp)
+            continue
         res = race.analyse(tmp, steady, grower, kills, after - before, evictions, dead, cap,
                            since=go_mono - 1_000_000_000)
-        os.unlink(tmp)
         if res["actor"] == "none" and evictions:
             # Acted before the kubelet's memory.available crossed (earlyoom
-            # reads MemAvailable, another figure).
-            res.update(actor="contender", victim=evictions[0][1])
+            # reads MemAvailable, another figure): the right victim is the
+            # kubelet's first at the lowest memory.available of the run.
+            key = evictions[0][1]
+            rows_ = [[int(x) for x in l.split()] for l in open(tmp) if l.strip()]
+            low = min(rows_, key=lambda r: cap - (r[1] - max(r[2], 0)))
+            usage = {p.name: low[5 + i] for i, p in enumerate(steady)}
+            usage["grower"] = low[4]
+            victim = next((p.name for p in steady + [grower] if p.uid == key or f"pod{p.uid}" in key), key)
+            first_ = race.kubelet_first(steady + [grower], usage)
+            res.update(actor="contender", victim=victim, first=first_, right=victim == first_)
+        os.unlink(tmp)
         if res["actor"] == "contender":
             res["actor"] = c
         res.update(tier="vm", contender=c, rate=rate, run=run,
