@@ -24,19 +24,9 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "the relay's tests and fuzz harness drive it with the real observer",
     ),
     (
-        "intercept",
-        "kubelet",
-        "the observer's tests build pods with the test fixture",
-    ),
-    (
         "cri",
         "eviction",
         "the relay's tests and fuzz harness give the real observer a node status",
-    ),
-    (
-        "cri",
-        "kubelet",
-        "the relay's tests build pods with the test fixture",
     ),
     (
         "model",

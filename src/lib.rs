@@ -48,8 +48,6 @@ pub mod cri;
 pub mod eviction;
 pub mod intercept;
 pub mod kube;
-#[cfg(any(test, feature = "test-pods"))]
-pub mod kubelet;
 #[cfg(test)]
 mod layers;
 pub mod limits;
@@ -66,3 +64,5 @@ pub mod runtime;
 pub mod signal;
 pub mod signals;
 pub mod statefile;
+#[cfg(any(test, feature = "test-pods"))]
+pub mod test_support;
