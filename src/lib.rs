@@ -50,6 +50,8 @@ pub mod intercept;
 pub mod kube;
 #[cfg(test)]
 mod layers;
+#[cfg(test)]
+mod lengths;
 pub mod limits;
 pub mod listen;
 pub mod lock;
