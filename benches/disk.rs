@@ -30,13 +30,13 @@ use nix::sys::resource::{UsageWho, getrusage};
 use common::containerd::{CriguardProcess, PrivateContainerd, remove_cgroup_tree, unique};
 use common::pods::{BUSYBOX, mem_total, remove_pods, run_pod, sleeper};
 use criguard::cgroup::fs::CgroupFs;
-use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::model::Pod;
 use criguard::reclaim::rank::usage_pods;
 use criguard::runtime::snapshots::Snapshots;
 use criguard::runtime::{RuntimeEndpoint, Upstream};
 use criguard::signals::disk;
 use criguard::signals::usage::{UsageReader, UsageSources};
+use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 const LAYERS: usize = 50;

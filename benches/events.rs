@@ -33,9 +33,9 @@ use common::memcg::{Filler, MEMORY, TestCgroup};
 use common::pods::{CgroupRoot, hog, init_pid, mem_total, remove_pods, run_pod, sleeper};
 use criguard::cgroup::fs::{CgroupFs, stat_value};
 use criguard::config::{Amount, EvictionConfig, Signal, Threshold};
-use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::signals::node::NodeSources;
 use criguard::signals::notify::{MemoryEvents, Watch};
+use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 const MI: u64 = 1 << 20;

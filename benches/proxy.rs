@@ -31,7 +31,7 @@ use base64::Engine;
 use common::containerd::{CriguardProcess, PrivateContainerd, remove_cgroup_tree, unique};
 use common::pods::{remove_pods, run_pod, sleeper};
 use common::tonic_raw::{RawCodec, channel};
-use criguard::kubelet::PodSpec;
+use criguard::test_support::kubelet::PodSpec;
 use floor::{Relay, cpu_seconds};
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;

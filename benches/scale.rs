@@ -28,7 +28,7 @@ use common::containerd::{CriguardProcess, unique};
 use common::metrics::{free_port, parse, scrape, value};
 use common::pods::{remove_pods, run_pod, sleeper};
 use common::pressure::Pressure;
-use criguard::kubelet::PodSpec;
+use criguard::test_support::kubelet::PodSpec;
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;

@@ -30,12 +30,12 @@ use std::time::{Duration, Instant};
 
 use common::containerd::{PrivateContainerd, unique};
 use common::pods::{CgroupRoot, init_pid, mem_total, remove_pods, run_pod, sleeper};
-use criguard::kubelet::PodSpec;
 use criguard::model::{ContainerState, NodeModel};
 use criguard::runtime::sync;
 use criguard::runtime::track::TaskEventMetrics;
 use criguard::runtime::track::TaskEvents;
 use criguard::runtime::{RuntimeEndpoint, Upstream};
+use criguard::test_support::kubelet::PodSpec;
 
 const SYNC_EVERY: Duration = Duration::from_secs(10);
 const PER_POD: usize = 10;

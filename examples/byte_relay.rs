@@ -242,7 +242,7 @@ fn tokio_relay(listener: UnixListener, upstream: PathBuf, pump: bool) {
                 };
                 if pump {
                     let (_never, drain) = tokio::sync::watch::channel(false);
-                    criguard::cri::pump::relay(criguard::cri::pump::Bytes, client, up, None, drain)
+                    criguard::cri::pump::relay(criguard::cri::pump::Plain, client, up, None, drain)
                         .await;
                 } else {
                     let _ = tokio::io::copy_bidirectional_with_sizes(

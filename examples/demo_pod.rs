@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::runtime::{RuntimeEndpoint, Upstream};
+use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 #[tokio::main]

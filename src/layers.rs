@@ -24,28 +24,15 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "the relay's tests and fuzz harness drive it with the real observer",
     ),
     (
-        "intercept",
-        "kubelet",
-        "the observer's tests build pods with the test fixture",
-    ),
-    (
         "cri",
         "eviction",
         "the relay's tests and fuzz harness give the real observer a node status",
-    ),
-    (
-        "cri",
-        "kubelet",
-        "the relay's tests build pods with the test fixture",
     ),
 ];
 
 /// Circles between files of one module the tree still has: (the files,
 /// as `module/file`, sorted; why).
-const KNOWN_FILE_CIRCLES: &[(&[&str], &str)] = &[(
-    &["cri/conn", "cri/held"],
-    "one `impl Conn` over two files: held.rs holds observed bodies with the connection's fields",
-)];
+const KNOWN_FILE_CIRCLES: &[(&[&str], &str)] = &[];
 
 /// Top-level modules and their layer (0: lowest), from the table in
 /// `docs/design.md` (rows `| layer | modules | does |`, modules in backticks).

@@ -48,10 +48,10 @@ pub mod cri;
 pub mod eviction;
 pub mod intercept;
 pub mod kube;
-#[cfg(any(test, feature = "test-pods"))]
-pub mod kubelet;
 #[cfg(test)]
 mod layers;
+#[cfg(test)]
+mod lengths;
 pub mod limits;
 pub mod listen;
 pub mod lock;
@@ -66,3 +66,5 @@ pub mod runtime;
 pub mod signal;
 pub mod signals;
 pub mod statefile;
+#[cfg(any(test, feature = "test-pods"))]
+pub mod test_support;

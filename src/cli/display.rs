@@ -310,9 +310,26 @@ pub fn status_overview(
     when: impl Fn(u64) -> String,
 ) -> String {
     let mut out = String::new();
+    signals_table(&mut out, thresholds, conditions, &when);
+    conditions_line(&mut out, conditions);
+    last_events(&mut out, evictions, last, &when);
+    connections_lines(&mut out, connections);
+    out
+}
+
+/// Each signal observed or with a threshold: available, the hard
+/// threshold and the soft one with its grace period (resolved against the
+/// observed capacity; as configured for a signal not observed), capacity,
+/// and which threshold is met.
+fn signals_table(
+    out: &mut String,
+    thresholds: &[Threshold],
+    conditions: &ConditionsReport,
+    when: &impl Fn(u64) -> String,
+) {
     let observed = conditions
         .observed_at_unix_ms
-        .map_or("no round yet".to_owned(), &when);
+        .map_or("no round yet".to_owned(), when);
     let _ = writeln!(out, "\nsignals (read {observed}):");
     let _ = writeln!(
         out,
@@ -367,6 +384,10 @@ pub fn status_overview(
             o.map_or("-".into(), |o| amount(s, o.capacity as i64)),
         );
     }
+}
+
+/// The node conditions, or `none`.
+fn conditions_line(out: &mut String, conditions: &ConditionsReport) {
     let conds: Vec<String> = conditions
         .conditions
         .iter()
@@ -381,6 +402,15 @@ pub fn status_overview(
             conds.join(", ")
         }
     );
+}
+
+/// The last `last` evictions and kernel OOM kills, oldest first.
+fn last_events(
+    out: &mut String,
+    evictions: &EvictionsReport,
+    last: usize,
+    when: &impl Fn(u64) -> String,
+) {
     let mut events: Vec<(u64, String)> = evictions
         .evictions
         .iter()
@@ -405,13 +435,17 @@ pub fn status_overview(
     for (_, line) in events.iter().skip(total.saturating_sub(last)) {
         let _ = writeln!(out, "  {line}");
     }
+}
+
+/// The runtime, criguard's CRI socket and the Kubernetes API, each with
+/// whether it answers.
+fn connections_lines(out: &mut String, connections: &Connections) {
     let _ = writeln!(out, "connections:");
     let (rt, rt_reach) = &connections.runtime;
     let _ = writeln!(out, "  runtime {rt}: {}", rt_reach.text());
     let (cri, cri_reach) = &connections.cri;
     let _ = writeln!(out, "  CRI through criguard {cri}: {}", cri_reach.text());
     let _ = writeln!(out, "  Kubernetes API: {}", connections.api.text());
-    out
 }
 
 /// The API report's state from a metrics scrape (exposition text): the

@@ -244,73 +244,16 @@ impl RawEviction {
         self
     }
 
-    /// Validates into an [`EvictionConfig`]; the first error found is returned.
+    /// Validates into an [`EvictionConfig`]; the first error found is
+    /// returned, in this order: minimum reclaim, hard thresholds, soft
+    /// grace periods, soft thresholds, the maximum pod grace period,
+    /// housekeeping, the transition period.
     pub fn validate(&self) -> Result<EvictionConfig, ConfigError> {
-        let mut reclaim = BTreeMap::new();
-        for (name, value) in &self.minimum_reclaim {
-            let sig = signal("evictionMinimumReclaim", name)?;
-            reclaim.insert(sig, amount("evictionMinimumReclaim", name, value)?);
-        }
-        let defaults: BTreeMap<String, String> = DEFAULT_HARD
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let mut hard = Vec::new();
-        for (name, value) in self.hard.as_ref().unwrap_or(&defaults) {
-            let sig = signal("evictionHard", name)?;
-            let amount = amount("evictionHard", name, value)?;
-            hard.push(Threshold {
-                signal: sig,
-                amount,
-                grace_period: None,
-                min_reclaim: reclaim.get(&sig).copied(),
-            });
-        }
-        let mut graces = BTreeMap::new();
-        for (name, value) in &self.soft_grace_period {
-            let sig = signal("evictionSoftGracePeriod", name)?;
-            if !self.soft.contains_key(name) {
-                return Err(ConfigError::new(
-                    "evictionSoftGracePeriod",
-                    format!("{name}={value}"),
-                    "a grace period for a signal with no soft threshold (add it to evictionSoft)",
-                ));
-            }
-            graces.insert(sig, duration("evictionSoftGracePeriod", value)?);
-        }
-        let mut soft = Vec::new();
-        for (name, value) in &self.soft {
-            let sig = signal("evictionSoft", name)?;
-            let amount = amount("evictionSoft", name, value)?;
-            let Some(grace) = graces.get(&sig).copied() else {
-                return Err(ConfigError::new(
-                    "evictionSoft",
-                    format!("{name}={value}"),
-                    "a soft threshold needs a grace period in evictionSoftGracePeriod",
-                ));
-            };
-            soft.push(Threshold {
-                signal: sig,
-                amount,
-                grace_period: Some(grace),
-                min_reclaim: reclaim.get(&sig).copied(),
-            });
-        }
-        let max_pod_grace_period = match self.max_pod_grace_period {
-            None => None,
-            Some(s) if s < 0 => {
-                return Err(ConfigError::new(
-                    "evictionMaxPodGracePeriod",
-                    s.to_string(),
-                    "must not be negative",
-                ));
-            }
-            Some(s) => Some(Duration::from_secs(s as u64)),
-        };
-        let period = |key: &str, v: &Option<String>, default: Duration| match v {
-            Some(v) => duration(key, v),
-            None => Ok(default),
-        };
+        let reclaim = self.minimum_reclaims()?;
+        let hard = self.hard_thresholds(&reclaim)?;
+        let graces = self.soft_grace_periods()?;
+        let soft = self.soft_thresholds(&graces, &reclaim)?;
+        let max_pod_grace_period = self.max_pod_grace()?;
         let housekeeping_interval = period(
             "housekeepingInterval",
             &self.housekeeping_interval,
@@ -334,6 +277,106 @@ impl RawEviction {
             )?,
             housekeeping_interval,
         })
+    }
+
+    /// `evictionMinimumReclaim`, by signal.
+    fn minimum_reclaims(&self) -> Result<BTreeMap<Signal, Amount>, ConfigError> {
+        let mut reclaim = BTreeMap::new();
+        for (name, value) in &self.minimum_reclaim {
+            let sig = signal("evictionMinimumReclaim", name)?;
+            reclaim.insert(sig, amount("evictionMinimumReclaim", name, value)?);
+        }
+        Ok(reclaim)
+    }
+
+    /// `evictionHard` (the kubelet's defaults when not given), each with
+    /// its minimum reclaim.
+    fn hard_thresholds(
+        &self,
+        reclaim: &BTreeMap<Signal, Amount>,
+    ) -> Result<Vec<Threshold>, ConfigError> {
+        let defaults: BTreeMap<String, String> = DEFAULT_HARD
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut hard = Vec::new();
+        for (name, value) in self.hard.as_ref().unwrap_or(&defaults) {
+            let sig = signal("evictionHard", name)?;
+            let amount = amount("evictionHard", name, value)?;
+            hard.push(Threshold {
+                signal: sig,
+                amount,
+                grace_period: None,
+                min_reclaim: reclaim.get(&sig).copied(),
+            });
+        }
+        Ok(hard)
+    }
+
+    /// `evictionSoftGracePeriod`, by signal; each must have a soft threshold.
+    fn soft_grace_periods(&self) -> Result<BTreeMap<Signal, Duration>, ConfigError> {
+        let mut graces = BTreeMap::new();
+        for (name, value) in &self.soft_grace_period {
+            let sig = signal("evictionSoftGracePeriod", name)?;
+            if !self.soft.contains_key(name) {
+                return Err(ConfigError::new(
+                    "evictionSoftGracePeriod",
+                    format!("{name}={value}"),
+                    "a grace period for a signal with no soft threshold (add it to evictionSoft)",
+                ));
+            }
+            graces.insert(sig, duration("evictionSoftGracePeriod", value)?);
+        }
+        Ok(graces)
+    }
+
+    /// `evictionSoft`, each with its grace period (required) and minimum
+    /// reclaim.
+    fn soft_thresholds(
+        &self,
+        graces: &BTreeMap<Signal, Duration>,
+        reclaim: &BTreeMap<Signal, Amount>,
+    ) -> Result<Vec<Threshold>, ConfigError> {
+        let mut soft = Vec::new();
+        for (name, value) in &self.soft {
+            let sig = signal("evictionSoft", name)?;
+            let amount = amount("evictionSoft", name, value)?;
+            let Some(grace) = graces.get(&sig).copied() else {
+                return Err(ConfigError::new(
+                    "evictionSoft",
+                    format!("{name}={value}"),
+                    "a soft threshold needs a grace period in evictionSoftGracePeriod",
+                ));
+            };
+            soft.push(Threshold {
+                signal: sig,
+                amount,
+                grace_period: Some(grace),
+                min_reclaim: reclaim.get(&sig).copied(),
+            });
+        }
+        Ok(soft)
+    }
+
+    /// `evictionMaxPodGracePeriod`: not negative.
+    fn max_pod_grace(&self) -> Result<Option<Duration>, ConfigError> {
+        match self.max_pod_grace_period {
+            None => Ok(None),
+            Some(s) if s < 0 => Err(ConfigError::new(
+                "evictionMaxPodGracePeriod",
+                s.to_string(),
+                "must not be negative",
+            )),
+            Some(s) => Ok(Some(Duration::from_secs(s as u64))),
+        }
+    }
+}
+
+/// The duration `v` of setting `key`, or `default` when not given.
+fn period(key: &str, v: &Option<String>, default: Duration) -> Result<Duration, ConfigError> {
+    match v {
+        Some(v) => duration(key, v),
+        None => Ok(default),
     }
 }
 

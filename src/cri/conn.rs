@@ -32,7 +32,7 @@ use super::budget::{self, BLOCKS_REFUSED, SMALL_BLOCK};
 use super::flow::ToServer;
 use super::frame::{self, Head, error, flag, kind, setting};
 use super::headers::{Fields, Reader};
-use super::held::Observed;
+use super::held::{Held, Next, Observed, Settle, Verdict};
 use super::methods::{self, MethodInfo};
 use super::out::Out;
 use super::proxy::Proxy;
@@ -113,18 +113,18 @@ impl Side {
 
 /// A call in flight.
 #[derive(Debug)]
-pub(super) struct Stream {
-    pub(super) info: &'static MethodInfo,
-    pub(super) started: Instant,
+struct Stream {
+    info: &'static MethodInfo,
+    started: Instant,
     /// The client ended its side (END_STREAM).
-    pub(super) client_done: bool,
+    client_done: bool,
     /// The answer's grpc-status, once seen.
-    pub(super) code: Option<i32>,
+    code: Option<i32>,
     /// Credit the runtime will grant on this stream that the client must
     /// not see (bytes criguard added or credited early).
-    pub(super) debt: u64,
+    debt: u64,
     /// Present for the calls criguard observes.
-    pub(super) observed: Option<Box<Observed>>,
+    observed: Option<Box<Observed>>,
 }
 
 /// A relayed connection.
@@ -133,11 +133,11 @@ pub struct Conn {
     pub(super) proxy: Proxy,
     client: Side,
     server: Side,
-    pub(super) streams: HashMap<u32, Stream>,
+    streams: HashMap<u32, Stream>,
     /// Streams criguard answered itself; the runtime's frames on them are
     /// not the client's to see (header blocks excepted: HPACK state).
     answered: BTreeSet<u32>,
-    pub(super) to_server: ToServer,
+    to_server: ToServer,
     /// A runtime header block is open toward the client: criguard's own
     /// frames wait in `deferred`.
     client_block_open: bool,
@@ -151,11 +151,9 @@ pub struct Conn {
     client_max_frame: u32,
     /// Credit the runtime will grant on the connection that the client
     /// must not see.
-    pub(super) conn_debt: u64,
-    /// Bytes of request bodies held on this connection.
-    pub(super) held: usize,
-    /// Observed calls waiting for the node model.
-    pub(super) parked: usize,
+    conn_debt: u64,
+    /// The request bodies held on this connection.
+    held: Held,
     last_client_stream: u32,
     goaway_sent: Option<u32>,
     closing: bool,
@@ -184,8 +182,7 @@ impl Conn {
             client_table_size: 4096,
             client_max_frame: frame::DEFAULT_MAX_FRAME,
             conn_debt: 0,
-            held: 0,
-            parked: 0,
+            held: Held::default(),
             last_client_stream: 0,
             goaway_sent: None,
             closing: false,
@@ -389,7 +386,7 @@ impl Conn {
 
     /// Adds a frame of criguard's own for the client, after any open
     /// runtime header block.
-    pub(super) fn inject_client(&mut self, io: &mut Io, f: Bytes) {
+    fn inject_client(&mut self, io: &mut Io, f: Bytes) {
         if self.client_block_open {
             self.deferred.push(f);
         } else {
@@ -399,7 +396,7 @@ impl Conn {
 
     /// Answers `stream` on the runtime's behalf (trailers-only) and records
     /// the call.
-    pub(super) fn answer(&mut self, io: &mut Io, stream: u32, st: &Stream, code: i32, msg: &str) {
+    fn answer(&mut self, io: &mut Io, stream: u32, st: &Stream, code: i32, msg: &str) {
         let f = super::headers::trailers_only(stream, code, msg, self.client_max_frame);
         if self.size_update_pending {
             self.answers_waiting.push(f);
@@ -701,13 +698,192 @@ impl Conn {
         }
         self.proxy.record(st.info, code, st.started);
     }
+    /// Holds a DATA frame of an observed request.
+    fn hold(&mut self, head: Head, f: BytesMut, io: &mut Io) {
+        let stream = head.stream;
+        let Some((a, b)) = frame::unpadded(&head, &f[frame::HEADER_LEN..]) else {
+            // Malformed padding: the runtime will refuse the frame itself.
+            self.pass_held(stream, io);
+            self.to_server
+                .forward(&mut io.to_server, f.freeze(), head.len);
+            return;
+        };
+        let payload = &f[frame::HEADER_LEN + a..frame::HEADER_LEN + b];
+        let Some(obs) = self
+            .streams
+            .get_mut(&stream)
+            .and_then(|s| s.observed.as_deref_mut())
+        else {
+            return;
+        };
+        match self.held.hold(obs, &head, payload, &self.proxy.budget) {
+            Next::Pass => self.pass_held(stream, io),
+            Next::Release => self.release(stream, io, true),
+            Next::Advance(n) => self.advance(stream, n, io),
+        }
+    }
+
+    /// Credits `n` held bytes of `stream` to the client.
+    fn advance(&mut self, stream: u32, n: u64, io: &mut Io) {
+        let Some(st) = self.streams.get_mut(&stream) else {
+            return;
+        };
+        let open = !st.client_done;
+        let Some(obs) = st.observed.as_deref_mut() else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        obs.advance(n);
+        self.credit_client(io, stream, n as u32, open);
+    }
+
+    /// WINDOW_UPDATEs of `n` for the client: on `stream` while it is
+    /// `open`, and on the connection.
+    fn credit_client(&mut self, io: &mut Io, stream: u32, n: u32, open: bool) {
+        if open {
+            self.inject_client(io, frame::window_update(stream, n));
+        }
+        self.inject_client(io, frame::window_update(0, n));
+    }
+
+    /// The body of `stream` is complete: observe it and forward, patch or
+    /// refuse it. With `may_park`, a body that needs the node model waits
+    /// for it to be rebuilt ([`Conn::on_ready`]).
+    fn release(&mut self, stream: u32, io: &mut Io, may_park: bool) {
+        if may_park && !self.proxy.is_ready() {
+            let Some(obs) = self
+                .streams
+                .get_mut(&stream)
+                .and_then(|s| s.observed.as_deref_mut())
+            else {
+                return;
+            };
+            let owed = self.held.park(obs);
+            // The client's connection window is not tied up meanwhile.
+            self.advance(stream, owed, io);
+            return;
+        }
+        let Some(observer) = self.proxy.observer.clone() else {
+            return self.pass_held(stream, io);
+        };
+        let Some(obs) = self
+            .streams
+            .get_mut(&stream)
+            .and_then(|s| s.observed.as_deref_mut())
+        else {
+            return;
+        };
+        let body = self.held.take_body(obs);
+        // Charged to the budget until it has left for the runtime.
+        let charged = body.len();
+        match obs.verdict(&*observer, body) {
+            Verdict::Refuse(why) => {
+                self.proxy.budget.give(charged);
+                self.refuse(stream, &why, io)
+            }
+            Verdict::Send { payload, request } => {
+                obs.sent(request);
+                self.send_body(stream, payload, charged, io);
+            }
+        }
+    }
+
+    /// Forwards what is held of `stream` unobserved; later frames pass as they come.
+    fn pass_held(&mut self, stream: u32, io: &mut Io) {
+        let Some(obs) = self
+            .streams
+            .get_mut(&stream)
+            .and_then(|s| s.observed.as_deref_mut())
+        else {
+            return;
+        };
+        let body = self.held.pass(obs);
+        let charged = body.len();
+        self.send_body(stream, body, charged, io);
+    }
+
+    /// Sends `payload` as the body of `stream` and settles the credit.
+    fn send_body(&mut self, stream: u32, payload: Bytes, charged: usize, io: &mut Io) {
+        let Some(st) = self.streams.get_mut(&stream) else {
+            return;
+        };
+        let Some(obs) = st.observed.as_deref_mut() else {
+            return;
+        };
+        let open = !st.client_done;
+        match obs.settle(payload.len() as u64) {
+            Settle::Debt(d) => {
+                self.conn_debt += d;
+                st.debt += d;
+            }
+            Settle::Short(n) => self.credit_client(io, stream, n, open),
+        }
+        self.to_server
+            .body(&mut io.to_server, stream, payload, !open, charged);
+    }
+
+    /// Answers `stream` with RESOURCE_EXHAUSTED and cancels the runtime's copy.
+    fn refuse(&mut self, stream: u32, why: &str, io: &mut Io) {
+        let Some(st) = self.streams.remove(&stream) else {
+            return;
+        };
+        let rst = frame::rst_stream(stream, error::CANCEL);
+        self.to_server.inject(&mut io.to_server, rst);
+        if let Some(obs) = &st.observed
+            && obs.owed() > 0
+        {
+            self.inject_client(io, frame::window_update(0, obs.owed() as u32));
+        }
+        self.answer(
+            io,
+            stream,
+            &st,
+            tonic::Code::ResourceExhausted as i32,
+            &format!("criguard: {why}"),
+        );
+    }
+
+    /// A held body that will never be forwarded (the call was reset):
+    /// the client gets its connection credit back.
+    fn drop_held(&mut self, st: &Stream, io: &mut Io) {
+        let Some(obs) = st.observed.as_deref() else {
+            return;
+        };
+        let Some(owed) = self.held.drop_body(obs, &self.proxy.budget) else {
+            return;
+        };
+        if owed > 0 {
+            self.inject_client(io, frame::window_update(0, owed as u32));
+        }
+    }
+
+    /// Whether a body waits for the node model.
+    pub fn wants_ready(&self) -> bool {
+        self.held.wants_ready()
+    }
+
+    /// The node model is rebuilt: parked bodies go, in stream order.
+    pub fn on_ready(&mut self, io: &mut Io) {
+        let mut parked: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| s.observed.as_ref().is_some_and(|o| o.is_parked()))
+            .map(|(id, _)| *id)
+            .collect();
+        parked.sort_unstable();
+        for id in parked {
+            self.release(id, io, false);
+        }
+    }
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
         // What this connection held goes back to the shared budget.
         self.drop_block();
-        self.proxy.budget.give(self.held);
+        self.proxy.budget.give(self.held.bytes());
     }
 }
 

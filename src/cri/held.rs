@@ -16,6 +16,11 @@
 //! the client (`debt`); when `F < N − a` criguard credits the difference at
 //! once. A body the runtime never sees is credited in full.
 //!
+//! This file owns the bookkeeping ([`Observed`] per call, [`Held`] per
+//! connection) and the decisions (what a frame does to a held body, what
+//! the observer's plan makes of it, how the credit settles); the
+//! connection ([`super::conn`]) carries them out on its streams and queues.
+//!
 //! Bodies larger than the runtime accepts (over 16 MiB by their gRPC length
 //! prefix), beyond the connection's hold budget or beyond the relay's
 //! shared one ([`super::budget`]) pass unobserved, so the runtime gives
@@ -25,10 +30,9 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::budget::{self, UNHELD_BODIES};
-use super::conn::{Conn, Io};
-use super::frame::{self, Head, error, flag};
-use super::observe::{self, Method};
+use super::budget::{self, Budget, UNHELD_BODIES};
+use super::frame::{self, Head, flag};
+use super::observe::{self, Method, Observe};
 use super::proxy::{Proxy, guarded};
 use crate::lograte::LogRate;
 use crate::runtime::MAX_MESSAGE;
@@ -70,6 +74,41 @@ pub(super) struct Observed {
     response: Option<BytesMut>,
 }
 
+/// What a DATA frame of a held body leads to.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Next {
+    /// The body goes on unobserved (too large, or over a budget).
+    Pass,
+    /// The body is complete: observe it.
+    Release,
+    /// Keep holding, and credit the client this many bytes.
+    Advance(u64),
+}
+
+/// What the observer's plan makes of a complete body.
+#[derive(Debug)]
+pub(super) enum Verdict {
+    /// criguard answers the call itself, for this reason.
+    Refuse(String),
+    /// The runtime gets `payload`; `request` is the message the observer
+    /// sees with the answer (`None`: the answer is not observed).
+    Send {
+        payload: Bytes,
+        request: Option<Bytes>,
+    },
+}
+
+/// How the client's credit settles once a body is sent.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Settle {
+    /// The runtime will grant this much more than the client is owed: kept
+    /// back from its WINDOW_UPDATEs.
+    Debt(u64),
+    /// The client is owed this much that the runtime will never grant:
+    /// criguard credits it now.
+    Short(u32),
+}
+
 impl Observed {
     /// A call of `method` whose body is about to arrive.
     pub(super) fn new(method: Method, may_patch: bool) -> Self {
@@ -96,8 +135,66 @@ impl Observed {
     }
 
     /// Credit the client spent on this body that nobody has returned yet.
-    fn owed(&self) -> u64 {
+    pub(super) fn owed(&self) -> u64 {
         self.client_bytes - self.advanced
+    }
+
+    /// criguard credited `n` held bytes to the client.
+    pub(super) fn advance(&mut self, n: u64) {
+        self.advanced += n;
+    }
+
+    /// The body leaves as `sent` bytes: nothing is owed any more, and the
+    /// difference to what was owed settles one way or the other.
+    pub(super) fn settle(&mut self, sent: u64) -> Settle {
+        let owed = self.owed();
+        self.advanced = self.client_bytes;
+        if sent >= owed {
+            Settle::Debt(sent - owed)
+        } else {
+            Settle::Short((owed - sent) as u32)
+        }
+    }
+
+    /// What `observer` makes of the complete `body`.
+    pub(super) fn verdict(&self, observer: &dyn Observe, body: Bytes) -> Verdict {
+        let method = self.method;
+        let msg = observe::single_message(&body).map(|m| body.slice_ref(m));
+        let plan = match &msg {
+            Some(m) => guarded(method, || observer.on_request(method, m)).unwrap_or_default(),
+            None => observe::RequestPlan::default(),
+        };
+        if let Some(why) = plan.refuse {
+            return Verdict::Refuse(why);
+        }
+        if plan.patch.is_some() && !self.may_patch {
+            tracing::debug!(
+                ?method,
+                "request carries content-length; forwarded unpatched"
+            );
+        }
+        match (msg, plan.patch.filter(|_| self.may_patch)) {
+            (Some(m), Some(patch)) => {
+                let payload = observe::frame(&m, Some(&patch));
+                let request = payload.slice(frame::GRPC_PREFIX..);
+                Verdict::Send {
+                    payload,
+                    request: Some(request),
+                }
+            }
+            (request, _) => Verdict::Send {
+                payload: body,
+                request,
+            },
+        }
+    }
+
+    /// The body went to the runtime; `request` (as forwarded) is kept for
+    /// the observer, and the answer is copied when there is one.
+    pub(super) fn sent(&mut self, request: Option<Bytes>) {
+        self.state = State::Sent;
+        self.response = request.is_some().then(BytesMut::new);
+        self.request = request;
     }
 
     /// Copies a DATA frame of the answer, while it fits in a message.
@@ -132,43 +229,46 @@ fn declared_len(body: &[u8]) -> Option<usize> {
     Some(u32::from_be_bytes(b) as usize)
 }
 
-impl Conn {
-    fn observed(&mut self, stream: u32) -> Option<&mut Observed> {
-        self.streams
-            .get_mut(&stream)
-            .and_then(|s| s.observed.as_deref_mut())
+/// The request bodies one connection holds: the bytes charged to the hold
+/// budgets, and the calls parked until the node model is ready.
+#[derive(Debug, Default)]
+pub(super) struct Held {
+    /// Bytes of request bodies held on this connection.
+    bytes: usize,
+    /// Observed calls waiting for the node model.
+    parked: usize,
+}
+
+impl Held {
+    /// Bytes held, charged to the shared budget.
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
     }
 
-    /// `n` held bytes are let go.
-    fn unhold(&mut self, n: usize) {
-        self.held -= n;
-        self.proxy.budget.give(n);
+    /// Whether a body waits for the node model.
+    pub(super) fn wants_ready(&self) -> bool {
+        self.parked > 0
     }
 
-    /// Holds a DATA frame of an observed request.
-    pub(super) fn hold(&mut self, head: Head, f: BytesMut, io: &mut Io) {
-        let stream = head.stream;
-        let Some((a, b)) = frame::unpadded(&head, &f[frame::HEADER_LEN..]) else {
-            // Malformed padding: the runtime will refuse the frame itself.
-            self.pass_held(stream, io);
-            self.to_server
-                .forward(&mut io.to_server, f.freeze(), head.len);
-            return;
-        };
-        let payload = &f[frame::HEADER_LEN + a..frame::HEADER_LEN + b];
-        let Some(obs) = self.observed(stream) else {
-            return;
-        };
+    /// Holds `payload`, a DATA frame (`head`) of the body of `obs`, charging
+    /// it to `budget`, and says what comes next.
+    pub(super) fn hold(
+        &mut self,
+        obs: &mut Observed,
+        head: &Head,
+        payload: &[u8],
+        budget: &Budget,
+    ) -> Next {
         obs.body.extend_from_slice(payload);
         obs.client_bytes += u64::from(head.len);
         let too_big = declared_len(&obs.body).is_some_and(|n| n > MAX_MESSAGE);
         let n = payload.len();
-        let fits = self.proxy.budget.try_take(n);
+        let fits = budget.try_take(n);
         if !fits {
-            // Given back with the rest of the body just below.
-            self.proxy.budget.take_anyway(n);
+            // Given back with the rest of the body when it is passed on.
+            budget.take_anyway(n);
             UNHELD_BODIES.inc();
-            let budget = self.proxy.budget.limit();
+            let budget = budget.limit();
             if let Some(skipped) = UNHELD_LOG.allow(std::time::Instant::now()) {
                 tracing::warn!(
                     budget,
@@ -177,199 +277,149 @@ impl Conn {
                 );
             }
         }
-        self.held += n;
-        if !fits || too_big || self.held > HOLD_BUDGET {
+        self.bytes += n;
+        if !fits || too_big || self.bytes > HOLD_BUDGET {
             tracing::debug!(
-                stream,
-                held = self.held,
+                stream = head.stream,
+                held = self.bytes,
                 "request body too large to observe; forwarded as is"
             );
-            self.pass_held(stream, io);
+            Next::Pass
         } else if head.has(flag::END_STREAM) {
-            self.release(stream, io, true);
+            Next::Release
         } else {
-            self.advance(stream, u64::from(head.len), io);
+            Next::Advance(u64::from(head.len))
         }
     }
 
-    /// Credits `n` held bytes of `stream` to the client.
-    fn advance(&mut self, stream: u32, n: u64, io: &mut Io) {
-        let Some(st) = self.streams.get_mut(&stream) else {
-            return;
-        };
-        let open = !st.client_done;
-        let Some(obs) = st.observed.as_deref_mut() else {
-            return;
-        };
-        if n == 0 {
-            return;
-        }
-        obs.advanced += n;
-        if open {
-            self.inject_client(io, frame::window_update(stream, n as u32));
-        }
-        self.inject_client(io, frame::window_update(0, n as u32));
+    /// The complete body of `obs` waits for the node model; returns the
+    /// credit owed to the client meanwhile.
+    pub(super) fn park(&mut self, obs: &mut Observed) -> u64 {
+        obs.state = State::Parked;
+        self.parked += 1;
+        obs.owed()
     }
 
-    /// The body of `stream` is complete: observe it and forward, patch or
-    /// refuse it. With `may_park`, a body that needs the node model waits
-    /// for it to be rebuilt ([`Conn::on_ready`]).
-    pub(super) fn release(&mut self, stream: u32, io: &mut Io, may_park: bool) {
-        if may_park && !self.proxy.is_ready() {
-            let Some(obs) = self.observed(stream) else {
-                return;
-            };
-            obs.state = State::Parked;
-            let owed = obs.owed();
-            self.parked += 1;
-            // The client's connection window is not tied up meanwhile.
-            self.advance(stream, owed, io);
-            return;
-        }
-        let Some(observer) = self.proxy.observer.clone() else {
-            return self.pass_held(stream, io);
-        };
-        let Some(obs) = self.observed(stream) else {
-            return;
-        };
-        let was_parked = obs.is_parked();
-        let body = obs.body.split().freeze();
-        let method = obs.method;
-        let may_patch = obs.may_patch;
-        if was_parked {
-            self.parked -= 1;
-        }
-        // Charged to the budget until it has left for the runtime.
-        let charged = body.len();
-        self.held -= charged;
-        let msg = observe::single_message(&body).map(|m| body.slice_ref(m));
-        let plan = match &msg {
-            Some(m) => guarded(method, || observer.on_request(method, m)).unwrap_or_default(),
-            None => observe::RequestPlan::default(),
-        };
-        if let Some(why) = plan.refuse {
-            self.proxy.budget.give(charged);
-            return self.refuse(stream, &why, io);
-        }
-        if plan.patch.is_some() && !may_patch {
-            tracing::debug!(
-                ?method,
-                "request carries content-length; forwarded unpatched"
-            );
-        }
-        let (payload, request) = match (msg, plan.patch.filter(|_| may_patch)) {
-            (Some(m), Some(patch)) => {
-                let framed = observe::frame(&m, Some(&patch));
-                let request = framed.slice(frame::GRPC_PREFIX..);
-                (framed, Some(request))
-            }
-            (msg, _) => (body, msg),
-        };
-        let Some(obs) = self.observed(stream) else {
-            return;
-        };
-        obs.state = State::Sent;
-        obs.response = request.is_some().then(BytesMut::new);
-        obs.request = request;
-        self.send_body(stream, payload, charged, io);
-    }
-
-    /// Forwards what is held of `stream` unobserved; later frames pass as they come.
-    pub(super) fn pass_held(&mut self, stream: u32, io: &mut Io) {
-        let Some(obs) = self.observed(stream) else {
-            return;
-        };
-        if obs.state == State::Parked {
-            self.parked -= 1;
-        }
-        let Some(obs) = self.observed(stream) else {
-            return;
-        };
-        obs.state = State::Passed;
-        let body = obs.body.split().freeze();
-        let charged = body.len();
-        self.held -= charged;
-        self.send_body(stream, body, charged, io);
-    }
-
-    /// Sends `payload` as the body of `stream` and settles the credit.
-    fn send_body(&mut self, stream: u32, payload: Bytes, charged: usize, io: &mut Io) {
-        let Some(st) = self.streams.get_mut(&stream) else {
-            return;
-        };
-        let Some(obs) = st.observed.as_deref_mut() else {
-            return;
-        };
-        let owed = obs.owed();
-        obs.advanced = obs.client_bytes;
-        let sent = payload.len() as u64;
-        let open = !st.client_done;
-        if sent >= owed {
-            self.conn_debt += sent - owed;
-            st.debt += sent - owed;
-        } else {
-            let short = (owed - sent) as u32;
-            if open {
-                self.inject_client(io, frame::window_update(stream, short));
-            }
-            self.inject_client(io, frame::window_update(0, short));
-        }
-        self.to_server
-            .body(&mut io.to_server, stream, payload, !open, charged);
-    }
-
-    /// Answers `stream` with RESOURCE_EXHAUSTED and cancels the runtime's copy.
-    fn refuse(&mut self, stream: u32, why: &str, io: &mut Io) {
-        let Some(st) = self.streams.remove(&stream) else {
-            return;
-        };
-        let rst = frame::rst_stream(stream, error::CANCEL);
-        self.to_server.inject(&mut io.to_server, rst);
-        if let Some(obs) = &st.observed
-            && obs.owed() > 0
-        {
-            self.inject_client(io, frame::window_update(0, obs.owed() as u32));
-        }
-        self.answer(
-            io,
-            stream,
-            &st,
-            tonic::Code::ResourceExhausted as i32,
-            &format!("criguard: {why}"),
-        );
-    }
-
-    /// A held body that will never be forwarded (the call was reset):
-    /// the client gets its connection credit back.
-    pub(super) fn drop_held(&mut self, st: &super::conn::Stream, io: &mut Io) {
-        let Some(obs) = st.observed.as_deref().filter(|o| o.is_holding()) else {
-            return;
-        };
-        self.unhold(obs.body.len());
+    /// Takes the body of `obs` out to be sent; its bytes stay charged to
+    /// the shared budget until they have left for the runtime.
+    pub(super) fn take_body(&mut self, obs: &mut Observed) -> Bytes {
         if obs.is_parked() {
             self.parked -= 1;
         }
-        if obs.owed() > 0 {
-            self.inject_client(io, frame::window_update(0, obs.owed() as u32));
+        let body = obs.body.split().freeze();
+        self.bytes -= body.len();
+        body
+    }
+
+    /// Takes the body of `obs` out to go on unobserved, as do its later frames.
+    pub(super) fn pass(&mut self, obs: &mut Observed) -> Bytes {
+        let body = self.take_body(obs);
+        obs.state = State::Passed;
+        body
+    }
+
+    /// Lets go of the body of a call that was reset, giving its bytes back
+    /// to `budget`; returns the credit still owed to the client, or `None`
+    /// when nothing was held.
+    pub(super) fn drop_body(&mut self, obs: &Observed, budget: &Budget) -> Option<u64> {
+        if !obs.is_holding() {
+            return None;
+        }
+        let n = obs.body.len();
+        self.bytes -= n;
+        budget.give(n);
+        if obs.is_parked() {
+            self.parked -= 1;
+        }
+        Some(obs.owed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(stream: u32, len: u32, end: bool) -> Head {
+        Head {
+            len,
+            kind: frame::kind::DATA,
+            flags: if end { flag::END_STREAM } else { 0 },
+            stream,
         }
     }
 
-    /// Whether a body waits for the node model.
-    pub fn wants_ready(&self) -> bool {
-        self.parked > 0
+    #[test]
+    fn frames_are_held_and_credited_until_the_last_releases_the_body() {
+        let budget = Budget::new(1 << 20);
+        let mut held = Held::default();
+        let mut obs = Observed::new(Method::CreateContainer, true);
+        let next = held.hold(&mut obs, &data(1, 10, false), &[0; 10], &budget);
+        assert_eq!(next, Next::Advance(10));
+        obs.advance(10);
+        assert_eq!(
+            held.hold(&mut obs, &data(1, 4, true), &[0; 4], &budget),
+            Next::Release
+        );
+        assert_eq!((held.bytes(), budget.used(), obs.owed()), (14, 14, 4));
+        assert_eq!(held.park(&mut obs), 4);
+        assert!(held.wants_ready() && obs.is_parked());
+        let body = held.take_body(&mut obs);
+        assert_eq!(
+            (body.len(), held.bytes(), held.wants_ready()),
+            (14, 0, false)
+        );
     }
 
-    /// The node model is rebuilt: parked bodies go, in stream order.
-    pub fn on_ready(&mut self, io: &mut Io) {
-        let mut parked: Vec<u32> = self
-            .streams
-            .iter()
-            .filter(|(_, s)| s.observed.as_ref().is_some_and(|o| o.is_parked()))
-            .map(|(id, _)| *id)
-            .collect();
-        parked.sort_unstable();
-        for id in parked {
-            self.release(id, io, false);
-        }
+    #[test]
+    fn a_body_over_a_budget_passes_unobserved() {
+        let budget = Budget::new(8);
+        let mut held = Held::default();
+        let mut obs = Observed::new(Method::CreateContainer, true);
+        assert_eq!(
+            held.hold(&mut obs, &data(1, 10, false), &[0; 10], &budget),
+            Next::Pass
+        );
+        let body = held.pass(&mut obs);
+        assert_eq!((body.len(), held.bytes()), (10, 0));
+        assert!(!obs.is_holding());
+        // A prefix announcing more than the runtime takes passes too.
+        let budget = Budget::new(1 << 30);
+        let mut obs = Observed::new(Method::CreateContainer, true);
+        let prefix = [0, 0xff, 0xff, 0xff, 0xff];
+        assert_eq!(
+            held.hold(&mut obs, &data(3, 5, false), &prefix, &budget),
+            Next::Pass
+        );
+    }
+
+    #[test]
+    fn a_reset_call_gives_back_its_bytes_and_what_the_client_is_owed() {
+        let budget = Budget::new(1 << 20);
+        let mut held = Held::default();
+        let mut obs = Observed::new(Method::CreateContainer, true);
+        held.hold(&mut obs, &data(1, 12, true), &[0; 10], &budget);
+        held.park(&mut obs);
+        obs.advance(2);
+        assert_eq!(held.drop_body(&obs, &budget), Some(10));
+        assert_eq!(
+            (held.bytes(), budget.used(), held.wants_ready()),
+            (0, 0, false)
+        );
+        // A body already passed on holds nothing.
+        let mut passed = Observed::new(Method::CreateContainer, true);
+        held.pass(&mut passed);
+        assert_eq!(held.drop_body(&passed, &budget), None);
+    }
+
+    #[test]
+    fn credit_settles_as_debt_when_more_is_sent_and_at_once_when_less() {
+        let mut obs = Observed::new(Method::CreateContainer, true);
+        obs.client_bytes = 100;
+        obs.advance(30);
+        assert_eq!(obs.settle(90), Settle::Debt(20));
+        assert_eq!(obs.owed(), 0);
+        obs.client_bytes = 200;
+        assert_eq!(obs.settle(60), Settle::Short(40));
+        assert_eq!(obs.settle(0), Settle::Debt(0));
     }
 }

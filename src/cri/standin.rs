@@ -189,6 +189,58 @@ enum Mode {
 /// is ending.
 const FINAL_FLUSH: Duration = Duration::from_secs(1);
 
+/// What the stand-in says on one connection, and how far it got.
+struct Answers {
+    proxy: Proxy,
+    msg: String,
+    mode: Mode,
+    /// Frames waiting for the client.
+    out: Out,
+    /// The last stream answered.
+    answered: u32,
+    /// A GOAWAY is queued: nothing more is read.
+    closing: bool,
+}
+
+impl Answers {
+    /// Ends the connection: a GOAWAY naming the last call answered (with
+    /// the reason when refusing).
+    fn close(&mut self) {
+        let f = match self.mode {
+            Mode::RuntimeDown => frame::goaway(self.answered, error::NO_ERROR),
+            Mode::Refuse => frame::goaway_with(self.answered, error::NO_ERROR, self.msg.as_bytes()),
+        };
+        self.out.push(f);
+        self.closing = true;
+    }
+
+    /// Answers `calls` UNAVAILABLE, in order, until the runtime is back
+    /// (the rest unprocessed: the client retries them on a new
+    /// connection), or, when refusing, after the first.
+    async fn answer(&mut self, calls: Vec<(u32, String)>) {
+        for (stream, path) in calls {
+            if self.mode == Mode::RuntimeDown && runtime_up(&self.proxy).await {
+                self.close();
+                break;
+            }
+            let code = tonic::Code::Unavailable as i32;
+            self.out.push(headers::trailers_only(
+                stream,
+                code,
+                &self.msg,
+                frame::DEFAULT_MAX_FRAME,
+            ));
+            self.proxy
+                .record(methods::lookup(&path), code, Instant::now());
+            self.answered = stream;
+            if self.mode == Mode::Refuse {
+                self.close();
+                break;
+            }
+        }
+    }
+}
+
 async fn respond(
     mut client: UnixStream,
     proxy: Proxy,
@@ -197,30 +249,31 @@ async fn respond(
     mut drain: watch::Receiver<bool>,
 ) {
     let (mut r, mut w) = client.split();
-    let mut out = Out::default();
-    out.push(frame::build(kind::SETTINGS, 0, 0, &[]));
+    let mut a = Answers {
+        proxy,
+        msg,
+        mode,
+        out: Out::default(),
+        answered: 0,
+        closing: false,
+    };
+    a.out.push(frame::build(kind::SETTINGS, 0, 0, &[]));
     let mut state = Client::new();
-    let mut answered = 0u32;
     let mut input = BytesMut::with_capacity(16 << 10);
     let mut probe = tokio::time::interval(PROBE);
     let give_up = tokio::time::sleep(REFUSE_WAIT);
     tokio::pin!(give_up);
-    let goaway = |last: u32| match mode {
-        Mode::RuntimeDown => frame::goaway(last, error::NO_ERROR),
-        Mode::Refuse => frame::goaway_with(last, error::NO_ERROR, msg.as_bytes()),
-    };
-    let mut closing = *drain.borrow_and_update();
-    if closing {
-        out.push(goaway(0));
+    if *drain.borrow_and_update() {
+        a.close();
     }
     let flushed = tokio::time::sleep(Duration::MAX);
     tokio::pin!(flushed);
     let mut flush_armed = false;
     loop {
-        if closing && out.is_empty() {
+        if a.closing && a.out.is_empty() {
             return;
         }
-        if closing && !flush_armed {
+        if a.closing && !flush_armed {
             flush_armed = true;
             flushed
                 .as_mut()
@@ -228,50 +281,27 @@ async fn respond(
         }
         tokio::select! {
             biased;
-            read = r.read_buf(&mut input), if !closing && out.len() < HIGH_WATER => {
+            read = r.read_buf(&mut input), if !a.closing && a.out.len() < HIGH_WATER => {
                 if !matches!(read, Ok(n) if n > 0) {
                     return;
                 }
-                let parsed = state.parse(&mut input, &mut out);
-                for (stream, path) in parsed.calls {
-                    if mode == Mode::RuntimeDown && runtime_up(&proxy).await {
-                        // Unprocessed: the client retries it on a new connection.
-                        out.push(goaway(answered));
-                        closing = true;
-                        break;
-                    }
-                    let code = tonic::Code::Unavailable as i32;
-                    out.push(headers::trailers_only(stream, code, &msg, frame::DEFAULT_MAX_FRAME));
-                    proxy.record(methods::lookup(&path), code, Instant::now());
-                    answered = stream;
-                    if mode == Mode::Refuse {
-                        out.push(goaway(answered));
-                        closing = true;
-                        break;
-                    }
-                }
-                closing |= parsed.end;
+                let parsed = state.parse(&mut input, &mut a.out);
+                a.answer(parsed.calls).await;
+                a.closing |= parsed.end;
             }
-            written = write_some(&mut w, &mut out), if !out.is_empty() => {
+            written = write_some(&mut w, &mut a.out), if !a.out.is_empty() => {
                 if written.is_err() {
                     return;
                 }
             }
             () = &mut flushed, if flush_armed => return,
-            _ = probe.tick(), if !closing && mode == Mode::RuntimeDown => {
-                if runtime_up(&proxy).await {
-                    out.push(goaway(answered));
-                    closing = true;
+            _ = probe.tick(), if !a.closing && a.mode == Mode::RuntimeDown => {
+                if runtime_up(&a.proxy).await {
+                    a.close();
                 }
             }
-            () = &mut give_up, if !closing && mode == Mode::Refuse => {
-                out.push(goaway(answered));
-                closing = true;
-            }
-            _ = drain.changed(), if !closing => {
-                out.push(goaway(answered));
-                closing = true;
-            }
+            () = &mut give_up, if !a.closing && a.mode == Mode::Refuse => a.close(),
+            _ = drain.changed(), if !a.closing => a.close(),
         }
     }
 }

@@ -26,13 +26,14 @@ struct Harness {
     server_enc: loona_hpack::Encoder<'static>,
 }
 
-fn pod() -> crate::kubelet::PodSpec {
-    let mut pod =
-        crate::kubelet::PodSpec::new("p", "uid-1").container(crate::kubelet::ContainerSpec {
+fn pod() -> crate::test_support::kubelet::PodSpec {
+    let mut pod = crate::test_support::kubelet::PodSpec::new("p", "uid-1").container(
+        crate::test_support::kubelet::ContainerSpec {
             name: "app".into(),
             image: "busybox".into(),
             ..Default::default()
-        });
+        },
+    );
     pod.cgroup_root = "/kubepods".into();
     pod
 }

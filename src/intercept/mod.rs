@@ -320,12 +320,13 @@ mod tests {
     }
 
     fn create_request(cgroup_parent: &str) -> Vec<u8> {
-        let pod =
-            crate::kubelet::PodSpec::new("p", "uid-1").container(crate::kubelet::ContainerSpec {
+        let pod = crate::test_support::kubelet::PodSpec::new("p", "uid-1").container(
+            crate::test_support::kubelet::ContainerSpec {
                 name: "app".into(),
                 image: "busybox".into(),
                 ..Default::default()
-            });
+            },
+        );
         let mut sandbox = pod.sandbox_config();
         sandbox.linux.get_or_insert_default().cgroup_parent = cgroup_parent.into();
         cri::CreateContainerRequest {
@@ -354,7 +355,7 @@ mod tests {
 
     #[test]
     fn a_dry_run_refuses_no_pod_for_a_condition_but_still_an_evicted_one() {
-        let pod = crate::kubelet::PodSpec::new("p", "uid-1");
+        let pod = crate::test_support::kubelet::PodSpec::new("p", "uid-1");
         let mut sandbox = pod.sandbox_config();
         sandbox.linux.get_or_insert_default().cgroup_parent =
             "/kubepods/besteffort/poduid-1".into();

@@ -33,7 +33,7 @@ use crate::quantity::format_bytes;
 pub use crate::reclaim::image_uses::ImageUses;
 use crate::runtime::Upstream;
 use crate::runtime::{CALL_DEADLINE, bounded};
-use crate::signals::probe;
+use crate::signals::probe::{self, FsStats};
 
 /// Why an image was removed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -152,8 +152,11 @@ impl ImageGc {
         self.collect(Some(bytes)).await
     }
 
+    /// A collection: the age pass (periodic rounds only), then the space
+    /// pass when space is wanted, then the measurement and the record.
     async fn collect(&self, demand: Option<u64>) -> ImageGcReport {
         let inner = &self.inner;
+        // Held to the end: collections never overlap.
         let mut times = inner.times.lock().await;
         let mut report = ImageGcReport::default();
         let now = crate::clock::now_ms() as i64;
@@ -168,21 +171,12 @@ impl ImageGc {
         self.save(&times);
         let mut gone = Vec::new();
         if demand.is_none() {
-            for img in too_old(&records, now, &inner.policy) {
-                if self.remove(img, Reason::Age).await {
-                    gone.push(img.id.clone());
-                    report.removed.push(removed(img, Reason::Age));
-                }
-            }
+            self.remove_too_old(&records, now, &mut gone, &mut report)
+                .await;
         }
         // Measured after the age pass, which may have freed enough.
         let start = probe::statvfs(&inner.imagefs).await.ok();
-        let wanted = match (demand, start) {
-            (Some(b), _) => Some(b),
-            (None, Some(fs)) => bytes_to_free(&inner.policy, fs.capacity, fs.available),
-            (None, None) => None,
-        };
-        if let Some(wanted) = wanted {
+        if let Some(wanted) = bytes_wanted(demand, start, &inner.policy) {
             report.wanted = wanted;
             if let (None, Some(fs)) = (demand, start) {
                 tracing::info!(
@@ -193,40 +187,80 @@ impl ImageGc {
                     "image GC: imagefs usage is at or above the high threshold; freeing down to the low threshold"
                 );
             }
-            // Measured when statvfs works, else the runtime's sizes.
-            let mut by_size = 0u64;
-            let imagefs = inner.imagefs.clone();
-            let freed = |by_size: u64| {
-                let imagefs = imagefs.clone();
-                async move {
-                    match start {
-                        Some(_) => measured(&imagefs, start).await,
-                        None => by_size,
-                    }
-                }
-            };
-            for img in candidates(&records, now, inner.policy.min_age) {
-                if freed(by_size).await >= wanted {
-                    break;
-                }
-                if gone.contains(&img.id) {
-                    continue;
-                }
-                if self.remove(img, Reason::Space).await {
-                    by_size += img.size;
-                    gone.push(img.id.clone());
-                    report.removed.push(removed(img, Reason::Space));
-                }
-            }
-            let got = freed(by_size).await;
-            if got < wanted {
-                tracing::warn!(
-                    wanted,
-                    freed = got,
-                    "image GC: could not free the required amount: no other unused image is old enough"
-                );
+            self.remove_for_space(&records, now, wanted, start, &mut gone, &mut report)
+                .await;
+        }
+        self.record(&mut report, before).await;
+        report
+    }
+
+    /// The age pass: removes the images unused beyond the maximum age.
+    async fn remove_too_old(
+        &self,
+        records: &[ImageRecord],
+        now: i64,
+        gone: &mut Vec<String>,
+        report: &mut ImageGcReport,
+    ) {
+        for img in too_old(records, now, &self.inner.policy) {
+            if self.remove(img, Reason::Age).await {
+                gone.push(img.id.clone());
+                report.removed.push(removed(img, Reason::Age));
             }
         }
+    }
+
+    /// The space pass: removes unused images, least recently used first
+    /// (minimum age honoured), until `wanted` bytes are freed, measured
+    /// from `start` when statvfs works, else by the runtime's sizes.
+    async fn remove_for_space(
+        &self,
+        records: &[ImageRecord],
+        now: i64,
+        wanted: u64,
+        start: Option<FsStats>,
+        gone: &mut Vec<String>,
+        report: &mut ImageGcReport,
+    ) {
+        let inner = &self.inner;
+        let mut by_size = 0u64;
+        let imagefs = inner.imagefs.clone();
+        let freed = |by_size: u64| {
+            let imagefs = imagefs.clone();
+            async move {
+                match start {
+                    Some(_) => measured(&imagefs, start).await,
+                    None => by_size,
+                }
+            }
+        };
+        for img in candidates(records, now, inner.policy.min_age) {
+            if freed(by_size).await >= wanted {
+                break;
+            }
+            if gone.contains(&img.id) {
+                continue;
+            }
+            if self.remove(img, Reason::Space).await {
+                by_size += img.size;
+                gone.push(img.id.clone());
+                report.removed.push(removed(img, Reason::Space));
+            }
+        }
+        let got = freed(by_size).await;
+        if got < wanted {
+            tracing::warn!(
+                wanted,
+                freed = got,
+                "image GC: could not free the required amount: no other unused image is old enough"
+            );
+        }
+    }
+
+    /// Measures what the collection freed since `before` (else sums the
+    /// runtime's sizes), counts it and logs it.
+    async fn record(&self, report: &mut ImageGcReport, before: Option<FsStats>) {
+        let inner = &self.inner;
         report.freed = match before {
             Some(_) => measured(&inner.imagefs, before).await,
             None => report.removed.iter().map(|r| r.size).sum(),
@@ -242,7 +276,6 @@ impl ImageGc {
                 format_bytes(report.freed)
             );
         }
-        report
     }
 
     /// Lists images and what uses them, and updates their times.
@@ -348,6 +381,21 @@ impl ImageGc {
     }
 }
 
+/// The bytes a collection sets out to free: all that reclaim asked for
+/// (`demand`), else, for a periodic round, what brings imagefs (`start`)
+/// from at or above the high threshold down to the low one.
+fn bytes_wanted(
+    demand: Option<u64>,
+    start: Option<FsStats>,
+    policy: &ImageGcPolicy,
+) -> Option<u64> {
+    match (demand, start) {
+        (Some(b), _) => Some(b),
+        (None, Some(fs)) => bytes_to_free(policy, fs.capacity, fs.available),
+        (None, None) => None,
+    }
+}
+
 fn removed(img: &ImageRecord, reason: Reason) -> Removed {
     Removed {
         id: img.id.clone(),
@@ -358,7 +406,7 @@ fn removed(img: &ImageRecord, reason: Reason) -> Removed {
 }
 
 /// Bytes freed on the filesystem at `path` since `before` (0 if unknown).
-async fn measured(path: &Path, before: Option<crate::signals::node::FsStats>) -> u64 {
+async fn measured(path: &Path, before: Option<FsStats>) -> u64 {
     match (before, probe::statvfs(path).await) {
         (Some(b), Ok(now)) => now.available.saturating_sub(b.available),
         _ => 0,
@@ -415,6 +463,26 @@ fn save_times(path: &Path, times: &ImageTimes) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reclaim_wants_what_it_asked_and_a_round_what_the_thresholds_say() {
+        let policy = ImageGcPolicy {
+            high_percent: 85,
+            low_percent: 80,
+            ..Default::default()
+        };
+        let fs = |available| FsStats {
+            available,
+            capacity: 1000,
+            inodes_free: 0,
+            inodes: 0,
+        };
+        assert_eq!(bytes_wanted(Some(7), Some(fs(900)), &policy), Some(7));
+        assert_eq!(bytes_wanted(Some(7), None, &policy), Some(7));
+        assert_eq!(bytes_wanted(None, None, &policy), None);
+        assert_eq!(bytes_wanted(None, Some(fs(900)), &policy), None);
+        assert_eq!(bytes_wanted(None, Some(fs(100)), &policy), Some(100));
+    }
 
     #[test]
     fn the_sandbox_image_is_read_from_16s_status_and_absent_from_2s() {

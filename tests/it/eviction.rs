@@ -10,9 +10,9 @@ use std::time::Duration;
 use common::containerd::CriguardProcess;
 use common::pods::{hog, run_pod, sleeper};
 use common::pressure::Pressure;
-use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::model::SandboxState;
 use criguard::policy::thresholds::Condition;
+use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 const MI: i64 = 1 << 20;

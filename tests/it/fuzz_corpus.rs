@@ -25,13 +25,14 @@ fn grpc(msg: &[u8]) -> Vec<u8> {
     v
 }
 
-fn pod() -> criguard::kubelet::PodSpec {
-    let mut pod =
-        criguard::kubelet::PodSpec::new("p", "uid-1").container(criguard::kubelet::ContainerSpec {
+fn pod() -> criguard::test_support::kubelet::PodSpec {
+    let mut pod = criguard::test_support::kubelet::PodSpec::new("p", "uid-1").container(
+        criguard::test_support::kubelet::ContainerSpec {
             name: "app".into(),
             image: "busybox".into(),
             ..Default::default()
-        });
+        },
+    );
     pod.cgroup_root = "/kubepods".into();
     pod
 }

@@ -42,7 +42,7 @@ use common::apiserver::{ApiServer, json_patch, strategic_merge};
 use common::kubeapi::{ControlPlane, Kube, Request, Tenant};
 use common::metrics::{free_port, parse, scrape, value};
 use common::pressure::Pressure;
-use criguard::kubelet::PodSpec;
+use criguard::test_support::kubelet::PodSpec;
 use serde_json::{Value, json};
 
 /// The real API's control plane and a private containerd with a 320 MiB

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
 use common::pods::{CgroupRoot, mem_total, proc_oom_score_adj, remove_pods, run_pod, sleeper};
-use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::model::{ContainerState, Pod, QosClass, SandboxState};
+use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 fn by_name(pods: &[Pod]) -> HashMap<String, Pod> {

@@ -14,10 +14,10 @@ use common::metrics::{free_port, parse, scrape, scraped, value};
 use common::pods::{
     CgroupRoot, grow, hog, init_pid, mem_total, oom_score_adj_of, run_pod, sleeper, wait_holding,
 };
-use criguard::kubelet::{ContainerSpec, PodSpec};
 use criguard::model::QosClass;
 use criguard::policy::oom::badness;
 use criguard::reclaim::oom_kills::OomKill;
+use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 const MI: i64 = 1 << 20;

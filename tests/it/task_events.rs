@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use common::containerd::{Clients, PrivateContainerd, unique};
 use common::pods::{CgroupRoot, init_pid, mem_total, remove_pods, run_pod, sleeper};
-use criguard::kubelet::PodSpec;
 use criguard::model::{ContainerState, NodeModel, SandboxState};
 use criguard::runtime::events::TOPIC_EXIT;
 use criguard::runtime::sync;
 use criguard::runtime::track::TaskEvents;
 use criguard::runtime::track::{TaskEventMetrics, TopicLabels};
 use criguard::runtime::{RuntimeEndpoint, Upstream};
+use criguard::test_support::kubelet::PodSpec;
 use k8s_cri::v1 as cri;
 
 fn exits_seen(m: &TaskEventMetrics) -> u64 {

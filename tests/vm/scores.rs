@@ -13,8 +13,8 @@ use std::time::Duration;
 use crate::common::containerd::{Clients, CriguardProcess};
 use crate::common::pods::{grow, hog, init_pid, oom_score_adj_of, sleeper, wait_holding};
 use crate::guest::{self, CONTAINERD, Slice, pod};
-use criguard::kubelet::ContainerSpec;
 use criguard::policy::oom::badness;
+use criguard::test_support::kubelet::ContainerSpec;
 use k8s_cri::v1 as cri;
 
 const MI: i64 = 1 << 20;

@@ -204,16 +204,7 @@ impl OomAdjuster {
     /// Ranks on fresh working sets and writes what differs; returns the
     /// scores written.
     fn decide(&mut self, check: &Check, at: Instant) -> HashMap<String, i64> {
-        let total = check.total;
-        let usage = |id: &str| check.usage.get(id).copied().flatten();
-        let mut working_sets = HashMap::new();
-        for p in &self.view.pods {
-            let ws = p.cgroup.as_deref().and_then(|cg| {
-                let u = usage(&p.pod.sandbox_id)?;
-                self.cgroups.working_set_from(cg, u as u64).ok()
-            });
-            working_sets.insert(p.pod.sandbox_id.as_str(), ws.map(|w| w as i64));
-        }
+        let working_sets = self.working_sets(check);
         let inputs: Vec<_> = self
             .view
             .pods
@@ -224,7 +215,59 @@ impl OomAdjuster {
         if !self.write {
             return HashMap::new();
         }
-        let first = self.first_victim.as_deref();
+        let first = self.first_victim.clone();
+        let (containers, cgroup_of) =
+            self.running_containers(first.as_deref(), &working_sets, check.total);
+        let verify = verify_due(self.verified_at, at);
+        if verify {
+            self.verified_at = Some(at);
+        }
+        let writes = plan_writes(
+            first.as_deref(),
+            &containers,
+            check.total,
+            &self.known,
+            verify,
+        );
+        let mut written = HashMap::new();
+        for w in writes {
+            let c = containers.iter().find(|c| c.id == w.id);
+            let (Some(c), Some(cgroup)) = (c, cgroup_of.get(&w.id)) else {
+                continue;
+            };
+            if let Some(score) = self.apply(c, cgroup, &w) {
+                written.insert(w.id.clone(), score);
+            }
+        }
+        self.forget_gone();
+        written
+    }
+
+    /// Each running pod's working set, by sandbox id, from the usage the
+    /// check read (`None`: not readable).
+    fn working_sets(&self, check: &Check) -> HashMap<String, Option<i64>> {
+        let usage = |id: &str| check.usage.get(id).copied().flatten();
+        let mut working_sets = HashMap::new();
+        for p in &self.view.pods {
+            let ws = p.cgroup.as_deref().and_then(|cg| {
+                let u = usage(&p.pod.sandbox_id)?;
+                self.cgroups.working_set_from(cg, u as u64).ok()
+            });
+            working_sets.insert(p.pod.sandbox_id.clone(), ws.map(|w| w as i64));
+        }
+        working_sets
+    }
+
+    /// The running containers as the score policy sees them, and their
+    /// cgroups by container id. A container's working set is read only
+    /// when its score may depend on it: not for the first victim's, nor
+    /// for one whose whole pod needs no bound; one not readable is left out.
+    fn running_containers(
+        &self,
+        first: Option<&str>,
+        working_sets: &HashMap<String, Option<i64>>,
+        total: i64,
+    ) -> (Vec<ContainerMemory>, HashMap<String, String>) {
         let mut containers = Vec::new();
         let mut cgroup_of = HashMap::new();
         for p in &self.view.pods {
@@ -235,8 +278,6 @@ impl OomAdjuster {
                 .values()
                 .filter(|c| c.state == ContainerState::Running && !c.cgroup_path.is_empty());
             for c in running {
-                // The first victim's score does not depend on its usage,
-                // and a container whose whole pod needs no bound needs none.
                 let usage = if first == Some(id)
                     || !may_need_bound(c.oom_score_adj, working_sets[id], total)
                 {
@@ -259,23 +300,11 @@ impl OomAdjuster {
                 });
             }
         }
-        let verify = self
-            .verified_at
-            .is_none_or(|t| at.saturating_duration_since(t) >= VERIFY);
-        if verify {
-            self.verified_at = Some(at);
-        }
-        let writes = plan_writes(first, &containers, total, &self.known, verify);
-        let mut written = HashMap::new();
-        for w in writes {
-            let c = containers.iter().find(|c| c.id == w.id);
-            let (Some(c), Some(cgroup)) = (c, cgroup_of.get(&w.id)) else {
-                continue;
-            };
-            if let Some(score) = self.apply(c, cgroup, &w) {
-                written.insert(w.id.clone(), score);
-            }
-        }
+        (containers, cgroup_of)
+    }
+
+    /// Forgets what is known of containers no longer in the view.
+    fn forget_gone(&mut self) {
         let live: BTreeSet<&str> = self
             .view
             .pods
@@ -284,7 +313,6 @@ impl OomAdjuster {
             .collect();
         self.known.retain(|id, _| live.contains(id.as_str()));
         self.failed.retain(|(id, _)| live.contains(id.as_str()));
-        written
     }
 
     /// Writes `w` to the processes of container `c` at `cgroup`, records
@@ -371,6 +399,12 @@ struct Outcome {
     from: BTreeSet<i64>,
     /// A write failed for a reason other than the process having exited.
     failed: bool,
+}
+
+/// Whether a round checks every score again, not only those it expects
+/// to change: at the first, then every [`VERIFY`].
+fn verify_due(verified_at: Option<Instant>, at: Instant) -> bool {
+    verified_at.is_none_or(|t| at.saturating_duration_since(t) >= VERIFY)
 }
 
 #[cfg(test)]

@@ -200,3 +200,16 @@ fn ranking_only_still_records_and_writes_nothing() {
     assert_eq!(a.round().decided, None);
     assert_eq!(ranks.lock().unwrap().first_at(u64::MAX), Some("be"));
 }
+
+#[test]
+fn every_score_is_verified_at_the_first_round_then_every_verify_period() {
+    let t0 = Instant::now();
+    assert!(verify_due(None, t0));
+    assert!(!verify_due(
+        Some(t0),
+        t0 + VERIFY - Duration::from_millis(1)
+    ));
+    assert!(verify_due(Some(t0), t0 + VERIFY));
+    // A clock read before the last verification is no reason to verify.
+    assert!(!verify_due(Some(t0 + VERIFY), t0));
+}
