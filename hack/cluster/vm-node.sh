@@ -4,7 +4,9 @@
 # `hack/cluster.sh up DIR` started on this host. In the guest everything is a
 # systemd unit (hack/vm/cluster-node.sh): containerd 2 from the stack cache
 # with the systemd cgroup driver, criguard installed by hack/install.sh, and
-# the kubelet dialling criguard's socket. The guest reaches the API server
+# the kubelet dialling criguard's socket (or, with
+# CRIGUARD_VMNODE_KUBELET_RUNTIME=containerd, containerd's: a node that
+# `criguard adopt` has yet to adopt). The guest reaches the API server
 # only through QEMU's user network with restrict=on: 10.0.2.100:6443 in the
 # guest is relayed to the API server's loopback port here (guestfwd), so no
 # packet leaves QEMU and nothing outside reaches the guest.
@@ -35,6 +37,8 @@
 #   CRIGUARD_VMNODE_EVICTION=250Mi         criguard's allocatableMemory.available
 #   CRIGUARD_VMNODE_KUBELET_EVICTION=100Mi the kubelet's memory.available
 #   CRIGUARD_VMNODE_TRANSITION=30s         evictionPressureTransitionPeriod (both)
+#   CRIGUARD_VMNODE_KUBELET_RUNTIME=criguard  the socket the kubelet's config
+#                                          names: criguard's, or containerd's
 #   CRIGUARD_VMNODE_TIMEOUT=900            seconds `up` waits for the node Ready
 #   CRIGUARD_VMNODE_LIFETIME=3600          seconds the VM serves at most
 #   CRIGUARD_BIN                           criguard (default target/debug/criguard)
@@ -83,7 +87,7 @@ guest_cluster() {
 }
 
 do_up() {
-    local api_port token cluster containerd_bin k8s_bin criguard t0 t_ready t_node pid
+    local api_port token cluster containerd_bin k8s_bin criguard endpoint t0 t_ready t_node pid
     [[ "$(id -u)" -eq 0 ]] || die "run as root (hack/vm.sh builds its image as root)"
     [[ -r "$DIR/cluster.env" && -x "$DIR/kubectl" ]] || die "no cluster in $DIR (hack/cluster.sh up $DIR first)"
     api_port="$(sed -n 's|^API_SERVER=https://127\.0\.0\.1:\([0-9]*\)$|\1|p' "$DIR/cluster.env")"
@@ -93,6 +97,11 @@ do_up() {
     k8s_bin="$("$REPO_ROOT/hack/k8s/build.sh" --path kubernetes | tail -n1)"
     criguard="$(readlink -f "${CRIGUARD_BIN:-$REPO_ROOT/target/debug/criguard}")"
     [[ -x "$criguard" ]] || die "no criguard binary at $criguard (cargo build --bin criguard)"
+    case "${CRIGUARD_VMNODE_KUBELET_RUNTIME:-criguard}" in
+        criguard) endpoint=unix:///run/criguard/criguard.sock ;;
+        containerd) endpoint=unix:///run/containerd/containerd.sock ;;
+        *) die "CRIGUARD_VMNODE_KUBELET_RUNTIME must be criguard or containerd, got '$CRIGUARD_VMNODE_KUBELET_RUNTIME'" ;;
+    esac
     t0="$(now_ms)"
 
     rm -rf --one-file-system "$V"
@@ -119,6 +128,7 @@ PODS_MEMORY=${CRIGUARD_VMNODE_PODS_MEMORY:-512Mi}
 CRIGUARD_EVICTION=${CRIGUARD_VMNODE_EVICTION:-250Mi}
 KUBELET_EVICTION=${CRIGUARD_VMNODE_KUBELET_EVICTION:-100Mi}
 TRANSITION=${CRIGUARD_VMNODE_TRANSITION:-30s}
+KUBELET_RUNTIME_ENDPOINT=$endpoint
 LIFETIME=$LIFETIME
 EOF
 

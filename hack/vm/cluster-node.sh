@@ -4,9 +4,10 @@
 # a systemd unit: containerd 2 from the stack cache (config version 3, the
 # systemd cgroup driver, Debian's runc, a loopback-only CNI config), criguard
 # in front of it (hack/install.sh: systemd/criguard.{socket,service}) and
-# the kubelet (hack/vm/kubelet.service) dialling criguard's socket, its API
-# server reached at 10.0.2.100:6443 through QEMU's guestfwd. Then serve the
-# host's requests until it says done.
+# the kubelet (hack/vm/kubelet.service) dialling criguard's socket (or
+# containerd's, KUBELET_RUNTIME_ENDPOINT: a node before `criguard adopt`),
+# its API server reached at 10.0.2.100:6443 through QEMU's guestfwd. Then
+# serve the host's requests until it says done.
 #
 # Usage: cluster-node.sh   (environment: CRIGUARD_VMNODE_DIR, a read-write
 # share written by vm-node.sh)
@@ -15,7 +16,10 @@
 #   node.env                 settings (read): NODE_NAME, CONTAINERD_BIN,
 #                            K8S_BIN, CRIGUARD_BIN, PODS_MEMORY,
 #                            CRIGUARD_EVICTION, KUBELET_EVICTION, TRANSITION,
-#                            LIFETIME (seconds this script serves at most)
+#                            LIFETIME (seconds this script serves at most),
+#                            KUBELET_RUNTIME_ENDPOINT (the kubelet's
+#                            containerRuntimeEndpoint; criguard's socket
+#                            when unset)
 #   ca.crt kubelet.kubeconfig criguard.kubeconfig    (read)
 #   guest.log                what this script did (written)
 #   times                    "MILESTONE UPTIME_S" lines (written)
@@ -182,7 +186,7 @@ authentication:
   webhook: {enabled: true}
   x509: {clientCAFile: /etc/kubernetes/ca.crt}
 authorization: {mode: Webhook}
-containerRuntimeEndpoint: unix:///run/criguard/criguard.sock
+containerRuntimeEndpoint: ${KUBELET_RUNTIME_ENDPOINT:-unix:///run/criguard/criguard.sock}
 cgroupDriver: systemd
 cgroupsPerQOS: true
 enforceNodeAllocatable: [pods]

@@ -51,8 +51,8 @@
 //!   and `criguard evictions` still lists the eviction;
 //! - `criguard adopt --undo`: the kubelet's config file as it was, byte for
 //!   byte, no backup left, the kubelet restarted on containerd's socket
-//!   (no further call through criguard), the node Ready again and every
-//!   running pod with the same containers.
+//!   (no further call through criguard), the node Ready again and the
+//!   test's running pods with the same containers.
 //!
 //! It prints the VM's start to node Ready, the pod's start latency and the
 //! whole test's time. Everything is stopped whatever happens (the VM first,
@@ -402,10 +402,22 @@ fn adopt(c: &Cluster, vm: &VmNode, pod: &Value) -> String {
 /// `criguard adopt --undo` at the end: the kubelet's config file is
 /// `original` again, no backup left, the kubelet restarted on containerd's
 /// socket (no further call of its through criguard), the node Ready again
-/// and every running pod with the same containers.
+/// and the test's running pods (not the hog's) with the same containers.
 fn undo(c: &Cluster, vm: &VmNode, original: &str) {
     let before = vm.adoption_state();
-    let pods = containers(c);
+    // The test's own pods (the hog's Deployment still replaces its pods
+    // after the eviction: those come and go).
+    let ours = |c: &Cluster| {
+        let mut pods = containers(c);
+        pods.retain(|name, _| !name.starts_with("hog-"));
+        pods
+    };
+    let pods = ours(c);
+    assert_eq!(
+        pods.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["before-adoption", "guaranteed", "sleeper"],
+        "the pods running before the undo"
+    );
     let since_s = guest_ms(vm) / 1000;
     let t = Instant::now();
     let out = vm.guest("criguard adopt --undo");
@@ -434,7 +446,7 @@ fn undo(c: &Cluster, vm: &VmNode, original: &str) {
     // From here the kubelet's PLEG lists every second, on containerd.
     let listed = relayed(&vm.metrics(), "ListPodSandbox");
     let ready = ready_posted_since(c, since_s, "the node Ready from the kubelet on containerd");
-    let now = containers(c);
+    let now = ours(c);
     assert_eq!(now, pods, "the running pods' containers across the undo");
     let listed_after = relayed(&vm.metrics(), "ListPodSandbox");
     assert_eq!(
@@ -949,15 +961,27 @@ fn restarts_under_churn(
         &after == before,
         format!("the running pods' containers: before {before:?}, now {after:?}"),
     );
+    // Since the node went Ready last: the adoption's kubelet restart may
+    // have reported it NotReady before.
     let not_ready = c.json(&[
         "get",
         "events",
         "-A",
         &format!("--field-selector=involvedObject.name={NODE},reason=NodeNotReady"),
     ]);
+    let since_ready: Vec<&Value> = not_ready["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e["lastTimestamp"]
+                .as_str()
+                .is_none_or(|t| rfc3339_s(t) > rfc3339_s(ready))
+        })
+        .collect();
     check(
-        not_ready["items"].as_array().map_or(0, Vec::len) == 0,
-        format!("NodeNotReady events: {not_ready:#}"),
+        since_ready.is_empty(),
+        format!("NodeNotReady events since {ready}: {since_ready:#?}"),
     );
     // containerd's own answers (NotFound, Unknown "already in removing
     // state": the kubelet's races with itself) come in either window. A
