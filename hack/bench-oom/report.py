@@ -40,11 +40,13 @@ def main():
     physical = meta["physical_mib_s"]
     rows = list(csv.DictReader(open(f"{out}/runs.csv")))
     contenders = list(dict.fromkeys(r["contender"] for r in rows))
+    vm = meta.get("tier") == "vm"
     rates = list(dict.fromkeys(int(r["rate"]) for r in rows))
     lines = [
         f"| rate MiB/s | contender | runs | wins | right victim | crossing → act p50 / p99 ms "
-        f"| crossing → freed p50 / p99 ms | kernel OOM kills | collateral | lowest available MiB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| crossing → freed p50 / p99 ms | kernel OOM kills | collateral | lowest available MiB |"
+        + (" PSI full avg10 peak % |" if vm else ""),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if vm else ""),
     ]
     series = {}
     for rate in rates:
@@ -62,11 +64,17 @@ def main():
             coll = sum(int(r["collateral"]) for r in rs)
             low = [float(r["lowest_avail_mib"]) for r in rs]
             win = "—" if c == "kernel" else f"{wins}/{n}"
+            # Acted before memory.available crossed (earlyoom reads another
+            # figure): no crossing → act or → freed for these runs.
+            pre = sum(1 for r in rs if r["crossed"] == "False" and r["actor"] not in ("none", "kernel"))
+            if pre and c != "kernel":
+                win += f" ({pre} before the crossing)"
             lines.append(
                 f"| {rate_name(rate, physical)} | {c} | {n} | {win} | {right}/{n} "
                 f"| {fmt(pct(act, .5))} / {fmt(pct(act, .99))} "
                 f"| {fmt(pct(freed, .5))} / {fmt(pct(freed, .99))} | {kills} | {coll} "
-                f"| {fmt(min(low))} |")
+                f"| {fmt(min(low))} |"
+                + (f" {fmt(max(float(r['psi_full_peak']) for r in rs))} |" if vm else ""))
             series.setdefault(c, []).append((rate or physical, pct(freed, .5), pct(freed, .99),
                                              min(low), sum(low) / n))
     if meta.get("tier") == "vm":
