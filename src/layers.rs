@@ -17,18 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Arrows the tree still has against the table: (from, to, why).
-const KNOWN: &[(&str, &str, &str)] = &[
-    (
-        "cri",
-        "intercept",
-        "the relay's tests and fuzz harness drive it with the real observer",
-    ),
-    (
-        "cri",
-        "eviction",
-        "the relay's tests and fuzz harness give the real observer a node status",
-    ),
-];
+const KNOWN: &[(&str, &str, &str)] = &[];
 
 /// Circles between files of one module the tree still has: (the files,
 /// as `module/file`, sorted; why).

@@ -2,4 +2,6 @@
 //! (format: `criguard::cri::fuzz`).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|script: &[u8]| criguard::cri::fuzz::relay(script));
+libfuzzer_sys::fuzz_target!(|script: &[u8]| {
+    criguard::cri::fuzz::relay(criguard::intercept::fuzz_observer(), script)
+});

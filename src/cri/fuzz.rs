@@ -7,34 +7,26 @@
 //! `0` bytes from the client, `1` bytes from the runtime, `2` the node
 //! model becomes ready, `3` a drain starts, `4` the answer deadline
 //! passes. The client's preface is sent before the script runs, so the
-//! fuzzer spends its time on frames.
-
-use std::sync::{Arc, RwLock};
+//! fuzzer spends its time on frames. The caller gives the observer (the
+//! fuzz targets and the corpus replay give criguard's own,
+//! `criguard::intercept::fuzz_observer`), so the relay's code knows no pods.
 
 use bytes::BytesMut;
 use tokio::sync::watch;
 
 use super::conn::{Conn, Io};
 use super::frame;
+use super::observe::Observe;
 use super::proxy::Proxy;
-use crate::eviction::NodeStatus;
-use crate::intercept::Observer;
-use crate::model::NodeModel;
-use crate::policy::thresholds::Condition;
 use crate::runtime::RuntimeEndpoint;
 
 /// Bytes criguard may queue beyond what the peers sent it: its own
 /// frames (credit, answers, resets) are small and few per input byte.
 const OWN_FRAMES_PER_INPUT_BYTE: usize = 64;
 
-/// Runs one script through a fresh connection (see the module docs).
-pub fn relay(script: &[u8]) {
-    let status = NodeStatus {
-        conditions: [Condition::MemoryPressure].into(),
-        ..Default::default()
-    };
-    let observer = Observer::new(Arc::new(RwLock::new(NodeModel::new(8 << 30))))
-        .with_admission(Arc::new(RwLock::new(status)), Default::default());
+/// Runs one script through a fresh connection watched by `observer` (see
+/// the module docs).
+pub fn relay(observer: impl Observe, script: &[u8]) {
     let (ready_tx, ready_rx) = watch::channel(false);
     let proxy = Proxy::to(RuntimeEndpoint::parse("/fuzz.sock").expect("a valid path"))
         .with_observer(observer)

@@ -1,6 +1,8 @@
 //! Scripted exchanges with one [`Conn`]: exact frames in, exact frames out.
-
-use std::sync::{Arc, RwLock};
+//! The observer is a stand-in ([`Scripted`]) with the two answers the relay
+//! must carry out, a patch and a refusal: the relay knows no pods, and
+//! criguard's own observer is tested in `crate::intercept` and, through the
+//! relay, by the integration tests.
 
 use bytes::{Bytes, BytesMut};
 use k8s_cri::v1 as cri;
@@ -8,16 +10,42 @@ use prost::Message;
 
 use super::conn::{Conn, Io};
 use super::frame::{self, Head, error, flag, kind, setting};
-use super::observe;
+use super::observe::{self, Method, Observe, RequestPlan};
 use super::proxy::Proxy;
-use crate::eviction::NodeStatus;
-use crate::intercept::Observer;
-use crate::model::NodeModel;
-use crate::policy::thresholds::Condition;
 use crate::runtime::RuntimeEndpoint;
 
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
 const RUN: &str = "/runtime.v1.RuntimeService/RunPodSandbox";
+
+/// The bytes [`Scripted`] appends to each CreateContainer: an empty
+/// `config` field (2, length-delimited), which a decoder merges as nothing.
+const PATCH: &[u8] = &[0x12, 0x00];
+
+/// A stand-in observer: it patches every CreateContainer with [`PATCH`]
+/// and, with `refuse`, refuses every RunPodSandbox, as criguard's admission
+/// refuses a pod under node pressure.
+#[derive(Debug)]
+struct Scripted {
+    refuse: bool,
+}
+
+impl Observe for Scripted {
+    fn on_request(&self, method: Method, _msg: &[u8]) -> RequestPlan {
+        match method {
+            Method::CreateContainer => RequestPlan {
+                patch: Some(PATCH.to_vec()),
+                refuse: None,
+            },
+            Method::RunPodSandbox if self.refuse => RequestPlan {
+                patch: None,
+                refuse: Some("the node has pressure".into()),
+            },
+            _ => RequestPlan::default(),
+        }
+    }
+
+    fn on_response(&self, _method: Method, _req: &[u8], _resp: &[u8]) {}
+}
 
 struct Harness {
     conn: Conn,
@@ -92,11 +120,9 @@ fn data_len(fs: &[(Head, Vec<u8>)], stream: u32) -> usize {
 }
 
 impl Harness {
-    fn new(status: Option<NodeStatus>) -> Self {
-        let mut observer = Observer::new(Arc::new(RwLock::new(NodeModel::new(8 << 30))));
-        if let Some(s) = status {
-            observer = observer.with_admission(Arc::new(RwLock::new(s)), Default::default());
-        }
+    /// A connection whose observer refuses RunPodSandbox when `refuse`.
+    fn new(refuse: bool) -> Self {
+        let observer = Scripted { refuse };
         let proxy =
             Proxy::to(RuntimeEndpoint::parse("/nonexistent.sock").unwrap()).with_observer(observer);
         let mut h = Self {
@@ -160,7 +186,7 @@ fn data(stream: u32, payload: &[u8], end: bool) -> Bytes {
 
 #[test]
 fn credit_for_a_held_body_is_returned_exactly_once() {
-    let mut h = Harness::new(None);
+    let mut h = Harness::new(false);
     let body = create_body(1_000);
     let (first, rest) = body.split_at(1_000);
     let req = h.request(1, CREATE);
@@ -196,7 +222,7 @@ fn credit_for_a_held_body_is_returned_exactly_once() {
 
 #[test]
 fn a_patch_waits_for_the_runtime_window() {
-    let mut h = Harness::new(None);
+    let mut h = Harness::new(false);
     // An unobserved call leaves 35 bytes of the runtime's connection window.
     let req = h.request(1, "/runtime.v1.RuntimeService/Version");
     h.client(&req);
@@ -224,11 +250,7 @@ fn a_patch_waits_for_the_runtime_window() {
 
 #[test]
 fn a_refused_call_is_answered_and_the_runtime_copy_reset() {
-    let status = NodeStatus {
-        conditions: [Condition::MemoryPressure].into(),
-        ..Default::default()
-    };
-    let mut h = Harness::new(Some(status));
+    let mut h = Harness::new(true);
     let body = run_body();
     let req = h.request(1, RUN);
     h.client(&req);
@@ -260,11 +282,7 @@ fn a_refused_call_is_answered_and_the_runtime_copy_reset() {
 
 #[test]
 fn criguard_answers_wait_for_the_runtime_block_after_a_table_shrink() {
-    let status = NodeStatus {
-        conditions: [Condition::DiskPressure].into(),
-        ..Default::default()
-    };
-    let mut h = Harness::new(Some(status));
+    let mut h = Harness::new(true);
     let mut shrink = Vec::new();
     shrink.extend_from_slice(&setting::HEADER_TABLE_SIZE.to_be_bytes());
     shrink.extend_from_slice(&0u32.to_be_bytes());
@@ -296,7 +314,7 @@ fn criguard_answers_wait_for_the_runtime_block_after_a_table_shrink() {
 
 #[test]
 fn a_drain_refuses_only_streams_opened_after_goaway() {
-    let mut h = Harness::new(None);
+    let mut h = Harness::new(false);
     let req = h.request(1, "/runtime.v1.RuntimeService/Version");
     h.client(&req);
     h.client(&data(1, b"\0\0\0\0\0", true));
@@ -331,8 +349,8 @@ fn a_drain_refuses_only_streams_opened_after_goaway() {
 
 #[test]
 fn bytes_split_anywhere_relay_the_same() {
-    let mut whole = Harness::new(None);
-    let mut split = Harness::new(None);
+    let mut whole = Harness::new(false);
+    let mut split = Harness::new(false);
     let body = create_body(3_000);
     let mut input = whole.request(1, CREATE).to_vec();
     split.request(1, CREATE);
@@ -352,7 +370,7 @@ fn bytes_split_anywhere_relay_the_same() {
 impl Harness {
     /// A harness whose proxy holds at most `budget` bytes for inspection.
     fn with_budget(budget: usize) -> Self {
-        let mut h = Self::new(None);
+        let mut h = Self::new(false);
         let proxy = h.conn.proxy.clone().with_hold_budget(budget);
         h.conn = Conn::new(proxy);
         let mut hello = BytesMut::from(&frame::PREFACE[..]);
@@ -365,7 +383,7 @@ impl Harness {
 
 #[test]
 fn a_header_block_past_the_header_list_size_ends_the_connection_and_is_not_kept() {
-    let mut h = Harness::new(None);
+    let mut h = Harness::new(false);
     let budget = h.conn.proxy.budget.clone();
     let chunk = vec![0x40u8; 16_384];
     h.client(&frame::build(kind::HEADERS, 0, 1, &chunk));

@@ -237,6 +237,18 @@ impl Observer {
     }
 }
 
+/// An observer over an empty 8 GiB node model whose node is under
+/// MemoryPressure (so BestEffort pods are refused): what the fuzz targets
+/// and the corpus replay test drive the relay with (`cri::fuzz::relay`).
+pub fn fuzz_observer() -> Observer {
+    let status = NodeStatus {
+        conditions: [crate::policy::thresholds::Condition::MemoryPressure].into(),
+        ..Default::default()
+    };
+    Observer::new(Arc::new(RwLock::new(NodeModel::new(8 << 30))))
+        .with_admission(Arc::new(RwLock::new(status)), Default::default())
+}
+
 impl Observe for Observer {
     /// Looks at a request message before it is forwarded.
     fn on_request(&self, method: Method, msg: &[u8]) -> RequestPlan {

@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use criguard::cri::{frame, fuzz};
+use criguard::intercept::fuzz_observer;
 use k8s_cri::v1 as cri;
 use prost::Message;
 
@@ -179,13 +180,13 @@ fn the_relay_survives_every_input_found_so_far() {
         corpus.display()
     );
     for s in &relay_seeds {
-        fuzz::relay(s);
+        fuzz::relay(fuzz_observer(), s);
     }
     for s in &block_seeds {
         fuzz::header_block(s);
     }
     for f in relay_files {
-        fuzz::relay(&std::fs::read(&f).unwrap());
+        fuzz::relay(fuzz_observer(), &std::fs::read(&f).unwrap());
     }
     for f in block_files {
         fuzz::header_block(&std::fs::read(&f).unwrap());
