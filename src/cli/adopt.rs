@@ -2,8 +2,10 @@
 //! runtime endpoint is set either by its `--container-runtime-endpoint`
 //! flag (in a file its unit reads: a systemd drop-in, an EnvironmentFile
 //! such as kubeadm's `kubeadm-flags.env`) or by `containerRuntimeEndpoint`
-//! in its configuration file (`--config`); the flag wins, so that is where
-//! the change goes when it is there. The file is backed up first; criguard
+//! in its configuration file (`--config`), which a drop-in of its
+//! `--config-dir` may override; the flag wins, so that is where the change
+//! goes when it is there, then the last drop-in that sets the key, then
+//! the configuration file. The file is backed up first; criguard
 //! must answer a CRI Version call on its socket before anything is written
 //! or the kubelet restarted. `--undo` restores the backup; `--dry-run`
 //! prints the change and does nothing.
@@ -34,6 +36,10 @@ pub struct AdoptCmd {
     /// else /var/lib/kubelet/config.yaml].
     #[arg(long)]
     pub kubelet_config: Option<PathBuf>,
+    /// The kubelet's configuration drop-in directory [default: its unit's
+    /// --config-dir, if any].
+    #[arg(long)]
+    pub kubelet_config_dir: Option<PathBuf>,
     /// Files that may carry the kubelet's flags [default: its unit's
     /// drop-ins and EnvironmentFiles, from `systemctl cat`].
     #[arg(long)]
@@ -157,6 +163,44 @@ pub fn unit_files(cat: &str) -> (Vec<PathBuf>, Option<PathBuf>) {
     (files, config)
 }
 
+/// The `--config-dir` path among the kubelet's command-line words in
+/// `texts` (its `ExecStart=` lines, its flags files), if any; the last one
+/// wins, as for any repeated kubelet flag.
+pub fn config_dir(texts: &[&str]) -> Option<PathBuf> {
+    let mut dir = None;
+    for text in texts {
+        let words: Vec<&str> = text
+            .split(|c: char| c.is_whitespace() || c == '"' || c == '\'')
+            .filter(|w| !w.is_empty())
+            .collect();
+        for (i, w) in words.iter().enumerate() {
+            if let Some(p) = w.strip_prefix("--config-dir=") {
+                dir = Some(PathBuf::from(p));
+            } else if *w == "--config-dir" {
+                dir = words.get(i + 1).map(PathBuf::from).or(dir);
+            }
+        }
+    }
+    dir
+}
+
+/// Of the drop-ins of a kubelet `--config-dir` (name, text), the one whose
+/// `containerRuntimeEndpoint` the kubelet uses: it reads the `*.conf` files
+/// in name order, each overriding the ones before, so the last one that
+/// sets the key; `None` when none does (the configuration file decides).
+pub fn deciding_drop_in(drop_ins: &[(String, String)]) -> Option<usize> {
+    let mut order: Vec<usize> = (0..drop_ins.len())
+        .filter(|&i| drop_ins[i].0.ends_with(".conf"))
+        .collect();
+    order.sort_by(|&a, &b| drop_ins[a].0.cmp(&drop_ins[b].0));
+    order.into_iter().rev().find(|&i| {
+        drop_ins[i].1.lines().any(|l| {
+            l.strip_prefix(KEY)
+                .is_some_and(|r| r.trim_start().starts_with(':'))
+        })
+    })
+}
+
 /// The record of one adoption, kept beside its backup for `--undo`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Record {
@@ -254,6 +298,17 @@ fn plan(cmd: &AdoptCmd) -> Result<(PathBuf, String, Change), String> {
             return Ok((f.clone(), text, change));
         }
     }
+    let dir = cmd.kubelet_config_dir.clone().or_else(|| {
+        let texts: Vec<String> = files
+            .iter()
+            .filter_map(|f| std::fs::read_to_string(f).ok())
+            .collect();
+        config_dir(&texts.iter().map(String::as_str).collect::<Vec<_>>())
+    });
+    if let Some((path, text)) = dir.and_then(|d| drop_in(&d)) {
+        let change = rewrite_config(&text, &cmd.endpoint);
+        return Ok((path, text, change));
+    }
     let config = cmd
         .kubelet_config
         .clone()
@@ -263,6 +318,22 @@ fn plan(cmd: &AdoptCmd) -> Result<(PathBuf, String, Change), String> {
         .map_err(|e| format!("the kubelet's configuration {}: {e}", config.display()))?;
     let change = rewrite_config(&text, &cmd.endpoint);
     Ok((config, text, change))
+}
+
+/// The drop-in of the kubelet's configuration directory `dir` that sets its
+/// runtime endpoint (see [`deciding_drop_in`]), with its text.
+fn drop_in(dir: &Path) -> Option<(PathBuf, String)> {
+    let drop_ins: Vec<(String, String)> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            Some((name, std::fs::read_to_string(e.path()).ok()?))
+        })
+        .collect();
+    let i = deciding_drop_in(&drop_ins)?;
+    let (name, text) = drop_ins.into_iter().nth(i)?;
+    Some((dir.join(name), text))
 }
 
 fn restart(cmd: &AdoptCmd, path: &Path) -> Result<(), String> {
@@ -469,6 +540,45 @@ mod tests {
         let (_, config) =
             unit_files("ExecStart=/usr/local/bin/kubelet --config /etc/kubernetes/kubelet.yaml\n");
         assert_eq!(config, Some(PathBuf::from("/etc/kubernetes/kubelet.yaml")));
+    }
+
+    #[test]
+    fn the_config_dir_is_found_and_its_last_drop_in_setting_the_key_decides() {
+        let unit =
+            "ExecStart=/usr/bin/kubelet --config=/etc/k/config.yaml --config-dir /etc/k/conf.d\n";
+        let flags = "KUBELET_ARGS=\"--config-dir=/etc/k/other.d --v=2\"\n";
+        assert_eq!(config_dir(&[unit]), Some(PathBuf::from("/etc/k/conf.d")));
+        assert_eq!(
+            config_dir(&[unit, flags]),
+            Some(PathBuf::from("/etc/k/other.d")),
+            "the last one wins"
+        );
+        assert_eq!(
+            config_dir(&["ExecStart=/usr/bin/kubelet --config=/c\n"]),
+            None
+        );
+        let d = |n: &str, t: &str| (n.to_owned(), t.to_owned());
+        let drop_ins = [
+            d("90-late.conf", "maxPods: 50\n"),
+            d(
+                "20-runtime.conf",
+                "containerRuntimeEndpoint: unix:///a.sock\n",
+            ),
+            d(
+                "10-runtime.conf",
+                "containerRuntimeEndpoint: unix:///b.sock\n",
+            ),
+            d(
+                "99-ignored.yaml",
+                "containerRuntimeEndpoint: unix:///c.sock\n",
+            ),
+        ];
+        assert_eq!(
+            deciding_drop_in(&drop_ins),
+            Some(1),
+            "20 overrides 10; .yaml is not read"
+        );
+        assert_eq!(deciding_drop_in(&drop_ins[..1]), None, "no drop-in sets it");
     }
 
     #[test]

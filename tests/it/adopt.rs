@@ -1,7 +1,8 @@
 //! `criguard adopt` on a kubelet's files laid out in a temporary directory
 //! (the kubelet itself, and its restart, are the cluster tier's): the
 //! flag in a flags file is changed where it is set, else the configuration
-//! file's key; a dry run changes nothing; nothing is written while the
+//! file's key, or the last drop-in of its `--config-dir` that sets it; a
+//! dry run changes nothing; nothing is written while the
 //! endpoint does not answer CRI; `--undo` restores the file byte for byte.
 //! The endpoint that answers is a private containerd's socket (any CRI
 //! runtime answers Version as criguard does).
@@ -113,4 +114,34 @@ fn adopt_changes_where_the_endpoint_is_set_and_undo_restores_it() {
     let (code, out) = adopt(dir, &answering, &flags, &["--undo"]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(read(&config), CONFIG);
+
+    // A --config-dir drop-in that sets the key overrides the file: the last
+    // such drop-in in name order is changed (named by the flags file here,
+    // as a kubelet's EnvironmentFile would).
+    let conf_d = dir.join("conf.d");
+    std::fs::create_dir(&conf_d).unwrap();
+    let early = "containerRuntimeEndpoint: unix:///early.sock\n";
+    let late = "maxPods: 50\ncontainerRuntimeEndpoint: unix:///late.sock\n";
+    std::fs::write(conf_d.join("10-early.conf"), early).unwrap();
+    std::fs::write(conf_d.join("20-late.conf"), late).unwrap();
+    std::fs::write(conf_d.join("30-other.conf"), "maxPods: 60\n").unwrap();
+    std::fs::write(
+        &flags,
+        format!(
+            "KUBELET_KUBEADM_ARGS=\"--config-dir={} --node-ip=10.0.0.5\"\n",
+            conf_d.display()
+        ),
+    )
+    .unwrap();
+    let (code, out) = adopt(dir, &answering, &flags, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        read(&conf_d.join("20-late.conf")),
+        late.replace("unix:///late.sock", &answering)
+    );
+    assert_eq!(read(&conf_d.join("10-early.conf")), early);
+    assert_eq!(read(&config), CONFIG, "the configuration file untouched");
+    let (code, out) = adopt(dir, &answering, &flags, &["--undo"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(read(&conf_d.join("20-late.conf")), late);
 }
