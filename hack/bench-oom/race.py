@@ -232,7 +232,8 @@ def analyse(samples, steady, grower, kernel_kills_seen, counted, evictions, dead
         return next((p.name for p in pods if key in (p.uid, p.pod_name) or f"pod{p.uid}/" in key
                      or f"pod{p.uid.replace('-', '_')}" in key), key)
 
-    collateral = len(dead) + sum(1 for _, k in evictions if name_of(k) != "grower")
+    # Each pod once: an evicted pod's process is dead too.
+    collateral = len({p.name for p in dead} | {name_of(k) for _, k in evictions} - {"grower"})
     if crossing is None:
         res.update(act_ms="", freed_ms="", actor="none", victim="", right=False,
                    collateral=collateral, first="")
