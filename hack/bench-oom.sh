@@ -59,7 +59,12 @@
 # (contender=N,...), CRIGUARD_OOM_SKIP (contender-rate-run,...: runs left
 # out), CRIGUARD_OOM_RATES, CRIGUARD_OOM_CONTENDERS
 # (criguard-events,earlyoom,kernel,criguard-tick,systemd-oomd),
-# CRIGUARD_OOM_SAMPLE_US (5000), CRIGUARD_OOM_VM_TIMEOUT (3600 s).
+# CRIGUARD_OOM_SAMPLE_US (5000), CRIGUARD_OOM_VM_TIMEOUT (3600 s). Under
+# TCG each pod takes 20-40 s to start: 3/3/1/2/2 runs per rate (earlyoom,
+# criguard-events, kernel, criguard-tick, systemd-oomd) took 50 minutes.
+# Writes runs.csv, table.md, losses.txt, the plots and the guest's raw
+# records (runs/, samples/, kmsg.txt, the contenders' logs) to the results
+# directory (default a new one under /tmp).
 #
 # Usage: hack/bench-oom.sh [host|vm]   (root; about 10 minutes for the host
 #   contenders, 15 for the kubelet's, on 2 cores)
