@@ -77,7 +77,7 @@ pub struct EvictionLabels {
 pub struct TriggerLabels {
     /// `tick` (housekeeping), `deadline` (a grace or transition period
     /// ran out), `reload` (a reloaded configuration taken up), or the
-    /// memory event: `memcg_threshold`, `psi` or `memory_events`.
+    /// memory event: `memcg_threshold`, `psi`, `memory_events` or `poll`.
     pub trigger: &'static str,
 }
 

@@ -30,10 +30,10 @@ use std::time::Instant;
 use futures::FutureExt;
 
 use super::node::NodeSources;
-use crate::cgroup::fs::Layout;
+use crate::cgroup::fs::{CgroupFs, Layout};
 use crate::config::{EvictionConfig, Threshold};
 use crate::policy::thresholds::{Observations, deficit};
-pub use plan::{MemcgReading, Watch, plan_v1, plan_v2, signal_cgroup};
+pub use plan::{MemcgReading, Watch, plan_polls, plan_v1, plan_v2, poll_interval, signal_cgroup};
 use v1::UsageThreshold;
 use v2::{FileModified, PsiSettings, PsiTrigger};
 
@@ -77,11 +77,51 @@ enum Source {
     Usage(UsageThreshold),
     Pressure(PsiTrigger),
     Modified(FileModified),
+    Poll(MemoryPoll),
+}
+
+/// A memory signal read again and again ([`Watch::Poll`]), sooner the
+/// nearer it is to its threshold ([`poll_interval`]).
+#[derive(Debug)]
+struct MemoryPoll {
+    cgroups: CgroupFs,
+    cgroup: String,
+    capacity: u64,
+    below: u64,
+}
+
+impl MemoryPoll {
+    /// Reads until the signal's available memory is below the threshold;
+    /// says how far below. A read that fails ends the poll (re-armed after
+    /// the next observation).
+    async fn fired(&self) -> Result<String, EventError> {
+        loop {
+            let m = (self.cgroups.memory(&self.cgroup))
+                .map_err(|e| EventError::new("read", &e.path, e.source))?;
+            let available = self.capacity as i64 - m.working_set as i64;
+            if available < self.below as i64 {
+                return Ok(format!("available {available} below {}", self.below));
+            }
+            let headroom = (available - self.below as i64) as u64;
+            tokio::time::sleep(poll_interval(headroom)).await;
+        }
+    }
 }
 
 impl Source {
-    fn arm(w: &Watch, psi: &PsiSettings) -> Result<Self, EventError> {
+    fn arm(w: &Watch, psi: &PsiSettings, cgroups: &CgroupFs) -> Result<Self, EventError> {
         Ok(match w {
+            Watch::Poll {
+                cgroup,
+                capacity,
+                below,
+                ..
+            } => Source::Poll(MemoryPoll {
+                cgroups: cgroups.clone(),
+                cgroup: cgroup.clone(),
+                capacity: *capacity,
+                below: *below,
+            }),
             Watch::Usage { dir, bytes, .. } => {
                 Source::Usage(UsageThreshold::register(dir, *bytes)?)
             }
@@ -95,6 +135,7 @@ impl Source {
             Source::Usage(s) => s.is_stale(),
             Source::Pressure(s) => s.is_stale(),
             Source::Modified(s) => s.is_stale(),
+            Source::Poll(_) => false,
         }
     }
 
@@ -115,6 +156,7 @@ impl Source {
                     .collect();
                 up.join(", ")
             }
+            Source::Poll(s) => s.fired().await?,
         })
     }
 }
@@ -206,7 +248,10 @@ impl MemoryEvents {
             }
             Layout::V2 => {
                 let signals = self.thresholds.iter().map(|t| t.signal).collect();
-                plan_v2(&self.sources, &signals)
+                let mut watches = plan_v2(&self.sources, &signals);
+                let kubepods = self.sources.kubepods();
+                watches.extend(plan_polls(&self.thresholds, obs, &kubepods));
+                watches
             }
         }
     }
@@ -238,7 +283,7 @@ impl MemoryEvents {
                 continue;
             }
             let place = w.place();
-            match Source::arm(&w, &self.psi) {
+            match Source::arm(&w, &self.psi, &self.sources.cgroups) {
                 Ok(s) => {
                     if self.failing.remove(&place) {
                         tracing::info!(watch = %w, "memory event armed again");
@@ -306,6 +351,44 @@ mod tests {
     use crate::config::{Amount, Signal};
 
     const MI: u64 = 1 << 20;
+
+    #[tokio::test]
+    async fn a_poll_fires_once_available_falls_below_its_threshold() {
+        // A v2 root: memory.stat only; 1Gi node, threshold 200Mi.
+        let t = tempfile::tempdir().unwrap();
+        let write = |anon: u64| {
+            crate::signals::write_fixture(
+                t.path(),
+                "memory.stat",
+                &format!("anon {anon}\nfile 0\ninactive_file 0\n"),
+            )
+        };
+        write(700 * MI);
+        write_fixture_controllers(t.path());
+        let w = Watch::Poll {
+            signal: Signal::MemoryAvailable,
+            soft: false,
+            cgroup: "/".into(),
+            capacity: 1024 * MI,
+            below: 200 * MI,
+        };
+        let cgroups = CgroupFs::detect(t.path());
+        assert_eq!(cgroups.layout(), Layout::V2);
+        let mut src = Source::arm(&w, &PsiSettings::default(), &cgroups).unwrap();
+        // 324Mi available: still waiting after several reads.
+        let early = tokio::time::timeout(plan::POLL_MIN * 4, src.fired()).await;
+        assert!(early.is_err(), "fired above the threshold: {early:?}");
+        write(900 * MI);
+        let fired = tokio::time::timeout(std::time::Duration::from_secs(5), src.fired())
+            .await
+            .expect("a read below the threshold fires")
+            .unwrap();
+        assert_eq!(fired, format!("available {} below {}", 124 * MI, 200 * MI));
+    }
+
+    fn write_fixture_controllers(root: &std::path::Path) {
+        crate::signals::write_fixture(root, "cgroup.controllers", "cpu memory pids\n");
+    }
 
     #[test]
     fn only_memory_thresholds_are_watched() {

@@ -35,15 +35,31 @@ pub enum Watch {
         /// The file.
         path: PathBuf,
     },
+    /// cgroup v2: the signal read every few tens of milliseconds while it
+    /// nears its threshold (the kernel has no usage threshold there).
+    Poll {
+        /// The signal whose threshold this is.
+        signal: Signal,
+        /// Whether the threshold is soft.
+        soft: bool,
+        /// The cgroup it is read from, from the hierarchy root.
+        cgroup: String,
+        /// The signal's capacity, bytes.
+        capacity: u64,
+        /// The threshold: it fires when available falls below this, bytes.
+        below: u64,
+    },
 }
 
 impl Watch {
-    /// A short label for metrics: `memcg_threshold`, `psi` or `memory_events`.
+    /// A short label for metrics: `memcg_threshold`, `psi`, `memory_events`
+    /// or `poll`.
     pub fn kind(&self) -> &'static str {
         match self {
             Watch::Usage { .. } => "memcg_threshold",
             Watch::Pressure { .. } => "psi",
             Watch::Modified { .. } => "memory_events",
+            Watch::Poll { .. } => "poll",
         }
     }
 
@@ -58,6 +74,15 @@ impl Watch {
             }
             Watch::Pressure { path } => format!("PSI trigger on {}", path.display()),
             Watch::Modified { path } => format!("changes of {}", path.display()),
+            Watch::Poll {
+                signal,
+                soft,
+                cgroup,
+                ..
+            } => {
+                let kind = if *soft { "soft" } else { "hard" };
+                format!("{kind} {signal} threshold polled on {cgroup}")
+            }
         }
     }
 }
@@ -66,6 +91,7 @@ impl std::fmt::Display for Watch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Watch::Usage { bytes, .. } => write!(f, "{} (usage {bytes})", self.place()),
+            Watch::Poll { below, .. } => write!(f, "{} (available below {below})", self.place()),
             _ => f.write_str(&self.place()),
         }
     }
@@ -111,6 +137,47 @@ pub fn plan_v1(
         })
         .collect()
 }
+
+/// cgroup v2: a poll of each memory threshold not met in `obs` (one that is
+/// met needs no wake-up: the eviction loop is acting on it). The kernel
+/// tells a v2 memcg's usage crossing a line only at its limits, and PSI
+/// only once the node stalls, which on a node without swap comes late:
+/// reading the signal itself near its threshold is what v1's usage
+/// threshold does in the kernel.
+pub fn plan_polls(thresholds: &[Threshold], obs: &Observations, pods_cgroup: &str) -> Vec<Watch> {
+    thresholds
+        .iter()
+        .filter_map(|t| {
+            let o = obs.get(&t.signal)?;
+            let cgroup = signal_cgroup(t.signal, pods_cgroup)?;
+            let below = t.amount.resolve(o.capacity);
+            (o.available >= below as i64).then(|| Watch::Poll {
+                signal: t.signal,
+                soft: t.grace_period.is_some(),
+                cgroup: cgroup.to_owned(),
+                capacity: o.capacity,
+                below,
+            })
+        })
+        .collect()
+}
+
+/// How long a poll waits before it reads again, with `headroom` bytes left
+/// above the threshold: the time memory growing at [`POLL_RATE`] takes to
+/// use it all, bounded by [`POLL_MIN`] and [`POLL_MAX`], so a node far from
+/// its threshold costs one read a second and one near it twenty.
+pub fn poll_interval(headroom: u64) -> std::time::Duration {
+    let s = headroom as f64 / POLL_RATE as f64;
+    std::time::Duration::from_secs_f64(s).clamp(POLL_MIN, POLL_MAX)
+}
+
+/// The fastest growth a poll plans for, bytes per second: faster than a
+/// process can touch new pages on the machines criguard runs on.
+pub const POLL_RATE: u64 = 4 << 30;
+/// The shortest wait between two reads of a poll.
+pub const POLL_MIN: std::time::Duration = std::time::Duration::from_millis(50);
+/// The longest wait between two reads of a poll.
+pub const POLL_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// cgroup v2: a PSI trigger on each signal's cgroup (`/proc/pressure/memory`
 /// for the root when the root has no `memory.pressure`) and changes of the
@@ -210,6 +277,64 @@ pub(super) mod tests {
         );
         // Disk and pid signals have no memory events.
         assert!(plan_v2(&src, &BTreeSet::from([Signal::NodefsAvailable])).is_empty());
+    }
+
+    #[test]
+    fn v2_polls_each_memory_threshold_not_yet_met_nearer_ones_more_often() {
+        let obs = Observations {
+            at: Instant::now(),
+            signals: BTreeMap::from([
+                (
+                    Signal::MemoryAvailable,
+                    Observation {
+                        available: 600 * MI as i64,
+                        capacity: 1024 * MI,
+                    },
+                ),
+                (
+                    Signal::AllocatableMemoryAvailable,
+                    Observation {
+                        available: 100 * MI as i64,
+                        capacity: 512 * MI,
+                    },
+                ),
+            ]),
+        };
+        let thresholds = [
+            threshold(Signal::MemoryAvailable, Amount::Quantity(200 * MI), None),
+            threshold(
+                Signal::MemoryAvailable,
+                Amount::Quantity(300 * MI),
+                Some(60),
+            ),
+            // Met (100Mi < 25 % of 512Mi): the eviction loop acts, no poll.
+            threshold(
+                Signal::AllocatableMemoryAvailable,
+                Amount::Percentage(25.0),
+                None,
+            ),
+            threshold(Signal::PidAvailable, Amount::Quantity(10), None),
+        ];
+        let poll = |soft, below| Watch::Poll {
+            signal: Signal::MemoryAvailable,
+            soft,
+            cgroup: "/".into(),
+            capacity: 1024 * MI,
+            below,
+        };
+        assert_eq!(
+            plan_polls(&thresholds, &obs, "/kubepods.slice"),
+            [poll(false, 200 * MI), poll(true, 300 * MI)]
+        );
+        assert_eq!(poll(false, 200 * MI).kind(), "poll");
+        // 4 GiB/s: a second for 4Gi of headroom, the floor near the line.
+        assert_eq!(poll_interval(64 << 30), POLL_MAX);
+        assert_eq!(
+            poll_interval(1 << 30),
+            std::time::Duration::from_millis(250)
+        );
+        assert_eq!(poll_interval(100 * MI), POLL_MIN);
+        assert_eq!(poll_interval(0), POLL_MIN);
     }
 
     #[test]
