@@ -31,6 +31,23 @@ pub fn raise_nofile() -> nix::Result<NoFile> {
     })
 }
 
+/// Locks criguard's pages in memory as they are touched (`mlockall` with
+/// `MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT`, as earlyoom does): under
+/// memory pressure the kernel would otherwise evict criguard's own code and
+/// data, and the process that must act would stall on page faults in the
+/// thrashing it is there to end. `MCL_ONFAULT` locks only pages in use, so
+/// thread stacks and untouched code cost nothing. Needs `CAP_IPC_LOCK` or a
+/// `RLIMIT_MEMLOCK` above criguard's size (the unit sets both).
+pub fn lock_memory() -> std::io::Result<()> {
+    // SAFETY: mlockall takes flags only and changes no memory contents.
+    let r = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

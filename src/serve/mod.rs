@@ -124,6 +124,12 @@ pub fn main(cmd: ServeCmd, flag_error: Option<ConfigError>) -> ExitCode {
         Ok(n) => tracing::info!(before = n.before, now = n.after, "open-file limit"),
         Err(err) => tracing::warn!(%err, "cannot raise the open-file limit"),
     }
+    match criguard::limits::lock_memory() {
+        Ok(()) => tracing::info!("memory locked as it is touched (mlockall, MCL_ONFAULT)"),
+        Err(err) => {
+            tracing::info!(%err, "memory not locked: under memory pressure criguard's pages may be evicted (needs CAP_IPC_LOCK or LimitMEMLOCK=infinity)")
+        }
+    }
     let run = || -> anyhow::Result<()> {
         // criguard's own loops (eviction, GC, sync, admin) share one
         // thread; the proxy relays on a thread of its own
