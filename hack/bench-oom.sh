@@ -128,6 +128,10 @@ if [[ "$tier" == vm ]]; then
     /usr/bin/python3 hack/bench-oom/vm.py "$out"
     /usr/bin/python3 hack/bench-oom/report.py "$out"
     echo "results: $out" >&2
+    # A VM that timed out (124) still gave its finished runs; any other
+    # failure of the guest's script fails the bench.
+    [[ "${vm_status:-0}" == 0 || "${vm_status:-0}" == 124 ]] ||
+        { echo "bench-oom.sh: the guest's script failed (hack/vm.sh exit status $vm_status)" >&2; exit 1; }
     exit 0
 fi
 dir="$(mktemp -d /tmp/criguard-oom.XXXXXX)"

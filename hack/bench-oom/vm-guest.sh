@@ -426,7 +426,7 @@ for c in ${CONTENDERS//,/ }; do
         n=$RUNS
         [[ "$c" == kernel ]] && n=$KERNEL_RUNS
         # CRIGUARD_OOM_RUNS_BY=contender=N,...: fewer runs for some.
-        for kv in ${CRIGUARD_OOM_RUNS_BY//,/ }; do
+        for kv in ${CRIGUARD_OOM_RUNS_BY:+${CRIGUARD_OOM_RUNS_BY//,/ }}; do
             [[ "${kv%%=*}" == "$c" ]] && n="${kv#*=}"
         done
         for ((run = 0; run < n; run++)); do
