@@ -92,18 +92,23 @@ struct MemoryPoll {
 
 impl MemoryPoll {
     /// Reads until the signal's available memory is below the threshold;
-    /// says how far below. A read that fails ends the poll (re-armed after
-    /// the next observation).
+    /// says how far below. The first read comes after [`plan::POLL_MIN`],
+    /// never at once: a signal still below its line when the eviction loop
+    /// asks again (before its observation re-plans the watches) wakes it at
+    /// most that often, and [`MemoryEvents::drain`] never finds a poll
+    /// ready. A read that fails ends the poll (re-armed after the next
+    /// observation).
     async fn fired(&self) -> Result<String, EventError> {
+        let mut wait = plan::POLL_MIN;
         loop {
+            tokio::time::sleep(wait).await;
             let m = (self.cgroups.memory(&self.cgroup))
                 .map_err(|e| EventError::new("read", &e.path, e.source))?;
             let available = self.capacity as i64 - m.working_set as i64;
             if available < self.below as i64 {
                 return Ok(format!("available {available} below {}", self.below));
             }
-            let headroom = (available - self.below as i64) as u64;
-            tokio::time::sleep(poll_interval(headroom)).await;
+            wait = poll_interval((available - self.below as i64) as u64);
         }
     }
 }
@@ -340,7 +345,12 @@ impl MemoryEvents {
     /// Takes the events that are already pending (one episode often fires
     /// several watches), so that one round answers them all; returns them.
     pub fn drain(&mut self) -> Vec<MemoryEvent> {
-        std::iter::from_fn(|| self.next().now_or_never()).collect()
+        // Bounded: a source that is ready each time it is asked (a level,
+        // not an edge) must not keep the loop here.
+        let most = self.pending.len() + self.armed.len();
+        std::iter::from_fn(|| self.next().now_or_never())
+            .take(most)
+            .collect()
     }
 }
 
@@ -384,6 +394,46 @@ mod tests {
             .expect("a read below the threshold fires")
             .unwrap();
         assert_eq!(fired, format!("available {} below {}", 124 * MI, 200 * MI));
+        // Still below: the next ask waits its first interval (no busy loop
+        // while the eviction loop has yet to observe), then fires again.
+        let again = src.fired();
+        tokio::pin!(again);
+        assert!(futures::poll!(again.as_mut()).is_pending());
+        assert!(again.await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn draining_with_a_poll_below_its_line_returns() {
+        let t = tempfile::tempdir().unwrap();
+        write_fixture_controllers(t.path());
+        crate::signals::write_fixture(t.path(), "memory.stat", "anon 1000\nfile 0\n");
+        let config = EvictionConfig {
+            hard: vec![threshold(
+                Signal::MemoryAvailable,
+                Amount::Quantity(200 * MI),
+                None,
+            )],
+            soft: vec![],
+            max_pod_grace_period: None,
+            pressure_transition_period: std::time::Duration::from_secs(300),
+            housekeeping_interval: std::time::Duration::from_secs(10),
+        };
+        let mut ev =
+            MemoryEvents::new(sources(t.path(), t.path()), &config, PsiSettings::default());
+        let w = Watch::Poll {
+            signal: Signal::MemoryAvailable,
+            soft: false,
+            cgroup: "/".into(),
+            capacity: 100 * MI,
+            below: 200 * MI,
+        };
+        let src = Source::arm(&w, &PsiSettings::default(), &ev.sources.cgroups).unwrap();
+        ev.armed.push((w, src));
+        // Always below its line: drain must still come back.
+        let drained = tokio::time::timeout(std::time::Duration::from_secs(5), async { ev.drain() })
+            .await
+            .expect("drain returns");
+        assert!(drained.len() <= 1, "{drained:?}");
     }
 
     fn write_fixture_controllers(root: &std::path::Path) {
