@@ -3,7 +3,7 @@
 # (hack/vm.sh: systemd as PID 1, cgroup v2), joined to a cluster that
 # `hack/cluster.sh up DIR` started on this host. In the guest everything is a
 # systemd unit (hack/vm/cluster-node.sh): containerd 2 from the stack cache
-# with the systemd cgroup driver, criguard installed by hack/install.sh, and
+# with the systemd cgroup driver, criguard from its Debian package (hack/deb.sh, dpkg -i), and
 # the kubelet dialling criguard's socket (or, with
 # CRIGUARD_VMNODE_KUBELET_RUNTIME=containerd, containerd's: a node that
 # `criguard adopt` has yet to adopt). The guest reaches the API server

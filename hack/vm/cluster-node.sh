@@ -3,7 +3,7 @@
 # this machine a node of the cluster tier's cluster on the host, every part
 # a systemd unit: containerd 2 from the stack cache (config version 3, the
 # systemd cgroup driver, Debian's runc, a loopback-only CNI config), criguard
-# in front of it (hack/install.sh: systemd/criguard.{socket,service}) and
+# in front of it (its Debian package from hack/deb.sh: dpkg -i) and
 # the kubelet (hack/vm/kubelet.service) dialling criguard's socket (or
 # containerd's, KUBELET_RUNTIME_ENDPOINT: a node before `criguard adopt`),
 # its API server reached at 10.0.2.100:6443 through QEMU's guestfwd. Then
@@ -146,7 +146,8 @@ for t in pause busybox; do
 done
 mark images-imported
 
-# ---- criguard (hack/install.sh: its socket and service) -------------------------
+# ---- criguard (its Debian package, hack/deb.sh: dpkg enables and starts its
+# socket and service; the configuration written first is kept, --force-confold)
 mkdir -p /etc/criguard
 install -m 0600 "$W/criguard.kubeconfig" /etc/criguard/kubeconfig
 cat >/etc/criguard/config.toml <<EOF
@@ -159,7 +160,9 @@ EOF
 cat >/etc/default/criguard <<'EOF'
 CRIGUARD_OPTS="--kubepods-cgroup kubepods.slice"
 EOF
-CRIGUARD_BIN="$CRIGUARD_BIN" "$REPO/hack/install.sh" >>"$W/guest.log" 2>&1 || fail "hack/install.sh"
+deb="$(cd "$REPO" && TMPDIR=/var/tmp CRIGUARD_BIN="$CRIGUARD_BIN" CRIGUARD_DEB_COMPRESS=none \
+    hack/deb.sh /var/tmp/criguard-deb 2>>"$W/guest.log" | tail -n1)" || fail "hack/deb.sh"
+dpkg -i --force-confold --force-confdef "$deb" >>"$W/guest.log" 2>&1 || fail "dpkg -i $deb"
 wait_until 120 "criguard.service active with its admin socket" \
     bash -c 'systemctl is-active -q criguard.service && test -S /run/criguard/admin.sock'
 log "criguard $(criguard --version 2>/dev/null) active"

@@ -1,8 +1,10 @@
 //! The cluster tier's VM node: a real control plane on this host
 //! (`hack/cluster.sh up`, with its host node) and a second node in the VM
 //! tier's machine (`hack/cluster/vm-node.sh up`): systemd as PID 1, cgroup
-//! v2, containerd 2 with the systemd cgroup driver, criguard installed by
-//! `hack/install.sh` and the kubelet v1.37.2, all as systemd units, the
+//! v2, containerd 2 with the systemd cgroup driver, criguard installed from
+//! its Debian package (`hack/deb.sh`, `dpkg -i`: the package enables and
+//! starts its socket and service) and the kubelet v1.37.2, all as systemd
+//! units, the
 //! kubelet dialling containerd (`CRIGUARD_VMNODE_KUBELET_RUNTIME=containerd`:
 //! a node criguard has yet to adopt). The guest reaches the API server only
 //! through QEMU's user network with `restrict=on` and a guestfwd to the API
