@@ -279,9 +279,9 @@ pub(super) mod tests {
         assert!(plan_v2(&src, &BTreeSet::from([Signal::NodefsAvailable])).is_empty());
     }
 
-    #[test]
-    fn v2_polls_each_memory_threshold_not_yet_met_nearer_ones_more_often() {
-        let obs = Observations {
+    /// 600Mi of 1Gi node memory available, 100Mi of 512Mi allocatable.
+    fn memory_observations() -> Observations {
+        Observations {
             at: Instant::now(),
             signals: BTreeMap::from([
                 (
@@ -299,7 +299,12 @@ pub(super) mod tests {
                     },
                 ),
             ]),
-        };
+        }
+    }
+
+    #[test]
+    fn v2_polls_each_memory_threshold_not_yet_met_nearer_ones_more_often() {
+        let obs = memory_observations();
         let thresholds = [
             threshold(Signal::MemoryAvailable, Amount::Quantity(200 * MI), None),
             threshold(
@@ -342,26 +347,7 @@ pub(super) mod tests {
         let t = tempfile::tempdir().unwrap();
         let src = sources(t.path(), t.path());
         assert_eq!(src.cgroups.layout(), Layout::V1);
-        let at = Instant::now();
-        let obs = Observations {
-            at,
-            signals: BTreeMap::from([
-                (
-                    Signal::MemoryAvailable,
-                    Observation {
-                        available: 600 * MI as i64,
-                        capacity: 1024 * MI,
-                    },
-                ),
-                (
-                    Signal::AllocatableMemoryAvailable,
-                    Observation {
-                        available: 100 * MI as i64,
-                        capacity: 512 * MI,
-                    },
-                ),
-            ]),
-        };
+        let obs = memory_observations();
         let memcgs = BTreeMap::from([
             (
                 Signal::MemoryAvailable,
@@ -406,7 +392,7 @@ pub(super) mod tests {
             ]
         );
         // A signal that was not observed gets no line.
-        let none = Observations::new(at);
+        let none = Observations::new(obs.at);
         assert!(plan_v1(&thresholds, &none, &memcgs).is_empty());
     }
 }
