@@ -13,6 +13,8 @@
 //! each other in a circle, through `super::x` or `crate::m::x`. Known
 //! circles are listed in [`KNOWN_FILE_CIRCLES`], and shrink the same way.
 
+mod lengths;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -112,6 +114,7 @@ fn names_after(code: &str, prefix: &str, colon: bool) -> Vec<String> {
     out
 }
 
+/// Every `.rs` file below `dir`, into `out` (also the length check's walk).
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap().flatten() {
         let p = e.path();

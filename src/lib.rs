@@ -50,8 +50,6 @@ pub mod intercept;
 pub mod kube;
 #[cfg(test)]
 mod layers;
-#[cfg(test)]
-mod lengths;
 pub mod limits;
 pub mod listen;
 pub mod lock;

@@ -13,7 +13,7 @@
 //! shrinks.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The most lines a function may have.
 const LIMIT: usize = 80;
@@ -207,22 +207,11 @@ fn non_test(text: &str) -> &str {
     text
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-}
-
 #[test]
 fn no_function_is_longer_than_the_limit() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    super::rust_files(&src, &mut files);
     let known: BTreeSet<(String, String)> = KNOWN
         .iter()
         .map(|(f, file, _)| (f.to_string(), file.to_string()))
