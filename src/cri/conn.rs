@@ -163,6 +163,13 @@ pub struct Conn {
     charge_next: usize,
 }
 
+/// The held body of `stream`, if it is observed. A function over the map,
+/// not a method, so that the caller may use the connection's other fields
+/// (its `held` ledger) while it holds the body.
+fn observed(streams: &mut HashMap<u32, Stream>, stream: u32) -> Option<&mut Observed> {
+    streams.get_mut(&stream)?.observed.as_deref_mut()
+}
+
 impl Conn {
     /// A connection relayed by `proxy`.
     pub fn new(proxy: Proxy) -> Self {
@@ -709,11 +716,7 @@ impl Conn {
             return;
         };
         let payload = &f[frame::HEADER_LEN + a..frame::HEADER_LEN + b];
-        let Some(obs) = self
-            .streams
-            .get_mut(&stream)
-            .and_then(|s| s.observed.as_deref_mut())
-        else {
+        let Some(obs) = observed(&mut self.streams, stream) else {
             return;
         };
         match self.held.hold(obs, &head, payload, &self.proxy.budget) {
@@ -753,11 +756,7 @@ impl Conn {
     /// for it to be rebuilt ([`Conn::on_ready`]).
     fn release(&mut self, stream: u32, io: &mut Io, may_park: bool) {
         if may_park && !self.proxy.is_ready() {
-            let Some(obs) = self
-                .streams
-                .get_mut(&stream)
-                .and_then(|s| s.observed.as_deref_mut())
-            else {
+            let Some(obs) = observed(&mut self.streams, stream) else {
                 return;
             };
             let owed = self.held.park(obs);
@@ -768,11 +767,7 @@ impl Conn {
         let Some(observer) = self.proxy.observer.clone() else {
             return self.pass_held(stream, io);
         };
-        let Some(obs) = self
-            .streams
-            .get_mut(&stream)
-            .and_then(|s| s.observed.as_deref_mut())
-        else {
+        let Some(obs) = observed(&mut self.streams, stream) else {
             return;
         };
         let body = self.held.take_body(obs);
@@ -792,11 +787,7 @@ impl Conn {
 
     /// Forwards what is held of `stream` unobserved; later frames pass as they come.
     fn pass_held(&mut self, stream: u32, io: &mut Io) {
-        let Some(obs) = self
-            .streams
-            .get_mut(&stream)
-            .and_then(|s| s.observed.as_deref_mut())
-        else {
+        let Some(obs) = observed(&mut self.streams, stream) else {
             return;
         };
         let body = self.held.pass(obs);
