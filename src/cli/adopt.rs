@@ -150,38 +150,39 @@ pub fn unit_files(cat: &str) -> (Vec<PathBuf>, Option<PathBuf>) {
         } else if let Some(p) = line.trim().strip_prefix("EnvironmentFile=") {
             files.push(PathBuf::from(p.trim().trim_start_matches('-')));
         } else if line.trim_start().starts_with("ExecStart=") {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            for (i, w) in words.iter().enumerate() {
-                if let Some(p) = w.strip_prefix("--config=") {
-                    config = Some(PathBuf::from(p));
-                } else if *w == "--config" {
-                    config = words.get(i + 1).map(PathBuf::from);
-                }
-            }
+            config = flag_value(line, "--config").or(config);
         }
     }
     (files, config)
 }
 
-/// The `--config-dir` path among the kubelet's command-line words in
-/// `texts` (its `ExecStart=` lines, its flags files), if any; the last one
-/// wins, as for any repeated kubelet flag.
-pub fn config_dir(texts: &[&str]) -> Option<PathBuf> {
-    let mut dir = None;
-    for text in texts {
-        let words: Vec<&str> = text
-            .split(|c: char| c.is_whitespace() || c == '"' || c == '\'')
-            .filter(|w| !w.is_empty())
-            .collect();
-        for (i, w) in words.iter().enumerate() {
-            if let Some(p) = w.strip_prefix("--config-dir=") {
-                dir = Some(PathBuf::from(p));
-            } else if *w == "--config-dir" {
-                dir = words.get(i + 1).map(PathBuf::from).or(dir);
-            }
+/// The value of the kubelet flag `flag` (`--flag=V` or `--flag V`, quotes
+/// around words dropped) in `text`, if any; the last one wins, as for any
+/// repeated kubelet flag.
+pub fn flag_value(text: &str, flag: &str) -> Option<PathBuf> {
+    let words: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || c == '"' || c == '\'')
+        .filter(|w| !w.is_empty())
+        .collect();
+    let mut value = None;
+    for (i, w) in words.iter().enumerate() {
+        if let Some(v) = w.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            value = Some(PathBuf::from(v));
+        } else if *w == flag {
+            value = words.get(i + 1).map(PathBuf::from).or(value);
         }
     }
-    dir
+    value
+}
+
+/// The `--config-dir` path among the kubelet's command-line words in
+/// `texts` (its `ExecStart=` lines, its flags files), if any; the last one
+/// wins.
+pub fn config_dir(texts: &[&str]) -> Option<PathBuf> {
+    texts
+        .iter()
+        .rev()
+        .find_map(|t| flag_value(t, "--config-dir"))
 }
 
 /// Of the drop-ins of a kubelet `--config-dir` (name, text), the one whose
@@ -290,21 +291,19 @@ fn plan(cmd: &AdoptCmd) -> Result<(PathBuf, String, Change), String> {
     if !cmd.flags_file.is_empty() {
         files = cmd.flags_file.clone();
     }
-    for f in &files {
-        let Ok(text) = std::fs::read_to_string(f) else {
-            continue;
-        };
-        if let Some(change) = rewrite_flag(&text, &cmd.endpoint) {
-            return Ok((f.clone(), text, change));
+    let texts: Vec<(PathBuf, String)> = files
+        .into_iter()
+        .filter_map(|f| Some((f.clone(), std::fs::read_to_string(&f).ok()?)))
+        .collect();
+    for (f, text) in &texts {
+        if let Some(change) = rewrite_flag(text, &cmd.endpoint) {
+            return Ok((f.clone(), text.clone(), change));
         }
     }
-    let dir = cmd.kubelet_config_dir.clone().or_else(|| {
-        let texts: Vec<String> = files
-            .iter()
-            .filter_map(|f| std::fs::read_to_string(f).ok())
-            .collect();
-        config_dir(&texts.iter().map(String::as_str).collect::<Vec<_>>())
-    });
+    let dir = cmd
+        .kubelet_config_dir
+        .clone()
+        .or_else(|| config_dir(&texts.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>()));
     if let Some((path, text)) = dir.and_then(|d| drop_in(&d)) {
         let change = rewrite_config(&text, &cmd.endpoint);
         return Ok((path, text, change));
