@@ -141,6 +141,12 @@ pub struct Conn {
     /// A runtime header block is open toward the client: criguard's own
     /// frames wait in `deferred`.
     client_block_open: bool,
+    /// The runtime's first SETTINGS went to the client. Until then
+    /// criguard's own frames wait in `deferred` too: a server's first
+    /// frame must be SETTINGS, and a gRPC client drops a connection whose
+    /// first frame is anything else (a GOAWAY from a drain that began as
+    /// the connection was accepted, a WINDOW_UPDATE, an answer).
+    server_started: bool,
     deferred: Vec<Bytes>,
     /// criguard's answers waiting for the runtime's next header block.
     answers_waiting: Vec<Bytes>,
@@ -182,6 +188,7 @@ impl Conn {
             answered: BTreeSet::new(),
             to_server,
             client_block_open: false,
+            server_started: false,
             deferred: Vec::new(),
             answers_waiting: Vec::new(),
             answers_since: None,
@@ -210,6 +217,7 @@ impl Conn {
     pub fn done(&self) -> bool {
         self.closing
             || (self.goaway_sent.is_some()
+                && self.deferred.is_empty()
                 && self.streams.is_empty()
                 && self.answers_waiting.is_empty()
                 && !self.to_server.is_blocked())
@@ -316,10 +324,15 @@ impl Conn {
                 kind::RST_STREAM => self.server_rst(head, f, io),
                 kind::WINDOW_UPDATE => self.server_window_update(head, f, io),
                 kind::SETTINGS => {
+                    let first = !head.has(flag::ACK) && !self.server_started;
                     if !head.has(flag::ACK) {
                         self.server_settings(&f[frame::HEADER_LEN..], io);
                     }
                     io.to_client.push(f.freeze());
+                    if first {
+                        self.server_started = true;
+                        self.flush_deferred(io);
+                    }
                 }
                 _ => io.to_client.push(f.freeze()),
             }
@@ -394,10 +407,20 @@ impl Conn {
     /// Adds a frame of criguard's own for the client, after any open
     /// runtime header block.
     fn inject_client(&mut self, io: &mut Io, f: Bytes) {
-        if self.client_block_open {
+        if self.client_block_open || !self.server_started {
             self.deferred.push(f);
         } else {
             io.to_client.push(f);
+        }
+    }
+
+    /// Sends criguard's frames that waited, unless they must wait on.
+    fn flush_deferred(&mut self, io: &mut Io) {
+        if self.client_block_open || !self.server_started {
+            return;
+        }
+        for d in std::mem::take(&mut self.deferred) {
+            io.to_client.push(d);
         }
     }
 
@@ -589,9 +612,7 @@ impl Conn {
             return;
         }
         self.client_block_open = false;
-        for d in std::mem::take(&mut self.deferred) {
-            io.to_client.push(d);
-        }
+        self.flush_deferred(io);
         if self.size_update_pending {
             // The runtime's block carried any size update the client asked
             // for; criguard's own blocks may follow now.

@@ -476,3 +476,32 @@ fn a_large_header_block_waits_for_room_in_the_budget() {
     drop(h);
     assert_eq!(budget.used(), 0, "a connection gives back what it held");
 }
+
+#[test]
+fn a_drain_before_the_runtimes_settings_waits_for_them() {
+    // Accepted just as a drain began: the runtime's SETTINGS has not come.
+    let mut h = Harness {
+        conn: Conn::new(Proxy::to(
+            RuntimeEndpoint::parse("/nonexistent.sock").unwrap(),
+        )),
+        io: Io::default(),
+        client_enc: loona_hpack::Encoder::new(),
+        server_enc: loona_hpack::Encoder::new(),
+    };
+    let mut hello = BytesMut::from(&frame::PREFACE[..]);
+    hello.extend_from_slice(&frame::build(kind::SETTINGS, 0, 0, &[]));
+    h.client(&hello);
+    h.conn.drain(&mut h.io);
+    let (_, to_client) = h.take();
+    assert!(
+        to_client.is_empty(),
+        "nothing before the runtime's SETTINGS: {to_client:?}"
+    );
+    assert!(!h.conn.done(), "the GOAWAY is not sent yet");
+
+    h.server(&frame::build(kind::SETTINGS, 0, 0, &[]));
+    let (_, to_client) = h.take();
+    let kinds: Vec<u8> = to_client.iter().map(|(h, _)| h.kind).collect();
+    assert_eq!(kinds, [kind::SETTINGS, kind::GOAWAY]);
+    assert!(h.conn.done(), "drained, nothing in flight");
+}
