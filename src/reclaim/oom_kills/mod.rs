@@ -28,7 +28,7 @@
 //! global (not memcg) OOM, which raises no notification; the counters read
 //! after each re-subscription catch the rest.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -94,6 +94,12 @@ pub const RECHECKS: [Duration; 4] = [
 
 /// The last read of a suspect's counter after its OOM notification.
 pub const RECHECK_AFTER: Duration = Duration::from_secs(1);
+
+/// Exited tasks whose last counter reading is kept (the most recent ones):
+/// containerd 2 on a loaded machine can publish a task's `/tasks/oom`
+/// after its exit, and that late notification must find the reading the
+/// exit took, not count the kill again.
+pub const GONE_KEEP: usize = 256;
 
 /// What the watcher needs of a task, read from the model.
 struct Target {
@@ -169,6 +175,9 @@ pub struct OomKillWatcher {
     /// plus those recorded since: what its tasks account for (cgroup v2).
     accounted: HashMap<String, u64>,
     suspects: HashMap<String, Suspect>,
+    /// Tasks whose init exited, oldest first; their `seen` readings are
+    /// kept until [`GONE_KEEP`] newer ones exited.
+    gone: VecDeque<String>,
     ranks: Arc<Mutex<RankHistory>>,
     store: OomKills,
     metrics: OomKillMetrics,
@@ -186,6 +195,7 @@ impl OomKillWatcher {
             seen: HashMap::new(),
             accounted: HashMap::new(),
             suspects: HashMap::new(),
+            gone: VecDeque::new(),
             ranks,
             store,
             metrics: OomKillMetrics::default(),
@@ -205,6 +215,7 @@ impl OomKillWatcher {
         self.baseline_ms = crate::clock::now_ms();
         let (sandboxes, containers) = model.ids();
         self.seen.clear();
+        self.gone.clear();
         self.accounted.clear();
         for id in sandboxes.into_iter().chain(containers) {
             self.start_from_now(model, &id);
@@ -239,6 +250,11 @@ impl OomKillWatcher {
         at_ms: u64,
         now: Instant,
     ) -> Vec<OomKill> {
+        if self.gone.iter().any(|id| id == task_id) && self.store.mark_notified(task_id) {
+            // Published after the exit that recorded the kill.
+            tracing::debug!(task = task_id, "OOM notification after the recorded kill");
+            return Vec::new();
+        }
         let s = self.suspects.entry(task_id.to_owned()).or_insert(Suspect {
             notified_at_ms: at_ms,
             since: now,
@@ -260,9 +276,22 @@ impl OomKillWatcher {
         };
         if exit.is_init() {
             self.suspects.remove(id);
-            self.seen.remove(id);
+            self.forget_later(id);
         }
         found
+    }
+
+    /// Keeps `id`'s reading for a late notification, and forgets the
+    /// readings of the tasks that exited [`GONE_KEEP`] exits ago.
+    fn forget_later(&mut self, id: &str) {
+        if !self.gone.iter().any(|g| g == id) {
+            self.gone.push_back(id.to_owned());
+        }
+        while self.gone.len() > GONE_KEEP {
+            if let Some(old) = self.gone.pop_front() {
+                self.seen.remove(&old);
+            }
+        }
     }
 
     /// When the next recheck is due.

@@ -34,7 +34,9 @@ pub struct OomKill {
     pub first_ranked: Option<String>,
     /// True when the killed container's pod was criguard's first.
     pub matched_rank: bool,
-    /// True when containerd's `/tasks/oom` for this task came first.
+    /// True when containerd's `/tasks/oom` for this task was seen: before
+    /// the kill was read, or after the task's exit recorded it (containerd
+    /// 2 on a loaded machine publishes it late).
     pub notified: bool,
 }
 
@@ -56,5 +58,16 @@ impl OomKills {
             l.remove(0);
         }
         l.push(kill);
+    }
+
+    /// Marks the latest kill in `container_id` not yet marked as notified;
+    /// false when there is none.
+    pub(super) fn mark_notified(&self, container_id: &str) -> bool {
+        let mut l = self.list.write_locked();
+        let latest = l
+            .iter_mut()
+            .rev()
+            .find(|k| k.container_id == container_id && !k.notified);
+        latest.map(|k| k.notified = true).is_some()
     }
 }

@@ -341,3 +341,47 @@ fn a_kill_counted_just_after_its_notification_is_found_by_an_early_recheck() {
     std::fs::remove_dir_all(t.path().join("memory/kubepods/besteffort/podsx/cx")).unwrap();
     assert!(w.on_exit(&m, &exit("cx", 137)).is_empty(), "counted once");
 }
+
+#[test]
+fn a_notification_after_the_exit_marks_the_kill_and_counts_nothing_more() {
+    // containerd 2 on a loaded machine: the victim's exit (SIGKILL, its
+    // counter up) arrives first, its /tasks/oom 60 ms later.
+    let (t, m) = fixture();
+    let mut w = watcher(t.path(), "sx");
+    w.baseline(&m);
+    set(t.path(), "/kubepods/besteffort/podsx/cx", 1);
+    let kills = w.on_exit(&m, &exit("cx", 137));
+    assert_eq!((kills.len(), kills[0].notified), (1, false));
+    let now = Instant::now();
+    assert!(
+        w.on_oom(&m, "cx", 3_060, now).is_empty(),
+        "no second record"
+    );
+    assert_eq!(w.deadline(), None, "nothing to recheck");
+    let kept = w.store.list();
+    assert_eq!(kept.len(), 1, "{kept:#?}");
+    assert!(kept[0].notified && kept[0].matched_rank, "{kept:#?}");
+    assert_eq!(kept[0].kills, 1);
+    // Another notification for it (v1 notifies every cgroup below) finds
+    // the reading the exit took: still one kill.
+    assert!(w.on_oom(&m, "cx", 3_100, now).is_empty());
+    assert!(w.on_deadline(&m, now + RECHECK_AFTER).is_empty());
+    assert_eq!(w.store.list().len(), 1);
+}
+
+#[test]
+fn only_the_latest_exits_readings_are_kept() {
+    let (t, m) = fixture();
+    let mut w = watcher(t.path(), "sx");
+    w.baseline(&m);
+    w.on_exit(&m, &exit("cx", 0));
+    assert!(w.seen.contains_key("cx"), "kept for a late notification");
+    for i in 0..GONE_KEEP {
+        w.on_exit(&m, &exit(&format!("other-{i}"), 0));
+    }
+    assert!(
+        !w.seen.contains_key("cx"),
+        "forgotten {GONE_KEEP} exits later"
+    );
+    assert_eq!(w.gone.len(), GONE_KEEP);
+}
