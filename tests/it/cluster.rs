@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use cluster_support::{
     BUSYBOX, Cluster, assert_evicted, assert_one_memory_eviction, assert_pressure_marked,
-    condition, fresh_dir, hog_yaml, phase, pod_yaml, poll, poll_every, tainted, uid,
+    condition, fresh_dir, hog_yaml, phase, pod_yaml, poll, poll_every, poll_evicted, tainted, uid,
 };
 use serde_json::Value;
 
@@ -470,12 +470,11 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         t_hog.elapsed().as_secs_f64()
     );
 
-    let evicted = poll(Duration::from_secs(120), "the hog Failed/Evicted", || {
-        let p = c.pods(NS).into_iter().find(|p| uid(p) == hog_uid)?;
-        (phase(&p) == "Failed").then_some(p)
+    let (evicted, blank) = poll_evicted(Duration::from_secs(120), "the hog Failed/Evicted", || {
+        c.pods(NS).into_iter().find(|p| uid(p) == hog_uid)
     });
     println!(
-        "cluster: hog evicted {:.1} s after it was applied",
+        "cluster: hog evicted {:.1} s after it was applied (Failed without a reason in {blank} polls before)",
         t_hog.elapsed().as_secs_f64()
     );
     assert_evicted(&evicted);
@@ -1441,14 +1440,12 @@ fn disk_pressure_criguard(c: &Cluster, node: &str) {
     let threshold = IMAGEFS_THRESHOLD_MIB * MI;
     let hog_uid = d.hog_uid.as_str();
 
-    let evicted = poll(
+    let (evicted, blank) = poll_evicted(
         Duration::from_secs(90),
         "the disk hog Failed/Evicted",
-        || {
-            let p = c.pods(NS).into_iter().find(|p| uid(p) == hog_uid)?;
-            (phase(&p) == "Failed").then_some(p)
-        },
+        || c.pods(NS).into_iter().find(|p| uid(p) == hog_uid),
     );
+    println!("cluster (disk): Failed without a reason in {blank} polls before Evicted");
     let t_evicted = d.t_hog.elapsed();
     let t_seen = Instant::now();
     assert_evicted(&evicted);

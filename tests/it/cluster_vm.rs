@@ -72,7 +72,7 @@ use std::time::{Duration, Instant};
 
 use cluster_support::{
     Cluster, assert_evicted, assert_one_memory_eviction, condition, fresh_dir, hog_yaml, phase,
-    pod_yaml, repo, tainted, uid,
+    pod_yaml, poll_evicted, repo, tainted, uid,
 };
 use serde_json::Value;
 
@@ -712,12 +712,11 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
         pressure_line.unwrap_or("?"),
         restart[0].ms
     );
-    let evicted = poll(GUEST_DEADLINE, "the hog Failed/Evicted", || {
-        let p = c.pods(NS).into_iter().find(|p| uid(p) == hog_uid)?;
-        (phase(&p) == "Failed").then_some(p)
+    let (evicted, blank) = poll_evicted(GUEST_DEADLINE, "the hog Failed/Evicted", || {
+        c.pods(NS).into_iter().find(|p| uid(p) == hog_uid)
     });
     println!(
-        "cluster-vm: hog evicted {:.1} s after it was applied",
+        "cluster-vm: hog evicted {:.1} s after it was applied (Failed without a reason in {blank} polls before)",
         t_hog.elapsed().as_secs_f64()
     );
     assert_evicted(&evicted);

@@ -246,6 +246,31 @@ pub fn assert_one_memory_eviction(
     );
 }
 
+/// Polls `pod` until it is Failed with reason Evicted, as criguard leaves
+/// an evicted pod, or panics after `deadline` naming `what`. The kubelet's
+/// first Failed status carries no reason (for up to about a second, until
+/// criguard writes its own again, `src/kube/reassert.rs`): the pod and the
+/// polls that saw Failed without the reason.
+pub fn poll_evicted(
+    deadline: Duration,
+    what: &str,
+    mut pod: impl FnMut() -> Option<Value>,
+) -> (Value, usize) {
+    let mut blank = 0;
+    let p = poll(deadline, what, || {
+        let p = pod()?;
+        if phase(&p) != "Failed" {
+            return None;
+        }
+        if p["status"]["reason"] != "Evicted" {
+            blank += 1;
+            return None;
+        }
+        Some(p)
+    });
+    (p, blank)
+}
+
 /// The pod's `status.phase` ("" if none yet).
 pub fn phase(p: &Value) -> &str {
     p["status"]["phase"].as_str().unwrap_or("")
