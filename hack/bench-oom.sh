@@ -59,9 +59,10 @@
 # (contender=N,...), CRIGUARD_OOM_SKIP (contender-rate-run,...: runs left
 # out), CRIGUARD_OOM_RATES, CRIGUARD_OOM_CONTENDERS
 # (criguard-events,earlyoom,kernel,criguard-tick,systemd-oomd),
-# CRIGUARD_OOM_SAMPLE_US (5000), CRIGUARD_OOM_VM_TIMEOUT (3600 s). Under
-# TCG each pod takes 20-40 s to start: 3/3/1/2/2 runs per rate (earlyoom,
-# criguard-events, kernel, criguard-tick, systemd-oomd) took 50 minutes.
+# CRIGUARD_OOM_SAMPLE_US (5000), CRIGUARD_OOM_VM_TIMEOUT (3600 s). On an
+# idle 2-core host 5/5/2/3/2 runs per rate (earlyoom, criguard-events,
+# kernel, criguard-tick, systemd-oomd) took 37 minutes; the kernel's and
+# systemd-oomd's runs are the long ones (up to 90 s of thrashing each).
 # Writes runs.csv, table.md, losses.txt, the plots and the guest's raw
 # records (runs/, samples/, kmsg.txt, the contenders' logs) to the results
 # directory (default a new one under /tmp).
