@@ -47,11 +47,24 @@ read_pid() {
     return 0
 }
 
-# wait_exit PID SECS: wait up to SECS for PID to go; fails if it has not.
+# gone PID: no thread of PID runs any more. A killed multi-threaded process
+# shows its leader as a zombie while its other threads are still exiting
+# (the last one unmaps the memory, which mlockall makes slower): those still
+# hold the open files, a listening port among them, until they are gone
+# from /proc/PID/task.
+gone() {
+    local threads
+    alive "$1" && return 1
+    threads="$(find "/proc/$1/task" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)"
+    ((threads <= 1))
+}
+
+# wait_exit PID SECS: wait up to SECS for PID to go (every thread); fails if
+# it has not.
 wait_exit() {
     local end=$((SECONDS + $2))
-    while alive "$1" && ((SECONDS < end)); do sleep 0.1; done
-    ! alive "$1"
+    while ! gone "$1" && ((SECONDS < end)); do sleep 0.1; done
+    gone "$1"
 }
 
 # kubeconfig FILE CLUSTER-LINES USER-LINES: a kubeconfig, mode 0600, for the
