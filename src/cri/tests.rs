@@ -122,6 +122,15 @@ fn data_len(fs: &[(Head, Vec<u8>)], stream: u32) -> usize {
 impl Harness {
     /// A connection whose observer refuses RunPodSandbox when `refuse`.
     fn new(refuse: bool) -> Self {
+        let mut h = Self::before_runtime_settings(refuse);
+        h.server(&frame::build(kind::SETTINGS, 0, 0, &[]));
+        h.take();
+        h
+    }
+
+    /// [`Harness::new`] before the runtime's SETTINGS: the client's preface
+    /// and SETTINGS are in, nothing from the runtime yet.
+    fn before_runtime_settings(refuse: bool) -> Self {
         let observer = Scripted { refuse };
         let proxy =
             Proxy::to(RuntimeEndpoint::parse("/nonexistent.sock").unwrap()).with_observer(observer);
@@ -134,7 +143,6 @@ impl Harness {
         let mut hello = BytesMut::from(&frame::PREFACE[..]);
         hello.extend_from_slice(&frame::build(kind::SETTINGS, 0, 0, &[]));
         h.client(&hello);
-        h.server(&frame::build(kind::SETTINGS, 0, 0, &[]));
         h.take();
         h
     }
@@ -480,17 +488,7 @@ fn a_large_header_block_waits_for_room_in_the_budget() {
 #[test]
 fn a_drain_before_the_runtimes_settings_waits_for_them() {
     // Accepted just as a drain began: the runtime's SETTINGS has not come.
-    let mut h = Harness {
-        conn: Conn::new(Proxy::to(
-            RuntimeEndpoint::parse("/nonexistent.sock").unwrap(),
-        )),
-        io: Io::default(),
-        client_enc: loona_hpack::Encoder::new(),
-        server_enc: loona_hpack::Encoder::new(),
-    };
-    let mut hello = BytesMut::from(&frame::PREFACE[..]);
-    hello.extend_from_slice(&frame::build(kind::SETTINGS, 0, 0, &[]));
-    h.client(&hello);
+    let mut h = Harness::before_runtime_settings(false);
     h.conn.drain(&mut h.io);
     let (_, to_client) = h.take();
     assert!(
