@@ -144,15 +144,19 @@ impl PsiTrigger {
 
     /// Waits until the trigger fires. Cancel-safe.
     pub async fn fired(&self) -> Result<(), EventError> {
-        let mut guard = self
-            .file
-            .ready(Interest::PRIORITY)
-            .await
-            .map_err(|e| EventError::new("poll", &self.path, e))?;
-        // Polling reset the kernel's flag; the next edge is the next event.
-        guard.clear_ready();
-        Ok(())
+        next_edge(&self.file, &self.path).await
     }
+}
+
+/// Waits for the next POLLPRI edge of `file` (at `path`). Cancel-safe.
+async fn next_edge(file: &AsyncFd<File>, path: &Path) -> Result<(), EventError> {
+    let mut guard = file
+        .ready(Interest::PRIORITY)
+        .await
+        .map_err(|e| EventError::new("poll", path, e))?;
+    // Polling reset the kernel's flag; the next edge is the next event.
+    guard.clear_ready();
+    Ok(())
 }
 
 /// Change notification of a kernfs file such as `memory.events`.
@@ -201,13 +205,7 @@ impl FileModified {
     /// (empty when the change was something else, such as the cgroup going
     /// away). Cancel-safe.
     pub async fn changed(&mut self) -> Result<Vec<(String, u64)>, EventError> {
-        let mut guard = self
-            .file
-            .ready(Interest::PRIORITY)
-            .await
-            .map_err(|e| EventError::new("poll", &self.path, e))?;
-        guard.clear_ready();
-        drop(guard);
+        next_edge(&self.file, &self.path).await?;
         let now = self.reread()?;
         let up = increased(&self.last, &now);
         self.last = now;
