@@ -120,7 +120,8 @@ struct Target {
 /// Why a task's counter is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Look {
-    /// Its own `/tasks/oom`.
+    /// Its own `/tasks/oom`, or on cgroup v1 one for a task of its pod
+    /// (the notification reached its cgroup too).
     Notification,
     /// Its process ended by SIGKILL.
     Killed,
@@ -262,7 +263,20 @@ impl OomKillWatcher {
         });
         s.since = now;
         s.recheck_at = now + RECHECKS[0];
-        self.check(model, task_id, at_ms, Look::Notification)
+        let mut out = self.check(model, task_id, at_ms, Look::Notification);
+        if !self.unified() {
+            // v1 notifies every cgroup below the one that ran out, but
+            // containerd passes the notifications on one at a time: the
+            // victim's own can come after its exit has removed its cgroup,
+            // the kill unread. The pod's other tasks are read at the first.
+            let tasks = target(model, task_id).map(|t| t.tasks).unwrap_or_default();
+            for id in tasks.iter().filter(|id| *id != task_id) {
+                if !self.suspects.contains_key(id) && !self.gone.contains(id) {
+                    out.extend(self.check(model, id, at_ms, Look::Notification));
+                }
+            }
+        }
+        out
     }
 
     /// `/tasks/exit`: a process killed by SIGKILL may be the OOM killer's
@@ -366,7 +380,7 @@ impl OomKillWatcher {
             return Vec::new();
         };
         let suspect = self.suspects.get(task_id);
-        let notified = suspect.is_some();
+        let notified = suspect.is_some() || why == Look::Notification;
         let at_ms = suspect.map_or(at_ms, |s| s.notified_at_ms);
         let mut out = Vec::new();
         let kills = match self.cgroups.oom_kills(&t.cgroup) {

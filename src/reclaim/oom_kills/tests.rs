@@ -385,3 +385,24 @@ fn only_the_latest_exits_readings_are_kept() {
     );
     assert_eq!(w.gone.len(), GONE_KEEP);
 }
+
+#[test]
+fn on_v1_a_pods_first_notification_reads_its_other_tasks() {
+    // containerd 1.6 passed the sandbox's notification on first; the
+    // victim's own came only after its exit had removed its cgroup.
+    let (t, m) = fixture();
+    let mut w = watcher(t.path(), "sx");
+    w.baseline(&m);
+    set(t.path(), "/kubepods/besteffort/podsx/cx", 1);
+    let now = Instant::now();
+    let kills = w.on_oom(&m, "sx", 2_000, now);
+    assert_eq!(kills.len(), 1, "{kills:#?}");
+    assert_eq!((kills[0].container_id.as_str(), kills[0].kills), ("cx", 1));
+    assert!(kills[0].notified && kills[0].matched_rank, "{kills:#?}");
+    assert_eq!(kills[0].at_unix_ms, 2_000);
+    std::fs::remove_dir_all(t.path().join("memory/kubepods/besteffort/podsx/cx")).unwrap();
+    assert!(w.on_oom(&m, "cx", 2_200, now).is_empty());
+    assert!(w.on_exit(&m, &exit("cx", 137)).is_empty());
+    assert!(w.on_deadline(&m, now + RECHECK_AFTER).is_empty());
+    assert_eq!(w.store.list().len(), 1, "one kill, recorded once");
+}
