@@ -54,7 +54,30 @@ runtime=(lifecycle:: clients:: crictl:: critest:: eviction:: gc:: events::
 
 cargo test --no-run --all-targets >/dev/null
 
-tag() { sed -u "s/^/[$1] /"; }
+# Every group's lines also go to one log, so the end of the run can name
+# what failed: CI keeps only the tail of the output, and the tiers' lines
+# interleave with the rest.
+log=$(mktemp /tmp/criguard-test-log.XXXXXX)
+trap 'rm -f "$log"' EXIT
+tag() { sed -u "s/^/[$1] /" | tee -a "$log"; }
+
+# The failed tests (libtest's closing `failures:` list of each binary, the
+# VM's inner one included) and the first lines of every panic, last.
+summary() {
+    local failed
+    failed=$(awk '
+        { line = $0; prefix = ""
+          while (match(line, /^ *\[[^]]+\] ?/)) { prefix = prefix substr(line, 1, RLENGTH); line = substr(line, RLENGTH + 1) } }
+        line == "failures:" { list[prefix] = ""; next }
+        line ~ /^test result: / { if (list[prefix] != "") printf "%s", list[prefix]; delete list[prefix]; next }
+        (prefix in list) && line ~ /^    [^ ]+$/ { list[prefix] = list[prefix] prefix line "\n" }
+    ' "$log")
+    [[ -n $failed ]] || return 0
+    echo "test.sh: failed:" >&2
+    echo "$failed" >&2
+    echo "test.sh: their panics:" >&2
+    grep -E -A6 "panicked at " "$log" | head -n 80 >&2 || true
+}
 
 run_tiers() {
     local start=$SECONDS rc=0
@@ -90,5 +113,6 @@ tiers_pid=$!
 failed=0
 run_host || failed=1
 wait "$tiers_pid" || failed=1
+summary
 echo "test.sh: everything done in $((SECONDS - start)) s; $([[ $failed == 0 ]] && echo passed || echo FAILED)" >&2
 exit "$failed"
