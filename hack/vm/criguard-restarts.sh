@@ -10,9 +10,13 @@
 #       The guest's clock, whole seconds since the epoch (a window's start).
 #   criguard-restarts.sh restart N [FIRST]
 #       N times: systemctl restart criguard, then wait until the new process
-#       has relayed one of the kubelet's CRI calls (its metrics count one:
-#       the kubelet calls every second) and its admin socket answers
-#       (criguard evictions). One line per restart:
+#       has answered the kubelet's runtime sanity check (a Status call with
+#       code OK in its metrics: the kubelet makes one every 5 s and reports
+#       "container runtime is down", the node NotReady, when none has
+#       succeeded for 30 s) and its admin socket answers (criguard
+#       evictions). Waiting for that check, not for any relayed call, paces
+#       the restarts as an operator's rolling restart is paced: the kubelet
+#       has seen the runtime up between two of them. One line per restart:
 #       "restart I PID MS SYSTEMCTL_MS" (I counted from FIRST, default 1;
 #       MS: systemctl restart's start to both answering; SYSTEMCTL_MS: how
 #       long systemctl restart itself took, the old process's stop mostly).
@@ -50,16 +54,17 @@ metrics() {
     timeout 5 bash -c "exec 3<>/dev/tcp/${METRICS%:*}/${METRICS#*:}; printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3; cat <&3" 2>/dev/null
 }
 
-# relayed: how many CRI calls the running criguard has relayed.
-relayed() {
-    metrics | awk '/^criguard_cri_request_duration_seconds_count/ { n += $NF } END { print n + 0 }'
+# status_ok: how many of the kubelet's Status calls the running criguard
+# has answered with OK.
+status_ok() {
+    metrics | awk '/^criguard_cri_request_duration_seconds_count\{/ && /method="Status"/ && /code="OK"/ { n += $NF } END { print n + 0 }'
 }
 
-# answering SECS: until the running criguard has relayed a CRI call and its
-# admin socket answers, at most SECS seconds.
+# answering SECS: until the running criguard has answered the kubelet's
+# Status and its admin socket answers, at most SECS seconds.
 answering() {
     local end=$((SECONDS + $1))
-    until (($(relayed) > 0)) && criguard evictions --admin-socket "$ADMIN" >/dev/null 2>&1; do
+    until (($(status_ok) > 0)) && criguard evictions --admin-socket "$ADMIN" >/dev/null 2>&1; do
         ((SECONDS < end)) || return 1
         sleep 0.1
     done

@@ -927,7 +927,7 @@ fn restarts_under_churn(
             let ms: Vec<u64> = restarts.iter().map(|r| r.ms).collect();
             let stop: Vec<u64> = restarts.iter().map(|r| r.systemctl_ms).collect();
             println!(
-                "cluster-vm: {} systemctl restarts of criguard in {:.1} s under {cycles} churn cycles: restart to answering (a kubelet call relayed, admin socket) {} ms mean, {} ms max (systemctl restart itself {} ms mean, {} ms max)",
+                "cluster-vm: {} systemctl restarts of criguard in {:.1} s under {cycles} churn cycles: restart to answering (the kubelet's Status answered OK, admin socket) {} ms mean, {} ms max (systemctl restart itself {} ms mean, {} ms max)",
                 restarts.len(),
                 window.as_secs_f64(),
                 ms.iter().sum::<u64>() / ms.len().max(1) as u64,

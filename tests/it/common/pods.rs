@@ -233,35 +233,56 @@ pub async fn grow(rt: &RuntimeServiceClient<Channel>, id: &str) {
 
 /// Stops and removes every sandbox in `sandbox_ids` through `rt`, the
 /// kubelet's teardown.
+///
+/// Both calls are retried for at most 10 s each, as the kubelet's pod
+/// workers retry them: criguard may still be removing an evicted pod's
+/// containers in the background ("already in removing state"), and
+/// containerd fails a stop whose shim is exiting with the pod's last
+/// process ("failed to kill container …: ttrpc: closed"). NotFound means
+/// the sandbox is gone.
 pub async fn remove_pods(
     rt: &mut RuntimeServiceClient<Channel>,
     sandbox_ids: impl IntoIterator<Item = String>,
 ) {
     for id in sandbox_ids {
-        rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
+        let stop = cri::StopPodSandboxRequest {
             pod_sandbox_id: id.clone(),
+        };
+        until_done("StopPodSandbox", &id, || {
+            let mut rt = rt.clone();
+            let stop = stop.clone();
+            async move { rt.stop_pod_sandbox(stop).await.map(|_| ()) }
         })
-        .await
-        .unwrap();
-        // criguard may still be removing an evicted pod's containers in the
-        // background ("already in removing state"): the kubelet retries,
-        // so does this, for at most 10 s; NotFound means it is gone.
-        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let r = rt
-                .remove_pod_sandbox(cri::RemovePodSandboxRequest {
-                    pod_sandbox_id: id.clone(),
-                })
-                .await;
-            match r {
-                Ok(_) => break,
-                Err(e) if e.code() == tonic::Code::NotFound => break,
-                Err(e) if std::time::Instant::now() < end => {
-                    eprintln!("remove_pods: {id}: {} (retrying)", e.message());
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                }
-                Err(e) => panic!("RemovePodSandbox {id}: {e}"),
+        .await;
+        let remove = cri::RemovePodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        };
+        until_done("RemovePodSandbox", &id, || {
+            let mut rt = rt.clone();
+            let remove = remove.clone();
+            async move { rt.remove_pod_sandbox(remove).await.map(|_| ()) }
+        })
+        .await;
+    }
+}
+
+/// Calls `call` until it succeeds or answers NotFound, at most 10 s;
+/// panics with its last error after that.
+async fn until_done<F, Fut>(what: &str, id: &str, mut call: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>>,
+{
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match call().await {
+            Ok(()) => return,
+            Err(e) if e.code() == tonic::Code::NotFound => return,
+            Err(e) if std::time::Instant::now() < end => {
+                eprintln!("remove_pods: {what} {id}: {} (retrying)", e.message());
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
             }
+            Err(e) => panic!("{what} {id}: {e}"),
         }
     }
 }
