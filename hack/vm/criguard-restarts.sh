@@ -57,7 +57,7 @@ metrics() {
 # status_ok: how many of the kubelet's Status calls the running criguard
 # has answered with OK.
 status_ok() {
-    metrics | awk '/^criguard_cri_request_duration_seconds_count\{/ && /method="Status"/ && /code="OK"/ { n += $NF } END { print n + 0 }'
+    metrics | awk '/^criguard_cri_request_duration_seconds_count\{/ && /method="runtime\.v1(alpha2)?\.RuntimeService\/Status"/ && /code="OK"/ { n += $NF } END { print n + 0 }'
 }
 
 # answering SECS: until the running criguard has answered the kubelet's
