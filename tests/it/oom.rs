@@ -220,16 +220,30 @@ async fn oom_scenario(dynamic: bool) -> Outcome {
     }
 }
 
-/// Checks the recorded kill: in `container_id`, of class `qos`, matched or
-/// not, seen through `/tasks/oom`, counted in the metric.
-fn assert_recorded(o: &Outcome, container_id: &str, qos: QosClass, matched: bool) {
+/// Checks the recorded kills: the one in `container_id`, of class `qos`,
+/// matched or not, seen through `/tasks/oom`; besides it at most one in
+/// `second` (see [`first_victim`]); each counted in the metric under its
+/// own `matched_rank`.
+fn assert_recorded(
+    o: &Outcome,
+    container_id: &str,
+    qos: QosClass,
+    matched: bool,
+    second: Option<&str>,
+) {
     eprintln!("recorded: {:#?}", o.kills);
     assert!(
-        o.kills.iter().all(|k| k.container_id == container_id),
-        "only the killed container: {:#?}",
+        o.kills
+            .iter()
+            .all(|k| k.container_id == container_id || Some(k.container_id.as_str()) == second),
+        "only the killed containers: {:#?}",
         o.kills
     );
-    let k = &o.kills[0];
+    let k = o
+        .kills
+        .iter()
+        .find(|k| k.container_id == container_id)
+        .expect("the first victim's kill recorded");
     assert_eq!((k.qos, k.matched_rank), (qos, matched), "{k:#?}");
     eprintln!("criguard evictions:\n{}", o.text);
     assert!(
@@ -244,16 +258,25 @@ fn assert_recorded(o: &Outcome, container_id: &str, qos: QosClass, matched: bool
             .is_some_and(|p| p.contains("x-besteffort")),
         "criguard ranked X first: {k:#?}"
     );
-    let label = if matched { "true" } else { "false" };
-    let kills: u64 = o.kills.iter().map(|k| k.kills).sum();
-    assert_eq!(
-        value(
-            &o.metrics,
-            "criguard_kernel_oom_kills_total",
-            &[("matched_rank", label)]
-        ),
-        Some(kills as f64)
-    );
+    for label in [true, false] {
+        let kills: u64 = o
+            .kills
+            .iter()
+            .filter(|k| k.matched_rank == label)
+            .map(|k| k.kills)
+            .sum();
+        let name = if label { "true" } else { "false" };
+        assert_eq!(
+            value(
+                &o.metrics,
+                "criguard_kernel_oom_kills_total",
+                &[("matched_rank", name)]
+            )
+            .unwrap_or(0.0),
+            kills as f64,
+            "criguard_kernel_oom_kills_total{{matched_rank={name}}}"
+        );
+    }
     assert!(
         value(
             &o.metrics,
@@ -262,6 +285,32 @@ fn assert_recorded(o: &Outcome, container_id: &str, qos: QosClass, matched: bool
         )
         .is_some_and(|n| n >= 1.0)
     );
+}
+
+/// Checks that the kernel's first victim was `first` and returns whether
+/// it killed `next` too. One OOM can end in two kills on a loaded host: the
+/// kernel kills again when the grower's next charge fails before the first
+/// victim's memory is uncharged (seen once in CI rehearsal 14 on
+/// containerd 2: Y 205 MiB, then X, in the same second, although X needed
+/// 30 MiB more). A second kill is the kernel's, so it is allowed, only
+/// after the first: `next` still ran when `first` had exited, or exited no
+/// earlier.
+fn first_victim(first: &cri::ContainerStatus, next: &cri::ContainerStatus) -> bool {
+    assert!(oom_killed(first), "the kernel's first victim: {first:?}");
+    if running(next) {
+        return false;
+    }
+    assert!(
+        oom_killed(next) && next.finished_at >= first.finished_at,
+        "only a second kernel kill after the first may end {next:?} (first {first:?})"
+    );
+    eprintln!(
+        "the kernel killed twice: {} exited {} ms after {}",
+        next.metadata.as_ref().map_or("?", |m| m.name.as_str()),
+        (next.finished_at - first.finished_at) / 1_000_000,
+        first.metadata.as_ref().map_or("?", |m| m.name.as_str()),
+    );
+    true
 }
 
 fn running(s: &cri::ContainerStatus) -> bool {
@@ -278,24 +327,20 @@ fn oom_killed(s: &cri::ContainerStatus) -> bool {
 async fn kernel_oom_kills_the_pod_criguard_ranks_first() {
     let o = oom_scenario(true).await;
     let [x, y, z] = &o.statuses;
-    assert!(
-        oom_killed(x),
-        "X (criguard's first) must be the OOM victim: {x:?}"
-    );
-    assert!(
-        running(y) && running(z),
-        "Y and Z must survive: {y:?} {z:?}"
-    );
-    assert_recorded(&o, &x.id, QosClass::BestEffort, true);
+    // X (criguard's first) is the OOM victim; Y only in a second kill.
+    first_victim(x, y);
+    assert!(running(z), "Z must survive: {z:?}");
+    assert_recorded(&o, &x.id, QosClass::BestEffort, true, Some(&y.id));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_dynamic_scores_the_kernel_kills_the_bigger_higher_priority_pod() {
     // The control: the same pods at the kubelet's static scores.
     let o = oom_scenario(false).await;
-    let [x, y, _] = &o.statuses;
-    assert!(oom_killed(y), "at static scores the kernel picks Y: {y:?}");
-    assert!(running(x), "{x:?}");
-    // criguard still ranked X first: the kill is recorded as a miss.
-    assert_recorded(&o, &y.id, QosClass::Burstable, false);
+    let [x, y, z] = &o.statuses;
+    // At static scores the kernel picks Y; X only in a second kill.
+    first_victim(y, x);
+    assert!(running(z), "Z must survive: {z:?}");
+    // criguard still ranked X first: Y's kill is recorded as a miss.
+    assert_recorded(&o, &y.id, QosClass::Burstable, false, Some(&x.id));
 }
