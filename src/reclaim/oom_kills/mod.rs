@@ -251,7 +251,7 @@ impl OomKillWatcher {
         at_ms: u64,
         now: Instant,
     ) -> Vec<OomKill> {
-        if self.gone.iter().any(|id| id == task_id) && self.store.mark_notified(task_id) {
+        if self.exited(task_id) && self.store.mark_notified(task_id) {
             // Published after the exit that recorded the kill.
             tracing::debug!(task = task_id, "OOM notification after the recorded kill");
             return Vec::new();
@@ -271,7 +271,7 @@ impl OomKillWatcher {
             // the kill unread. The pod's other tasks are read at the first.
             let tasks = target(model, task_id).map(|t| t.tasks).unwrap_or_default();
             for id in tasks.iter().filter(|id| *id != task_id) {
-                if !self.suspects.contains_key(id) && !self.gone.contains(id) {
+                if !self.suspects.contains_key(id) && !self.exited(id) {
                     out.extend(self.check(model, id, at_ms, Look::Notification));
                 }
             }
@@ -298,7 +298,7 @@ impl OomKillWatcher {
     /// Keeps `id`'s reading for a late notification, and forgets the
     /// readings of the tasks that exited [`GONE_KEEP`] exits ago.
     fn forget_later(&mut self, id: &str) {
-        if !self.gone.iter().any(|g| g == id) {
+        if !self.exited(id) {
             self.gone.push_back(id.to_owned());
         }
         while self.gone.len() > GONE_KEEP {
@@ -306,6 +306,11 @@ impl OomKillWatcher {
                 self.seen.remove(&old);
             }
         }
+    }
+
+    /// Whether `id`'s init exited among the last [`GONE_KEEP`] exits.
+    fn exited(&self, id: &str) -> bool {
+        self.gone.iter().any(|g| g == id)
     }
 
     /// When the next recheck is due.
