@@ -6,10 +6,29 @@
 //! `encoding/json` wrote it (proto field names, zero values omitted), so
 //! it is read field by field with defaults rather than deserialised whole.
 
+use std::collections::HashMap;
+
 use k8s_cri::v1 as cri;
 use serde_json::Value;
 
-use super::{ContainerInfo, ContainerState, SandboxInfo, SandboxState};
+use super::{ContainerInfo, ContainerState, SandboxInfo, SandboxState, derive, keys};
+
+/// The annotations the model keeps; the others (e.g. the kubelet's
+/// container ports as JSON, or anything a client pads a request with) are
+/// never read, and are not copied.
+pub const READ_ANNOTATIONS: [&str; 3] = [
+    keys::ANNOTATION_GRACE,
+    keys::ANNOTATION_CONFIG_SOURCE,
+    derive::PRIORITY_ANNOTATION,
+];
+
+/// The annotations of `all` the model keeps ([`READ_ANNOTATIONS`]).
+fn read_annotations(all: &HashMap<String, String>) -> HashMap<String, String> {
+    READ_ANNOTATIONS
+        .iter()
+        .filter_map(|&k| Some((k.to_owned(), all.get(k)?.clone())))
+        .collect()
+}
 
 /// Model inputs from a RunPodSandbox request and the id the runtime gave.
 pub fn sandbox_from_request(id: &str, config: &cri::PodSandboxConfig) -> SandboxInfo {
@@ -20,7 +39,7 @@ pub fn sandbox_from_request(id: &str, config: &cri::PodSandboxConfig) -> Sandbox
         namespace: meta.namespace,
         uid: meta.uid,
         attempt: meta.attempt,
-        annotations: config.annotations.clone(),
+        annotations: read_annotations(&config.annotations),
         cgroup_parent: config
             .linux
             .as_ref()
@@ -54,7 +73,7 @@ pub fn container_from_request(
             .as_ref()
             .map(|i| i.image.clone())
             .unwrap_or_default(),
-        annotations: config.annotations.clone(),
+        annotations: read_annotations(&config.annotations),
         cpu_shares: res.cpu_shares,
         cpu_quota: res.cpu_quota,
         cpu_period: res.cpu_period,
@@ -110,7 +129,7 @@ pub enum InfoError {
 fn info_json(
     kind: &'static str,
     id: &str,
-    info: &std::collections::HashMap<String, String>,
+    info: &HashMap<String, String>,
 ) -> Result<Value, InfoError> {
     let raw = info.get("info").ok_or_else(|| InfoError::Missing {
         kind,
@@ -149,7 +168,7 @@ pub fn sandbox_from_status(resp: &cri::PodSandboxStatusResponse) -> Result<Sandb
         namespace: meta.namespace,
         uid: meta.uid,
         attempt: meta.attempt,
-        annotations: status.annotations,
+        annotations: read_annotations(&status.annotations),
         cgroup_parent: str_at(&config, &["linux", "cgroup_parent"]).to_owned(),
         log_directory: str_at(&config, &["log_directory"]).to_owned(),
         created_at_ns: status.created_at,
@@ -172,7 +191,7 @@ pub fn container_from_status(
         name: meta.name,
         attempt: meta.attempt,
         image: str_at(&config, &["image", "image"]).to_owned(),
-        annotations: status.annotations,
+        annotations: read_annotations(&status.annotations),
         cpu_shares: res("cpu_shares"),
         cpu_quota: res("cpu_quota"),
         cpu_period: res("cpu_period"),
@@ -186,7 +205,39 @@ pub fn container_from_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+
+    #[test]
+    fn only_the_annotations_criguard_reads_are_kept() {
+        let annotations = HashMap::from([
+            (keys::ANNOTATION_GRACE.to_owned(), "45".to_owned()),
+            ("io.kubernetes.container.ports".into(), "[…]".into()),
+            ("padding".into(), "x".repeat(1 << 20)),
+        ]);
+        let config = cri::ContainerConfig {
+            annotations: annotations.clone(),
+            ..Default::default()
+        };
+        let c = container_from_request("c1", "sb1", &config);
+        assert_eq!(
+            c.annotations,
+            HashMap::from([(keys::ANNOTATION_GRACE.into(), "45".into())])
+        );
+        let sandbox = cri::PodSandboxConfig {
+            annotations: HashMap::from([
+                (keys::ANNOTATION_CONFIG_SOURCE.into(), "file".into()),
+                (derive::PRIORITY_ANNOTATION.into(), "7".into()),
+                ("other".into(), "y".into()),
+            ]),
+            ..Default::default()
+        };
+        let s = sandbox_from_request("sb1", &sandbox);
+        let mut kept: Vec<_> = s.annotations.keys().map(String::as_str).collect();
+        kept.sort_unstable();
+        assert_eq!(
+            kept,
+            [derive::PRIORITY_ANNOTATION, keys::ANNOTATION_CONFIG_SOURCE]
+        );
+    }
 
     #[test]
     fn verbose_container_info_is_read_with_omitted_zero_fields() {

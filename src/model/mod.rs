@@ -116,7 +116,7 @@ pub struct SandboxInfo {
     pub uid: String,
     /// Sandbox attempt.
     pub attempt: u32,
-    /// Pod annotations.
+    /// The pod annotations criguard reads ([`convert::READ_ANNOTATIONS`]).
     pub annotations: HashMap<String, String>,
     /// `LinuxPodSandboxConfig.cgroup_parent`.
     pub cgroup_parent: String,
@@ -141,7 +141,7 @@ pub struct ContainerInfo {
     pub attempt: u32,
     /// Image reference as the kubelet asked for it.
     pub image: String,
-    /// Container annotations.
+    /// The container annotations criguard reads ([`convert::READ_ANNOTATIONS`]).
     pub annotations: HashMap<String, String>,
     /// CPU shares.
     pub cpu_shares: i64,
