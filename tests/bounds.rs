@@ -452,9 +452,13 @@ async fn held_bodies_stay_within_the_shared_budget_and_are_given_back() {
         mib(peak),
         mib(after)
     );
+    // The 64 MiB budget covers the held bodies, the observer's work on
+    // them and the requests kept for their answers; 32 MiB for the rest.
+    // 71 MiB above the base on a loaded machine; 154 MiB when a taken body
+    // still shared its buffer with the call until the answer came.
     assert!(
-        peak < base + 120 * 1024,
-        "sixteen 15 MiB bodies took criguard to {peak} KiB (285 MiB before the budget)"
+        peak < base + 96 * 1024,
+        "sixteen 15 MiB bodies took criguard to {peak} KiB from {base} KiB (285 MiB before the budget)"
     );
     assert!(
         after < base + 24 * 1024,

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
-use super::budget::{self, BLOCKS_REFUSED, SMALL_BLOCK};
+use super::budget::{self, BLOCKS_REFUSED, Charge, SMALL_BLOCK};
 use super::flow::ToServer;
 use super::frame::{self, Head, error, flag, kind, setting};
 use super::headers::{Fields, Reader};
@@ -791,17 +791,28 @@ impl Conn {
         let Some(obs) = observed(&mut self.streams, stream) else {
             return;
         };
+        let Some(work) = Held::reserve_work(obs, &self.proxy.budget) else {
+            return self.pass_held(stream, io);
+        };
         let body = self.held.take_body(obs);
-        // Charged to the budget until it has left for the runtime.
+        // Charged to the budget until it has left for the runtime, or, when
+        // the request is kept for the answer (its bytes, or the patched
+        // copy's, stay resident), until the call ends.
         let charged = body.len();
-        match obs.verdict(&*observer, body) {
+        let verdict = obs.verdict(&*observer, body);
+        self.proxy.budget.give(work);
+        match verdict {
             Verdict::Refuse(why) => {
                 self.proxy.budget.give(charged);
                 self.refuse(stream, &why, io)
             }
             Verdict::Send { payload, request } => {
-                obs.sent(request);
-                self.send_body(stream, payload, charged, io);
+                let (kept, leaving) = match request {
+                    Some(_) => (Some(Charge::new(self.proxy.budget.clone(), charged)), 0),
+                    None => (None, charged),
+                };
+                obs.sent(request, kept);
+                self.send_body(stream, payload, leaving, io);
             }
         }
     }
@@ -869,6 +880,11 @@ impl Conn {
         if owed > 0 {
             self.inject_client(io, frame::window_update(0, owed as u32));
         }
+    }
+
+    /// The runtime's socket took bytes: bodies criguard sends are framed on.
+    pub fn on_server_room(&mut self, io: &mut Io) {
+        self.to_server.resume(&mut io.to_server);
     }
 
     /// Whether a body waits for the node model.

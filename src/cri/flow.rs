@@ -14,7 +14,11 @@
 //! header block the client is still sending: it waits for the block's end.
 //!
 //! A released body stays charged to the relay's hold budget until it has
-//! left for the runtime, and [`ToServer::queued`] tells the pump how much
+//! been framed whole; it is framed as the runtime's socket takes the
+//! frames ([`ToServer::resume`]), not as far as the runtime's windows
+//! reach (grpc-go grows them to 16 MiB), so a slow runtime does not make
+//! criguard hold copies beside the charged buffers. [`ToServer::queued`]
+//! tells the pump how much
 //! waits here, so that the client is not read while the runtime's windows
 //! hold back more than a little (the client was credited early for held
 //! bytes, so it may have more window than the runtime gave).
@@ -27,6 +31,12 @@ use bytes::{Bytes, BytesMut};
 use super::budget::Budget;
 use super::frame::{self, flag, kind};
 use super::out::Out;
+
+/// Bytes waiting for the runtime's socket below which a body criguard
+/// sends is framed on (the pump's high-water mark). Its frames are copies, so the body's buffer goes
+/// (and its budget charge is given back) once the last one is out, and
+/// no more than this waits as copies, however wide the runtime's windows.
+const FRAMED_AHEAD: usize = 64 << 10;
 
 /// Something to send to the runtime, in order.
 #[derive(Debug)]
@@ -212,6 +222,13 @@ impl ToServer {
         self.max_frame = size.clamp(frame::DEFAULT_MAX_FRAME, frame::MAX_FRAME_LIMIT);
     }
 
+    /// `out` took bytes: frames more of the bodies waiting for room in it.
+    pub fn resume(&mut self, out: &mut Out) {
+        if !self.queue.is_empty() {
+            self.flush(out);
+        }
+    }
+
     /// Whether frames wait for the runtime's window.
     pub fn is_blocked(&self) -> bool {
         !self.queue.is_empty()
@@ -237,6 +254,10 @@ impl ToServer {
                     end_stream,
                     charged,
                 } => {
+                    if out.len() >= FRAMED_AHEAD {
+                        // Framed on, copy by copy, as the socket takes them.
+                        return;
+                    }
                     let sw = self.stream_windows.get(stream).copied().unwrap_or(0);
                     let room = self.window.min(sw).min(i64::from(self.max_frame)).max(0);
                     let n = (payload.len() as i64).min(room) as usize;
@@ -246,9 +267,11 @@ impl ToServer {
                     let chunk = payload.split_to(n);
                     self.queued -= n;
                     let last = payload.is_empty();
-                    let give = if last { *charged } else { (*charged).min(n) };
-                    *charged -= give;
-                    self.budget.give(give);
+                    if last {
+                        // The rest shares the body's buffer, which stays
+                        // resident until the last chunk is copied out.
+                        self.budget.give(std::mem::take(charged));
+                    }
                     let flags = if last && *end_stream {
                         flag::END_STREAM
                     } else {
@@ -363,5 +386,32 @@ mod tests {
             heads.iter().map(|h| h.kind).collect::<Vec<_>>(),
             [kind::CONTINUATION, kind::RST_STREAM, kind::DATA]
         );
+    }
+
+    #[test]
+    fn a_body_is_framed_as_the_socket_takes_it_and_charged_until_framed_whole() {
+        let budget = Arc::new(Budget::new(1 << 20));
+        let mut t = ToServer::new(budget.clone());
+        let mut out = Out::default();
+        t.set_initial_window(&mut out, 1 << 20);
+        t.granted(&mut out, 0, 1 << 20);
+        assert!(budget.try_take(200_000));
+        t.body(&mut out, 1, Bytes::from(vec![1u8; 200_000]), true, 200_000);
+        let first = out.len();
+        assert!(
+            (FRAMED_AHEAD..FRAMED_AHEAD + 16_384 + 9).contains(&first),
+            "framed up to the mark, not the 1 MiB of window: {first}"
+        );
+        assert_eq!(budget.used(), 200_000, "charged while part of it waits");
+        let mut sent = out.take_all().len();
+        t.resume(&mut out);
+        sent += out.take_all().len();
+        assert!(sent < 200_000 && t.is_blocked());
+        while t.is_blocked() {
+            t.resume(&mut out);
+            sent += out.take_all().len();
+        }
+        assert_eq!(sent, 200_000 + 9 * 200_000usize.div_ceil(16_384));
+        assert_eq!(budget.used(), 0, "given back with the last frame");
     }
 }

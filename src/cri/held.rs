@@ -30,7 +30,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::budget::{self, Budget, UNHELD_BODIES};
+use super::budget::{self, Budget, Charge, UNHELD_BODIES};
 use super::frame::{self, Head, flag};
 use super::observe::{self, Method, Observe};
 use super::proxy::{Proxy, guarded};
@@ -55,6 +55,24 @@ enum State {
     Passed,
 }
 
+/// Bytes of memory per body byte the observer may use while it reads a
+/// complete body: the decoded message (prost copies its strings) and the
+/// patched copy that is forwarded.
+pub(super) const WORK_PER_BYTE: usize = 2;
+
+/// Counts, and logs at a bounded rate, an observed call relayed
+/// uninspected because `budget` is spent.
+fn spent(budget: &Budget) {
+    UNHELD_BODIES.inc();
+    if let Some(skipped) = UNHELD_LOG.allow(std::time::Instant::now()) {
+        tracing::warn!(
+            budget = budget.limit(),
+            not_logged = skipped,
+            "hold budget spent: an observed call is relayed without inspection"
+        );
+    }
+}
+
 /// What criguard keeps of an observed call.
 #[derive(Debug)]
 pub(super) struct Observed {
@@ -70,6 +88,8 @@ pub(super) struct Observed {
     advanced: u64,
     /// The request message as forwarded (patched), for the observer.
     request: Option<Bytes>,
+    /// The hold budget's charge for `request`'s bytes, until the call ends.
+    kept: Option<Charge>,
     /// A copy of the answer body, while it fits in a message.
     response: Option<BytesMut>,
 }
@@ -120,6 +140,7 @@ impl Observed {
             client_bytes: 0,
             advanced: 0,
             request: None,
+            kept: None,
             response: None,
         }
     }
@@ -190,11 +211,13 @@ impl Observed {
     }
 
     /// The body went to the runtime; `request` (as forwarded) is kept for
-    /// the observer, and the answer is copied when there is one.
-    pub(super) fn sent(&mut self, request: Option<Bytes>) {
+    /// the observer, still charged to the hold budget by `kept`, and the
+    /// answer is copied when there is one.
+    pub(super) fn sent(&mut self, request: Option<Bytes>, kept: Option<Charge>) {
         self.state = State::Sent;
         self.response = request.is_some().then(BytesMut::new);
         self.request = request;
+        self.kept = kept;
     }
 
     /// Copies a DATA frame of the answer, while it fits in a message.
@@ -267,15 +290,7 @@ impl Held {
         if !fits {
             // Given back with the rest of the body when it is passed on.
             budget.take_anyway(n);
-            UNHELD_BODIES.inc();
-            let budget = budget.limit();
-            if let Some(skipped) = UNHELD_LOG.allow(std::time::Instant::now()) {
-                tracing::warn!(
-                    budget,
-                    not_logged = skipped,
-                    "hold budget spent: an observed call is relayed without inspection"
-                );
-            }
+            spent(budget);
         }
         self.bytes += n;
         if !fits || too_big || self.bytes > HOLD_BUDGET {
@@ -289,6 +304,20 @@ impl Held {
             Next::Release
         } else {
             Next::Advance(u64::from(head.len))
+        }
+    }
+
+    /// Takes from `budget` what the observer's reading of the complete
+    /// body of `obs` needs while it runs ([`WORK_PER_BYTE`]); `None` (and
+    /// the call counted as unheld) when that does not fit: the body then
+    /// goes on unobserved, like one that outgrew the budget while held.
+    pub(super) fn reserve_work(obs: &Observed, budget: &Budget) -> Option<usize> {
+        let work = WORK_PER_BYTE * obs.body.len();
+        if budget.try_take(work) {
+            Some(work)
+        } else {
+            spent(budget);
+            None
         }
     }
 
@@ -306,7 +335,9 @@ impl Held {
         if obs.is_parked() {
             self.parked -= 1;
         }
-        let body = obs.body.split().freeze();
+        // Taken whole: a split would leave `obs.body` sharing (and keeping)
+        // the buffer until the call ends.
+        let body = std::mem::take(&mut obs.body).freeze();
         self.bytes -= body.len();
         body
     }
@@ -368,6 +399,30 @@ mod tests {
             (body.len(), held.bytes(), held.wants_ready()),
             (14, 0, false)
         );
+        assert!(
+            body.is_unique(),
+            "the call keeps no share of the buffer: it goes when the body does"
+        );
+    }
+
+    #[test]
+    fn the_observers_work_is_charged_or_the_body_passes() {
+        let budget = Budget::new(100);
+        let mut held = Held::default();
+        let mut obs = Observed::new(Method::CreateContainer, true);
+        held.hold(&mut obs, &data(1, 30, true), &[0; 30], &budget);
+        assert_eq!(Held::reserve_work(&obs, &budget), Some(60));
+        assert_eq!(budget.used(), 90);
+        budget.give(60);
+        let unheld = UNHELD_BODIES.get();
+        held.hold(&mut obs, &data(1, 10, true), &[0; 10], &budget);
+        assert_eq!(
+            Held::reserve_work(&obs, &budget),
+            None,
+            "80 of work do not fit beside 40 held"
+        );
+        assert_eq!(budget.used(), 40, "nothing taken");
+        assert!(UNHELD_BODIES.get() > unheld, "counted as relayed unheld");
     }
 
     #[test]

@@ -77,6 +77,8 @@ pub trait Engine {
     fn wants_ready(&self) -> bool {
         false
     }
+    /// The runtime's queue has room below [`HIGH_WATER`] after a write.
+    fn on_server_room(&mut self, _io: &mut Io) {}
     /// The node model is ready.
     fn on_ready(&mut self, _io: &mut Io) {}
     /// criguard is shutting down: no new calls.
@@ -104,6 +106,9 @@ impl Engine for Conn {
     }
     fn wants_ready(&self) -> bool {
         Conn::wants_ready(self)
+    }
+    fn on_server_room(&mut self, io: &mut Io) {
+        Conn::on_server_room(self, io)
     }
     fn on_ready(&mut self, io: &mut Io) {
         Conn::on_ready(self, io)
@@ -440,6 +445,8 @@ impl<E: Engine> Pump<'_, E> {
         }
         if self.server_gone.is_some() {
             io.to_server = Default::default();
+        } else if io.to_server.len() < HIGH_WATER {
+            self.engine.on_server_room(io);
         }
         self.c.open &= write_out(self.c.stream, &mut io.to_client);
         let server_done = self.server_gone.is_some_and(|t| t.elapsed() >= FINAL_FLUSH);
