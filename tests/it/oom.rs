@@ -28,6 +28,9 @@ const LIMIT: i64 = 320 * MI;
 struct Outcome {
     /// The statuses of X, Y and Z.
     statuses: [cri::ContainerStatus; 3],
+    /// Which of them the kernel's OOM killer killed, in its order, from its
+    /// own log; `None` where `/dev/kmsg` cannot be read.
+    kernel_kills: Option<Vec<String>>,
     /// The kills criguard recorded.
     kills: Vec<OomKill>,
     /// Its metrics after the kill.
@@ -118,9 +121,10 @@ async fn oom_scenario(dynamic: bool) -> Outcome {
     // The scenario must need criguard: at the kubelet's static scores the
     // kernel would kill Y (bigger) although the kubelet's ranking picks X
     // (lower priority, both over request).
-    let (xpid, ypid) = (
+    let (xpid, ypid, zpid) = (
         init_pid(&mut direct, Some(&xc[0]), None).await,
         init_pid(&mut direct, Some(&yc[0]), None).await,
+        init_pid(&mut direct, Some(&zc[0]), None).await,
     );
     let y_static = y.oom_score_adj(&y.containers[0]);
     let x_at_oom = LIMIT - 220 * MI; // roughly what X holds when the limit is hit
@@ -156,6 +160,7 @@ async fn oom_scenario(dynamic: bool) -> Outcome {
     }
 
     // X grows into the limit; the kernel kills someone.
+    let mut kmsg = KernelLog::from_now();
     grow(&direct.rt, &xc[0]).await;
     let status = |id: String| {
         let mut d = direct.rt.clone();
@@ -182,6 +187,31 @@ async fn oom_scenario(dynamic: bool) -> Outcome {
         exited.then(|| <[cri::ContainerStatus; 3]>::try_from(all).unwrap())
     })
     .await;
+
+    // The kernel's own order of its kills: each hog is its container's
+    // init, so the PIDs it logs name the containers.
+    let kernel_kills = match kmsg.as_mut() {
+        Some(log) => {
+            let ours = [(xpid, &xc[0]), (ypid, &yc[0]), (zpid, &zc[0])];
+            let named = |pids: &[i64]| -> Vec<String> {
+                pids.iter()
+                    .filter_map(|p| ours.iter().find(|(q, _)| q == p))
+                    .map(|(_, id)| id.to_string())
+                    .collect()
+            };
+            let order = common::poll_until(
+                Duration::from_secs(10),
+                "the OOM kill in the kernel's log",
+                || {
+                    let got = named(log.oom_killed());
+                    async move { (!got.is_empty()).then_some(got) }
+                },
+            )
+            .await;
+            Some(order)
+        }
+        None => None,
+    };
 
     // The kill as criguard recorded it from containerd's events.
     common::poll_until(Duration::from_secs(20), "the OOM kill record", || async {
@@ -214,6 +244,7 @@ async fn oom_scenario(dynamic: bool) -> Outcome {
     );
     Outcome {
         statuses,
+        kernel_kills,
         kills,
         metrics,
         text: cli(false),
@@ -253,7 +284,10 @@ fn assert_recorded(
         "{}",
         o.text
     );
-    assert!(k.notified, "seen through containerd's /tasks/oom: {k:#?}");
+    assert!(
+        k.notified,
+        "announced: containerd's /tasks/oom or the kernel's log: {k:#?}"
+    );
     assert!(
         k.first_ranked
             .as_deref()
@@ -290,21 +324,43 @@ fn assert_recorded(
 }
 
 /// Checks that the kernel's first victim was `first`, and that `next`
-/// ended, if it did, only in a second kernel kill. One OOM can end in two kills on a loaded host: the
-/// kernel kills again when the grower's next charge fails before the first
-/// victim's memory is uncharged (seen once in CI rehearsal 14 on
-/// containerd 2: Y 205 MiB, then X, in the same second, although X needed
-/// 30 MiB more). A second kill is the kernel's, so it is allowed, only
-/// after the first: `next` still ran when `first` had exited, or exited no
-/// earlier.
-fn first_victim(first: &cri::ContainerStatus, next: &cri::ContainerStatus) {
+/// ended, if it did, only in a second kernel kill. One OOM can end in two
+/// kills on a loaded host: the kernel kills again when the grower's next
+/// charge fails before the first victim's memory is uncharged (seen once
+/// in CI rehearsal 14 on containerd 2: Y 205 MiB, then X, in the same
+/// second, although X needed 30 MiB more). The order is the kernel's own,
+/// from its log (`kernel`): exit times cannot give it, since a first victim
+/// with much memory can finish exiting after a smaller second one (CI
+/// rehearsal 22: Y's exit came 9 ms after X's, while at X's kill Y's
+/// process was already gone from the memcg's task list). Without the log,
+/// exit times are the fallback.
+fn first_victim(
+    first: &cri::ContainerStatus,
+    next: &cri::ContainerStatus,
+    kernel: Option<&[String]>,
+) {
     assert!(oom_killed(first), "the kernel's first victim: {first:?}");
+    match kernel {
+        Some(order) => assert_eq!(
+            order.first(),
+            Some(&first.id),
+            "the kernel's first OOM victim, by its log (kills in order: {order:?})"
+        ),
+        None => eprintln!("no /dev/kmsg: the kill order comes from exit times"),
+    }
+    if let Some(order) = kernel {
+        eprintln!("the kernel's OOM kills, in order: {order:?}");
+    }
     if running(next) {
         return;
     }
+    let second = match kernel {
+        Some(order) => order.iter().skip(1).any(|id| *id == next.id),
+        None => next.finished_at >= first.finished_at,
+    };
     assert!(
-        oom_killed(next) && next.finished_at >= first.finished_at,
-        "only a second kernel kill after the first may end {next:?} (first {first:?})"
+        oom_killed(next) && second,
+        "only a second kernel kill after the first may end {next:?} (first {first:?}, kernel's kills {kernel:?})"
     );
     eprintln!(
         "the kernel killed twice: {} exited {} ms after {}",
@@ -312,6 +368,69 @@ fn first_victim(first: &cri::ContainerStatus, next: &cri::ContainerStatus) {
         (next.finished_at - first.finished_at) / 1_000_000,
         first.metadata.as_ref().map_or("?", |m| m.name.as_str()),
     );
+}
+
+/// The kernel's log from the moment it was opened, read for the OOM
+/// killer's own record of whom it killed ("Killed process N"), in order.
+struct KernelLog {
+    kmsg: std::fs::File,
+    killed: Vec<i64>,
+}
+
+impl KernelLog {
+    /// `/dev/kmsg` from its end; `None` where it cannot be read.
+    fn from_now() -> Option<Self> {
+        use std::io::{Seek, SeekFrom};
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut kmsg = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open("/dev/kmsg")
+            .ok()?;
+        kmsg.seek(SeekFrom::End(0)).ok()?;
+        Some(Self {
+            kmsg,
+            killed: Vec::new(),
+        })
+    }
+
+    /// Every PID the OOM killer killed since the log was opened.
+    fn oom_killed(&mut self) -> &[i64] {
+        use std::io::Read;
+        // One record per read; EPIPE: records overwritten before they were
+        // read (skipped); EAGAIN: nothing more yet.
+        let mut record = vec![0u8; 8192];
+        loop {
+            match self.kmsg.read(&mut record) {
+                Ok(0) => break,
+                Ok(n) => self
+                    .killed
+                    .extend(killed_pid(&String::from_utf8_lossy(&record[..n]))),
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {}
+                Err(_) => break,
+            }
+        }
+        &self.killed
+    }
+}
+
+/// The PID in a `/dev/kmsg` record of the OOM killer's ("prio,seq,ts,flags;…
+/// Killed process N (comm) …").
+fn killed_pid(record: &str) -> Option<i64> {
+    let message = record.split_once(';')?.1;
+    let rest = message.split_once("Killed process ")?.1;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+#[test]
+fn the_oom_killers_record_is_read() {
+    let r = "3,1234,76180406943,-;Memory cgroup out of memory: Killed process 21681 (awk) total-vm:113664kB, anon-rss:99892kB, file-rss:1296kB, shmem-rss:0kB, UID:0 pgtables:284kB oom_score_adj:1000\n";
+    assert_eq!(killed_pid(r), Some(21681));
+    assert_eq!(
+        killed_pid("6,1,2,-;Killed process in a message body\n"),
+        None
+    );
+    assert_eq!(killed_pid("6,1,2,-;eth0: link up\n"), None);
 }
 
 fn running(s: &cri::ContainerStatus) -> bool {
@@ -329,7 +448,7 @@ async fn kernel_oom_kills_the_pod_criguard_ranks_first() {
     let o = oom_scenario(true).await;
     let [x, y, z] = &o.statuses;
     // X (criguard's first) is the OOM victim; Y only in a second kill.
-    first_victim(x, y);
+    first_victim(x, y, o.kernel_kills.as_deref());
     assert!(running(z), "Z must survive: {z:?}");
     assert_recorded(&o, &x.id, QosClass::BestEffort, true, Some(&y.id));
 }
@@ -340,7 +459,7 @@ async fn without_dynamic_scores_the_kernel_kills_the_bigger_higher_priority_pod(
     let o = oom_scenario(false).await;
     let [x, y, z] = &o.statuses;
     // At static scores the kernel picks Y; X only in a second kill.
-    first_victim(y, x);
+    first_victim(y, x, o.kernel_kills.as_deref());
     assert!(running(z), "Z must survive: {z:?}");
     // criguard still ranked X first: Y's kill is recorded as a miss.
     assert_recorded(&o, &y.id, QosClass::Burstable, false, Some(&x.id));
