@@ -34,6 +34,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -112,6 +113,9 @@ pub trait TaskWatcher: Send {
     /// A `/tasks/oom` for `task`, published at `at_unix_ms` (epoch ms),
     /// received at `now`.
     fn on_oom(&mut self, model: &NodeModel, task: &str, at_unix_ms: u64, now: Instant);
+    /// The kernel's log named `memcg` as the cgroup of a process its OOM
+    /// killer took, `now`.
+    fn on_kernel_kill(&mut self, _model: &NodeModel, _memcg: &str, _now: Instant) {}
     /// When the watcher next wants [`TaskWatcher::on_deadline`]; `None`:
     /// nothing pending.
     fn deadline(&self) -> Option<Instant>;
@@ -143,6 +147,8 @@ pub struct TaskEvents {
     upstream: Upstream,
     /// Shared with the blocking threads its calls run on.
     oom: Option<Arc<Mutex<dyn TaskWatcher>>>,
+    /// The cgroups of the kernel's OOM kills, from its log.
+    kernel_kills: Option<UnboundedReceiver<String>>,
     metrics: TaskEventMetrics,
 }
 
@@ -153,6 +159,7 @@ impl TaskEvents {
             model,
             upstream,
             oom: None,
+            kernel_kills: None,
             metrics: TaskEventMetrics::default(),
         }
     }
@@ -161,6 +168,13 @@ impl TaskEvents {
     /// recorder).
     pub fn with_watcher(mut self, watcher: impl TaskWatcher + 'static) -> Self {
         self.oom = Some(Arc::new(Mutex::new(watcher)));
+        self
+    }
+
+    /// The same loop, handing the watcher the cgroup of each kernel OOM
+    /// kill that `kills` brings (read from the kernel's log).
+    pub fn with_kernel_kills(mut self, kills: UnboundedReceiver<String>) -> Self {
+        self.kernel_kills = Some(kills);
         self
     }
 
@@ -230,6 +244,14 @@ impl TaskEvents {
                         return Ended::Failed { err, delivered };
                     }
                     Err(err) => tracing::warn!(%err, "containerd event not readable; skipped"),
+                },
+                memcg = kernel_kill(&mut self.kernel_kills), if self.kernel_kills.is_some() => match memcg {
+                    Some(memcg) => {
+                        tracing::debug!(%memcg, "kernel OOM kill in the kernel's log");
+                        let now = Instant::now();
+                        self.with_oom(move |w, m| w.on_kernel_kill(m, &memcg, now)).await;
+                    }
+                    None => self.kernel_kills = None,
                 },
                 r = joined(&mut catch_up), if matches!(catch_up, CatchUp::Running(_)) => {
                     catch_up = CatchUp::Done;
@@ -341,6 +363,14 @@ fn snapshot(model: &RwLock<NodeModel>) -> NodeModel {
 async fn next(sub: &mut Option<Subscription>) -> Result<TaskEvent, EventError> {
     match sub {
         Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next kernel OOM kill's cgroup; `None` once the log's reader ended.
+async fn kernel_kill(kills: &mut Option<UnboundedReceiver<String>>) -> Option<String> {
+    match kills {
+        Some(rx) => rx.recv().await,
         None => std::future::pending().await,
     }
 }

@@ -12,7 +12,7 @@ use criguard::lock::RwLocked;
 use criguard::metrics::Metrics;
 use criguard::model::NodeModel;
 use criguard::policy::oom_kill::RankHistory;
-use criguard::reclaim::oom_kills::{OomKillWatcher, OomKills};
+use criguard::reclaim::oom_kills::{OomKillWatcher, OomKills, kmsg};
 use criguard::runtime::track::TaskEvents;
 use criguard::runtime::{Upstream, sync};
 use tokio::sync::watch;
@@ -59,12 +59,20 @@ pub fn task_events(
     oom_kills: OomKills,
     metrics: &Metrics,
 ) -> TaskEvents {
-    TaskEvents::new(node.clone(), upstream.clone())
-        .with_watcher(
-            OomKillWatcher::new(cgroup_root, ranks.clone(), oom_kills)
-                .with_metrics(metrics.oom_kills.clone()),
-        )
-        .with_metrics(metrics.events.clone())
+    let watcher = OomKillWatcher::new(cgroup_root, ranks.clone(), oom_kills)
+        .with_metrics(metrics.oom_kills.clone());
+    let log = watcher.wants_kernel_log().then(kmsg::follow);
+    let events = TaskEvents::new(node.clone(), upstream.clone())
+        .with_watcher(watcher)
+        .with_metrics(metrics.events.clone());
+    match log {
+        Some(Ok(kills)) => events.with_kernel_kills(kills),
+        Some(Err(err)) => {
+            tracing::warn!(%err, "/dev/kmsg not readable: on cgroup v1 an OOM kill whose cgroup is removed before its counter is read goes unrecorded");
+            events
+        }
+        None => events,
+    }
 }
 
 /// Syncs the model with the runtime every `every` until criguard stops.

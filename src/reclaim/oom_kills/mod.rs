@@ -14,7 +14,9 @@
 //!
 //! A SIGKILL exit alone is no evidence: on cgroup v1 an OOM notifies every
 //! pod below the cgroup that ran out, and the kubelet stopping one of them
-//! a moment later must not read as a kill. The kernel counts the kill right
+//! a moment later must not read as a kill. Those notifications reach
+//! criguard one by one, the victim's possibly after containerd removed its
+//! cgroup, so on v1 the first makes every live task a suspect and reads it. The kernel counts the kill right
 //! after it notifies, well before the notification has crossed the shim and
 //! containerd. On cgroup v2 with the systemd driver the victim's scope can
 //! be gone before anyone reads it (systemd removes an emptied scope at
@@ -22,6 +24,10 @@
 //! `Error`). v2 counters are hierarchical, so the pod's cgroup still counts
 //! the kill: what no readable container of the pod accounts for is the
 //! gone task's, when its own `/tasks/oom` or its SIGKILL exit says it died.
+//!
+//! On cgroup v1 the kernel's log ([`kmsg`]) names each victim's cgroup too:
+//! a named kill that no counter reading recorded, its cgroup gone, is
+//! recorded from the log ([`OomKillWatcher::on_kernel_kill`]).
 //!
 //! Kills the events cannot reveal are missed: one while criguard was down,
 //! or one on cgroup v1 of a process other than the container's init in a
@@ -47,6 +53,7 @@ use crate::policy::oom_kill::{RankHistory, kills_from_notification, new_kills};
 use crate::runtime::events::TaskExit;
 use crate::runtime::track::TaskWatcher;
 
+pub mod kmsg;
 mod record;
 
 pub use record::{KEEP, OomKill, OomKills};
@@ -120,8 +127,8 @@ struct Target {
 /// Why a task's counter is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Look {
-    /// Its own `/tasks/oom`, or on cgroup v1 one for a task of its pod
-    /// (the notification reached its cgroup too).
+    /// Its own `/tasks/oom`, or on cgroup v1 one for any task (the
+    /// notification may have reached its cgroup too).
     Notification,
     /// Its process ended by SIGKILL.
     Killed,
@@ -185,6 +192,10 @@ pub struct OomKillWatcher {
     /// When the baseline was read, ms since the epoch: a task created
     /// later has had every kill of its counter while criguard watched.
     baseline_ms: u64,
+    /// Per task, the kills the kernel's log named (cgroup v1).
+    logged: HashMap<String, u64>,
+    /// Per task, the kills recorded.
+    recorded: HashMap<String, u64>,
 }
 
 impl OomKillWatcher {
@@ -201,6 +212,8 @@ impl OomKillWatcher {
             store,
             metrics: OomKillMetrics::default(),
             baseline_ms: u64::MAX,
+            logged: HashMap::new(),
+            recorded: HashMap::new(),
         }
     }
 
@@ -242,6 +255,28 @@ impl OomKillWatcher {
         self.cgroups.layout() == Layout::V2
     }
 
+    /// Whether the kernel's log is needed ([`kmsg`]): on cgroup v1, whose
+    /// counters are not hierarchical, so a removed cgroup takes its kill
+    /// with it.
+    pub fn wants_kernel_log(&self) -> bool {
+        !self.unified()
+    }
+
+    /// The kernel's log named `memcg` as the cgroup of a process its OOM
+    /// killer took: read like a notification of that task, and recorded
+    /// from the log if the cgroup is gone before its counter recorded it.
+    pub fn on_kernel_kill(&mut self, model: &NodeModel, memcg: &str, now: Instant) -> Vec<OomKill> {
+        let id = kmsg::task_of(memcg);
+        if target(model, id).is_none() {
+            tracing::debug!(%memcg, "kernel OOM kill outside the model's tasks");
+            return Vec::new();
+        }
+        *self.logged.entry(id.to_owned()).or_insert(0) += 1;
+        let at_ms = crate::clock::now_ms();
+        self.suspect(id, at_ms, now);
+        self.check(model, id, at_ms, Look::Notification)
+    }
+
     /// `/tasks/oom` for `task_id` at `at_ms`: reads its counter now and
     /// schedules a recheck.
     pub fn on_oom(
@@ -256,6 +291,29 @@ impl OomKillWatcher {
             tracing::debug!(task = task_id, "OOM notification after the recorded kill");
             return Vec::new();
         }
+        self.suspect(task_id, at_ms, now);
+        let mut out = self.check(model, task_id, at_ms, Look::Notification);
+        if !self.unified() {
+            // v1 notifies every cgroup below the one that ran out, but
+            // containerd passes the notifications on one at a time: the
+            // victim's own can come after its exit has removed its cgroup,
+            // the kill unread. Which cgroup ran out is not said (the pods'
+            // own, e.g., notifies every pod), so every live task is read at
+            // the first notification and rechecked like the notified one.
+            let (sandboxes, containers) = model.ids();
+            for id in sandboxes.into_iter().chain(containers) {
+                if !self.suspects.contains_key(&id) && !self.exited(&id) {
+                    self.suspect(&id, at_ms, now);
+                    out.extend(self.check(model, &id, at_ms, Look::Notification));
+                }
+            }
+        }
+        out
+    }
+
+    /// Makes `task_id` a suspect notified at `at_ms`, its rechecks
+    /// ([`RECHECKS`]) counted from `now`.
+    fn suspect(&mut self, task_id: &str, at_ms: u64, now: Instant) {
         let s = self.suspects.entry(task_id.to_owned()).or_insert(Suspect {
             notified_at_ms: at_ms,
             since: now,
@@ -263,20 +321,6 @@ impl OomKillWatcher {
         });
         s.since = now;
         s.recheck_at = now + RECHECKS[0];
-        let mut out = self.check(model, task_id, at_ms, Look::Notification);
-        if !self.unified() {
-            // v1 notifies every cgroup below the one that ran out, but
-            // containerd passes the notifications on one at a time: the
-            // victim's own can come after its exit has removed its cgroup,
-            // the kill unread. The pod's other tasks are read at the first.
-            let tasks = target(model, task_id).map(|t| t.tasks).unwrap_or_default();
-            for id in tasks.iter().filter(|id| *id != task_id) {
-                if !self.suspects.contains_key(id) && !self.exited(id) {
-                    out.extend(self.check(model, id, at_ms, Look::Notification));
-                }
-            }
-        }
-        out
     }
 
     /// `/tasks/exit`: a process killed by SIGKILL may be the OOM killer's
@@ -304,6 +348,8 @@ impl OomKillWatcher {
         while self.gone.len() > GONE_KEEP {
             if let Some(old) = self.gone.pop_front() {
                 self.seen.remove(&old);
+                self.logged.remove(&old);
+                self.recorded.remove(&old);
             }
         }
     }
@@ -357,6 +403,10 @@ impl OomKillWatcher {
         self.accounted.retain(|id, _| sandboxes.contains(id));
         let live: Vec<String> = sandboxes.into_iter().chain(containers).collect();
         self.seen.retain(|id, _| live.contains(id));
+        let gone = &self.gone;
+        let kept = |id: &String| live.contains(id) || gone.contains(id);
+        self.logged.retain(|id, _| kept(id));
+        self.recorded.retain(|id, _| kept(id));
         let mut out = Vec::new();
         for id in &live {
             if self.seen.contains_key(id) || self.created_since_baseline(model, id) {
@@ -408,6 +458,16 @@ impl OomKillWatcher {
                     _ => kills_from_notification(why == Look::Notification),
                 }
             }
+            Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => {
+                // v1: gone, and its counter with it. What the kernel's log
+                // named beyond what was recorded is the gone task's.
+                let logged = self.logged.get(task_id).copied().unwrap_or(0);
+                let recorded = self.recorded.get(task_id).copied().unwrap_or(0);
+                if logged == 0 {
+                    tracing::debug!(err = %e, "OOM check: counter not read");
+                }
+                logged.saturating_sub(recorded)
+            }
             Err(e) => {
                 tracing::debug!(err = %e, "OOM check: counter not read");
                 0
@@ -430,6 +490,7 @@ impl OomKillWatcher {
         notified: bool,
     ) -> OomKill {
         *self.accounted.entry(t.sandbox_id.clone()).or_insert(0) += kills;
+        *self.recorded.entry(task_id.to_owned()).or_insert(0) += kills;
         let first = self.ranks.locked().first_at(at_ms).map(str::to_owned);
         let kill = OomKill {
             at_unix_ms: at_ms,
@@ -483,6 +544,10 @@ impl TaskWatcher for OomKillWatcher {
 
     fn on_oom(&mut self, model: &NodeModel, task: &str, at_unix_ms: u64, now: Instant) {
         OomKillWatcher::on_oom(self, model, task, at_unix_ms, now);
+    }
+
+    fn on_kernel_kill(&mut self, model: &NodeModel, memcg: &str, now: Instant) {
+        OomKillWatcher::on_kernel_kill(self, model, memcg, now);
     }
 
     fn deadline(&self) -> Option<Instant> {

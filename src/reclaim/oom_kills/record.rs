@@ -34,9 +34,10 @@ pub struct OomKill {
     pub first_ranked: Option<String>,
     /// True when the killed container's pod was criguard's first.
     pub matched_rank: bool,
-    /// True when containerd's `/tasks/oom` for this task was seen: before
-    /// the kill was read, or after the task's exit recorded it (containerd
-    /// 2 on a loaded machine publishes it late).
+    /// True when the kill was announced: containerd's `/tasks/oom` for
+    /// this task was seen (before the kill was read, or after the task's
+    /// exit recorded it: containerd 2 on a loaded machine publishes it
+    /// late), or the kernel's log named its cgroup (v1).
     pub notified: bool,
 }
 

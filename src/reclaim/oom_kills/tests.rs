@@ -118,7 +118,7 @@ fn a_notified_task_stopped_by_sigkill_is_no_kill_without_its_counter() {
     assert!(w.on_oom(&m, "cx", 2_000, now).is_empty());
     std::fs::remove_dir_all(t.path().join("memory/kubepods/besteffort/podsx/cx")).unwrap();
     assert!(w.on_exit(&m, &exit("cx", 137)).is_empty());
-    assert_eq!(w.deadline(), None, "the task is gone");
+    assert!(!w.suspects.contains_key("cx"), "the task is gone");
     // The victim's own exit, counter up: the kill is recorded there.
     assert!(w.on_oom(&m, "cy", 2_000, now).is_empty());
     set(t.path(), "/kubepods/burstable/podsy/cy", 1);
@@ -337,7 +337,7 @@ fn a_kill_counted_just_after_its_notification_is_found_by_an_early_recheck() {
     let kills = w.on_deadline(&m, now + RECHECKS[1]);
     assert_eq!(kills.len(), 1, "{kills:#?}");
     assert!(kills[0].notified && kills[0].matched_rank);
-    assert_eq!(w.deadline(), None, "found: no more rechecks");
+    assert!(!w.suspects.contains_key("cx"), "found: no more rechecks");
     std::fs::remove_dir_all(t.path().join("memory/kubepods/besteffort/podsx/cx")).unwrap();
     assert!(w.on_exit(&m, &exit("cx", 137)).is_empty(), "counted once");
 }
@@ -405,4 +405,63 @@ fn on_v1_a_pods_first_notification_reads_its_other_tasks() {
     assert!(w.on_exit(&m, &exit("cx", 137)).is_empty());
     assert!(w.on_deadline(&m, now + RECHECK_AFTER).is_empty());
     assert_eq!(w.store.list().len(), 1, "one kill, recorded once");
+}
+
+#[test]
+fn on_v1_any_first_notification_reads_every_pods_tasks() {
+    // The pods' own cgroup ran out: containerd passed y's notification on
+    // first, and x's (the victim's) only after x's exit removed its cgroup.
+    let (t, m) = fixture();
+    let mut w = watcher(t.path(), "sx");
+    w.baseline(&m);
+    set(t.path(), "/kubepods/besteffort/podsx/cx", 1);
+    let now = Instant::now();
+    let kills = w.on_oom(&m, "cy", 2_000, now);
+    assert_eq!(kills.len(), 1, "{kills:#?}");
+    assert_eq!((kills[0].container_id.as_str(), kills[0].kills), ("cx", 1));
+    assert!(kills[0].notified && kills[0].matched_rank, "{kills:#?}");
+    let mut suspects: Vec<&str> = w.suspects.keys().map(String::as_str).collect();
+    suspects.sort_unstable();
+    assert_eq!(suspects, ["cx", "cy", "sx", "sy"], "each rechecked");
+    std::fs::remove_dir_all(t.path().join("memory/kubepods/besteffort/podsx/cx")).unwrap();
+    assert!(w.on_exit(&m, &exit("cx", 137)).is_empty());
+    assert!(w.on_oom(&m, "cx", 2_100, now).is_empty());
+    for d in RECHECKS {
+        assert!(w.on_deadline(&m, now + d).is_empty());
+    }
+    assert_eq!(w.deadline(), None, "every recheck done");
+    assert_eq!(w.store.list().len(), 1, "one kill, recorded once");
+}
+
+#[test]
+fn on_v1_a_kill_the_kernels_log_names_is_recorded_once_even_when_its_cgroup_is_gone() {
+    let (t, m) = fixture();
+    let mut w = watcher(t.path(), "sx");
+    w.baseline(&m);
+    let now = Instant::now();
+    // Readable: the counter records it; the gone cgroup adds nothing later.
+    set(t.path(), "/kubepods/burstable/podsy/cy", 1);
+    let kills = w.on_kernel_kill(&m, "/kubepods/burstable/podsy/cy", now);
+    assert_eq!(kills.len(), 1, "{kills:#?}");
+    assert_eq!((kills[0].container_id.as_str(), kills[0].kills), ("cy", 1));
+    std::fs::remove_dir_all(t.path().join("memory/kubepods/burstable/podsy/cy")).unwrap();
+    assert!(w.on_exit(&m, &exit("cy", 137)).is_empty());
+    // Gone before anything read it (containerd deleted the task first):
+    // recorded from the log, once.
+    std::fs::remove_dir_all(t.path().join("memory/kubepods/besteffort/podsx/cx")).unwrap();
+    let kills = w.on_kernel_kill(&m, "/kubepods/besteffort/podsx/cx", now);
+    assert_eq!(kills.len(), 1, "{kills:#?}");
+    assert_eq!((kills[0].container_id.as_str(), kills[0].kills), ("cx", 1));
+    assert!(kills[0].notified && kills[0].matched_rank, "{kills:#?}");
+    assert!(w.on_oom(&m, "cx", 2_000, now).is_empty());
+    assert!(w.on_exit(&m, &exit("cx", 137)).is_empty());
+    for d in RECHECKS {
+        assert!(w.on_deadline(&m, now + d).is_empty());
+    }
+    assert_eq!(w.store.list().len(), 2, "one record per kill");
+    // A cgroup the model does not know is no pod's.
+    assert!(
+        w.on_kernel_kill(&m, "/system.slice/x.scope", now)
+            .is_empty()
+    );
 }
