@@ -179,7 +179,7 @@ fn observed(streams: &mut HashMap<u32, Stream>, stream: u32) -> Option<&mut Obse
 impl Conn {
     /// A connection relayed by `proxy`.
     pub fn new(proxy: Proxy) -> Self {
-        let to_server = ToServer::new(proxy.budget.clone());
+        let to_server = ToServer::new();
         Self {
             proxy,
             client: Side::new(frame::PREFACE.len()),
@@ -798,21 +798,27 @@ impl Conn {
         // Charged to the budget until it has left for the runtime, or, when
         // the request is kept for the answer (its bytes, or the patched
         // copy's, stay resident), until the call ends.
-        let charged = body.len();
+        let charge = Charge::new(self.proxy.budget.clone(), body.len());
         let verdict = obs.verdict(&*observer, body);
         self.proxy.budget.give(work);
         match verdict {
             Verdict::Refuse(why) => {
-                self.proxy.budget.give(charged);
+                drop(charge);
                 self.refuse(stream, &why, io)
             }
-            Verdict::Send { payload, request } => {
-                let (kept, leaving) = match request {
-                    Some(_) => (Some(Charge::new(self.proxy.budget.clone(), charged)), 0),
-                    None => (None, charged),
-                };
-                obs.sent(request, kept);
-                self.send_body(stream, payload, leaving, io);
+            Verdict::Send {
+                payload,
+                request: Some(request),
+            } => {
+                obs.sent(Some((request, charge)));
+                self.send_body(stream, payload, None, io);
+            }
+            Verdict::Send {
+                payload,
+                request: None,
+            } => {
+                obs.sent(None);
+                self.send_body(stream, payload, Some(charge), io);
             }
         }
     }
@@ -823,12 +829,12 @@ impl Conn {
             return;
         };
         let body = self.held.pass(obs);
-        let charged = body.len();
-        self.send_body(stream, body, charged, io);
+        let charge = Charge::new(self.proxy.budget.clone(), body.len());
+        self.send_body(stream, body, Some(charge), io);
     }
 
     /// Sends `payload` as the body of `stream` and settles the credit.
-    fn send_body(&mut self, stream: u32, payload: Bytes, charged: usize, io: &mut Io) {
+    fn send_body(&mut self, stream: u32, payload: Bytes, charge: Option<Charge>, io: &mut Io) {
         let Some(st) = self.streams.get_mut(&stream) else {
             return;
         };
@@ -844,7 +850,7 @@ impl Conn {
             Settle::Short(n) => self.credit_client(io, stream, n, open),
         }
         self.to_server
-            .body(&mut io.to_server, stream, payload, !open, charged);
+            .body(&mut io.to_server, stream, payload, !open, charge);
     }
 
     /// Answers `stream` with RESOURCE_EXHAUSTED and cancels the runtime's copy.

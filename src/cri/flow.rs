@@ -24,19 +24,12 @@
 //! bytes, so it may have more window than the runtime gave).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
-use super::budget::Budget;
+use super::budget::Charge;
 use super::frame::{self, flag, kind};
-use super::out::Out;
-
-/// Bytes waiting for the runtime's socket below which a body criguard
-/// sends is framed on (the pump's high-water mark). Its frames are copies, so the body's buffer goes
-/// (and its budget charge is given back) once the last one is out, and
-/// no more than this waits as copies, however wide the runtime's windows.
-const FRAMED_AHEAD: usize = 64 << 10;
+use super::out::{HIGH_WATER, Out};
 
 /// Something to send to the runtime, in order.
 #[derive(Debug)]
@@ -48,8 +41,8 @@ enum Queued {
         stream: u32,
         payload: Bytes,
         end_stream: bool,
-        /// Bytes still charged to the hold budget.
-        charged: usize,
+        /// Its bytes' hold budget charge, given back once it is framed whole.
+        charge: Option<Charge>,
     },
 }
 
@@ -79,34 +72,17 @@ pub struct ToServer {
     deferred: Vec<Queued>,
     /// Bytes in `queue` (not `deferred`: those wait for the client).
     queued: usize,
-    /// Where charged bodies give their bytes back.
-    budget: Arc<Budget>,
 }
 
 impl Default for ToServer {
     fn default() -> Self {
-        Self::new(Arc::new(Budget::default()))
-    }
-}
-
-impl Drop for ToServer {
-    fn drop(&mut self) {
-        let charged: usize = self
-            .queue
-            .iter()
-            .chain(&self.deferred)
-            .map(|q| match q {
-                Queued::Body { charged, .. } => *charged,
-                Queued::Frame { .. } => 0,
-            })
-            .sum();
-        self.budget.give(charged);
+        Self::new()
     }
 }
 
 impl ToServer {
-    /// Frames for the runtime; released bodies give their charge back to `budget`.
-    pub fn new(budget: Arc<Budget>) -> Self {
+    /// Frames for the runtime, at the protocol's initial windows.
+    pub fn new() -> Self {
         Self {
             queue: VecDeque::new(),
             window: frame::DEFAULT_WINDOW,
@@ -116,7 +92,6 @@ impl ToServer {
             in_block: false,
             deferred: Vec::new(),
             queued: 0,
-            budget,
         }
     }
 
@@ -147,21 +122,21 @@ impl ToServer {
         }
     }
 
-    /// Sends `payload` as the DATA of `stream`, framed to fit; `charged`
-    /// bytes of the hold budget are given back as it leaves.
+    /// Sends `payload` as the DATA of `stream`, framed to fit; `charge`
+    /// is given back once it is framed whole.
     pub fn body(
         &mut self,
         out: &mut Out,
         stream: u32,
         payload: Bytes,
         end_stream: bool,
-        charged: usize,
+        charge: Option<Charge>,
     ) {
         let q = Queued::Body {
             stream,
             payload,
             end_stream,
-            charged,
+            charge,
         };
         if self.in_block {
             self.deferred.push(q);
@@ -187,8 +162,8 @@ impl ToServer {
                         stream,
                         payload,
                         end_stream,
-                        charged,
-                    } => self.body(out, stream, payload, end_stream, charged),
+                        charge,
+                    } => self.body(out, stream, payload, end_stream, charge),
                 }
             }
         }
@@ -252,10 +227,13 @@ impl ToServer {
                     stream,
                     payload,
                     end_stream,
-                    charged,
+                    charge,
                 } => {
-                    if out.len() >= FRAMED_AHEAD {
-                        // Framed on, copy by copy, as the socket takes them.
+                    if out.len() >= HIGH_WATER {
+                        // Framed on as the socket takes the frames: they
+                        // are copies, so no more than this waits as copies
+                        // however wide the runtime's windows, and the
+                        // body's buffer goes once the last one is out.
                         return;
                     }
                     let sw = self.stream_windows.get(stream).copied().unwrap_or(0);
@@ -270,7 +248,7 @@ impl ToServer {
                     if last {
                         // The rest shares the body's buffer, which stays
                         // resident until the last chunk is copied out.
-                        self.budget.give(std::mem::take(charged));
+                        drop(charge.take());
                     }
                     let flags = if last && *end_stream {
                         flag::END_STREAM
@@ -305,6 +283,8 @@ impl ToServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cri::budget::Budget;
+    use std::sync::Arc;
 
     fn data(stream: u32, len: usize, end: bool) -> Bytes {
         let flags = if end { flag::END_STREAM } else { 0 };
@@ -347,7 +327,7 @@ mod tests {
         let mut out = Out::default();
         t.set_initial_window(&mut out, 20_000);
         t.granted(&mut out, 0, 1_000_000);
-        t.body(&mut out, 1, Bytes::from(vec![1u8; 30_000]), true, 0);
+        t.body(&mut out, 1, Bytes::from(vec![1u8; 30_000]), true, None);
         let heads = frames(&out.take_all());
         assert_eq!(
             heads.iter().map(|h| h.len).collect::<Vec<_>>(),
@@ -365,7 +345,7 @@ mod tests {
     fn an_empty_body_still_ends_the_stream() {
         let mut t = ToServer::default();
         let mut out = Out::default();
-        t.body(&mut out, 7, Bytes::new(), true, 0);
+        t.body(&mut out, 7, Bytes::new(), true, None);
         let heads = frames(&out.take_all());
         assert_eq!(heads.len(), 1);
         assert!(heads[0].has(flag::END_STREAM) && heads[0].len == 0);
@@ -377,7 +357,7 @@ mod tests {
         let mut out = Out::default();
         t.set_in_block(&mut out, true);
         t.inject(&mut out, frame::rst_stream(1, 8));
-        t.body(&mut out, 3, Bytes::from_static(b"x"), true, 0);
+        t.body(&mut out, 3, Bytes::from_static(b"x"), true, None);
         assert!(out.is_empty());
         t.forward(&mut out, frame::build(kind::CONTINUATION, 4, 9, b""), 0);
         t.set_in_block(&mut out, false);
@@ -391,15 +371,22 @@ mod tests {
     #[test]
     fn a_body_is_framed_as_the_socket_takes_it_and_charged_until_framed_whole() {
         let budget = Arc::new(Budget::new(1 << 20));
-        let mut t = ToServer::new(budget.clone());
+        let mut t = ToServer::new();
         let mut out = Out::default();
         t.set_initial_window(&mut out, 1 << 20);
         t.granted(&mut out, 0, 1 << 20);
         assert!(budget.try_take(200_000));
-        t.body(&mut out, 1, Bytes::from(vec![1u8; 200_000]), true, 200_000);
+        let charge = Charge::new(budget.clone(), 200_000);
+        t.body(
+            &mut out,
+            1,
+            Bytes::from(vec![1u8; 200_000]),
+            true,
+            Some(charge),
+        );
         let first = out.len();
         assert!(
-            (FRAMED_AHEAD..FRAMED_AHEAD + 16_384 + 9).contains(&first),
+            (HIGH_WATER..HIGH_WATER + 16_384 + 9).contains(&first),
             "framed up to the mark, not the 1 MiB of window: {first}"
         );
         assert_eq!(budget.used(), 200_000, "charged while part of it waits");

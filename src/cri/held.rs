@@ -86,10 +86,9 @@ pub(super) struct Observed {
     client_bytes: u64,
     /// Of those, the bytes criguard credited back itself.
     advanced: u64,
-    /// The request message as forwarded (patched), for the observer.
-    request: Option<Bytes>,
-    /// The hold budget's charge for `request`'s bytes, until the call ends.
-    kept: Option<Charge>,
+    /// The request message as forwarded (patched), for the observer, with
+    /// the hold budget's charge for its bytes until the call ends.
+    request: Option<(Bytes, Charge)>,
     /// A copy of the answer body, while it fits in a message.
     response: Option<BytesMut>,
 }
@@ -140,7 +139,6 @@ impl Observed {
             client_bytes: 0,
             advanced: 0,
             request: None,
-            kept: None,
             response: None,
         }
     }
@@ -210,14 +208,13 @@ impl Observed {
         }
     }
 
-    /// The body went to the runtime; `request` (as forwarded) is kept for
-    /// the observer, still charged to the hold budget by `kept`, and the
-    /// answer is copied when there is one.
-    pub(super) fn sent(&mut self, request: Option<Bytes>, kept: Option<Charge>) {
+    /// The body went to the runtime; `request` (as forwarded, with its
+    /// charge) is kept for the observer, and the answer is copied when
+    /// there is one.
+    pub(super) fn sent(&mut self, request: Option<(Bytes, Charge)>) {
         self.state = State::Sent;
         self.response = request.is_some().then(BytesMut::new);
         self.request = request;
-        self.kept = kept;
     }
 
     /// Copies a DATA frame of the answer, while it fits in a message.
@@ -235,7 +232,7 @@ impl Observed {
 
     /// Hands a successful call (request and answer) to the observer.
     pub(super) fn observe_answer(&self, proxy: &Proxy) {
-        let (Some(observer), Some(req), Some(resp)) =
+        let (Some(observer), Some((req, _)), Some(resp)) =
             (&proxy.observer, &self.request, &self.response)
         else {
             return;

@@ -40,13 +40,9 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::sync::{oneshot, watch};
 
 use super::conn::{Conn, Io};
+pub use super::out::HIGH_WATER;
 use super::out::write_out;
 
-/// Bytes waiting for a peer above which the other peer is not read. The
-/// kernel's socket buffers hold about as much again; more only absorbs
-/// the back-pressure a flood should meet (4 MiB let a SETTINGS flood put
-/// 200 000 frames into containerd where 14 000 got in directly).
-pub const HIGH_WATER: usize = 64 << 10;
 /// Read buffer growth step.
 const READ_CHUNK: usize = 64 << 10;
 /// How long queued bytes may take to leave once a peer has closed.

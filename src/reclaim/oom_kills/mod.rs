@@ -16,12 +16,12 @@
 //! pod below the cgroup that ran out, and the kubelet stopping one of them
 //! a moment later must not read as a kill. Those notifications reach
 //! criguard one by one, the victim's possibly after containerd removed its
-//! cgroup, so on v1 the first makes every live task a suspect and reads it. The kernel counts the kill right
-//! after it notifies, well before the notification has crossed the shim and
-//! containerd. On cgroup v2 with the systemd driver the victim's scope can
-//! be gone before anyone reads it (systemd removes an emptied scope at
-//! once; containerd then misses the OOM too and reports the exit as
-//! `Error`). v2 counters are hierarchical, so the pod's cgroup still counts
+//! cgroup, so on v1 the first makes every live task a suspect and reads
+//! it. The kernel counts the kill right after it notifies, well before the
+//! notification has crossed the shim and containerd. On cgroup v2 with the
+//! systemd driver the victim's scope can be gone before anyone reads it
+//! (systemd removes an emptied scope at once; containerd then misses the
+//! OOM too and reports the exit as `Error`). v2 counters are hierarchical, so the pod's cgroup still counts
 //! the kill: what no readable container of the pod accounts for is the
 //! gone task's, when its own `/tasks/oom` or its SIGKILL exit says it died.
 //!
