@@ -146,7 +146,10 @@ pub fn effective_column(values: Option<&BTreeSet<i64>>) -> String {
     }
 }
 
-/// `criguard pods`: one line per container, with the `oom_score_adj` it
+/// `criguard pods`: one line per container, with where its pod's numbers
+/// come from (SOURCE: `api` or `inferred`), the pod's memory request the
+/// eviction manager ranks by (POD-REQ: init containers, sidecars,
+/// pod-level resources and overhead counted), and the `oom_score_adj` it
 /// was created with (WANT: the kubelet's, after criguard's patch) beside
 /// the values its processes hold (EFF: what the kernel's OOM killer uses;
 /// the dynamic adjuster's, or 0 where the kernel refused a negative one).
@@ -155,11 +158,13 @@ pub fn pods_table(pods: &[Pod], effective: impl Fn(&str) -> Option<BTreeSet<i64>
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<30} {:<11} {:>9} {:<8} {:<9} {:<13} {:<16} {:<9} {:>9} {:>9} {:>8} {:>8}",
+        "{:<30} {:<11} {:>10} {:<8} {:<8} {:>9} {:<9} {:<13} {:<16} {:<9} {:>9} {:>9} {:>8} {:>8}",
         "NAMESPACE/POD",
         "QOS",
         "PRIORITY",
         "CRITICAL",
+        "SOURCE",
+        "POD-REQ",
         "STATE",
         "SANDBOX",
         "CONTAINER",
@@ -173,9 +178,11 @@ pub fn pods_table(pods: &[Pod], effective: impl Fn(&str) -> Option<BTreeSet<i64>
         let pod = format!("{}/{}", p.namespace, p.name);
         let crit = if p.critical { "yes" } else { "no" };
         let head = format!(
-            "{pod:<30} {:<11} {:>9} {crit:<8} {:<9} {:<13}",
+            "{pod:<30} {:<11} {:>10} {crit:<8} {:<8} {:>9} {:<9} {:<13}",
             format!("{:?}", p.qos),
             p.priority,
+            p.source.as_str(),
+            mib(p.memory_request()),
             format!("{:?}", p.state),
             p.sandbox_id.get(..12).unwrap_or(&p.sandbox_id),
         );

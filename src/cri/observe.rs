@@ -28,6 +28,8 @@ pub enum Method {
     StopPodSandbox,
     /// RemovePodSandbox.
     RemovePodSandbox,
+    /// UpdateContainerResources (an in-place resize).
+    UpdateContainerResources,
 }
 
 impl Method {
@@ -41,6 +43,7 @@ impl Method {
             "RemoveContainer" => Self::RemoveContainer,
             "StopPodSandbox" => Self::StopPodSandbox,
             "RemovePodSandbox" => Self::RemovePodSandbox,
+            "UpdateContainerResources" => Self::UpdateContainerResources,
             _ => return None,
         })
     }

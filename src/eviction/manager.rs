@@ -504,7 +504,12 @@ impl EvictionManager {
         let pod = &v.pod;
         let grace_s = self.grace_s(t, pod.grace_period_s);
         let available = obs.get(&t.signal).map_or(0, |o| o.available);
-        let message = eviction_message(t, available, v.heaviest.as_ref());
+        let pod_level = pod
+            .requests
+            .pod_level_memory
+            .zip(v.usage)
+            .map(|(request, used)| (pod.name.as_str(), used, request));
+        let message = eviction_message(t, available, pod_level, v.heaviest.as_ref());
         let e = Eviction {
             at_unix_ms: self.clock.unix_ms(),
             pod: format!("{}/{}", pod.namespace, pod.name),

@@ -168,12 +168,16 @@ impl Observer {
         // crictl's) keeps the score its client asked for.
         derive::qos_from_cgroup_parent(&pod.cgroup_parent)?;
         let container = pod.containers.get(PROBE)?;
-        let to = derive::kubelet_oom_score_adj(
-            pod.qos,
-            pod.critical && container.oom_score_adj == derive::GUARANTEED_OOM_SCORE_ADJ,
-            container.memory_request,
-            capacity,
-        );
+        // From the API's pod where known (v1.37's rule: pod-level share,
+        // sidecars, node-critical), else the plain rule on what CRI tells.
+        let to = container.api_oom_score_adj.unwrap_or_else(|| {
+            derive::kubelet_oom_score_adj(
+                pod.qos,
+                pod.critical && container.oom_score_adj == derive::GUARANTEED_OOM_SCORE_ADJ,
+                container.memory_request,
+                capacity,
+            )
+        });
         tracing::debug!(
             pod = %format_args!("{}/{}", pod.namespace, pod.name),
             container = %config.metadata.as_ref().map_or("", |m| m.name.as_str()),
@@ -231,6 +235,12 @@ impl Observer {
             Method::RemovePodSandbox => {
                 let r = cri::RemovePodSandboxRequest::decode(req)?;
                 m.remove_sandbox(&r.pod_sandbox_id);
+            }
+            Method::UpdateContainerResources => {
+                let r = cri::UpdateContainerResourcesRequest::decode(req)?;
+                if let Some(linux) = r.linux {
+                    m.update_container_resources(&r.container_id, &convert::resources(&linux));
+                }
             }
         }
         Ok(())
@@ -363,6 +373,70 @@ mod tests {
             let plan = observer.on_request(Method::CreateContainer, &create_request(parent));
             assert_eq!(plan.patch, None, "{parent:?}");
         }
+    }
+
+    #[test]
+    fn with_the_apis_pod_the_patch_is_v1_37s_score_and_a_resize_reaches_the_model() {
+        use crate::model::spec::{ApiContainer, ApiPod, ContainerKind, Resources};
+        let model = Arc::new(RwLock::new(NodeModel::new(4_000_000_000)));
+        let observer = Observer::new(model.clone());
+        // No API pod: the plain rule on the container's 0 request.
+        let create = create_request("/kubepods/burstable/poduid-1");
+        let plain = observer.on_request(Method::CreateContainer, &create);
+        assert_eq!(
+            plain.patch,
+            Some(patch::create_container_oom_score_adj(999))
+        );
+        // A 2e9 pod-level request shared by the one container: 500.
+        model.write().unwrap().upsert_api_pod(ApiPod {
+            uid: "uid-1".into(),
+            containers: vec![ApiContainer {
+                name: "app".into(),
+                kind: ContainerKind::Regular,
+                requests: Resources::default(),
+                limits: Resources::default(),
+            }],
+            pod_level: true,
+            pod_memory_request: Some(2_000_000_000),
+            ..Default::default()
+        });
+        let plan = observer.on_request(Method::CreateContainer, &create);
+        assert_eq!(plan.patch, Some(patch::create_container_oom_score_adj(500)));
+
+        // UpdateContainerResources: the model's limit follows.
+        let run = cri::RunPodSandboxRequest {
+            config: cri::CreateContainerRequest::decode(create.as_slice())
+                .unwrap()
+                .sandbox_config,
+            ..Default::default()
+        };
+        let ran = cri::RunPodSandboxResponse {
+            pod_sandbox_id: "sb1".into(),
+        };
+        observer.on_response(
+            Method::RunPodSandbox,
+            &run.encode_to_vec(),
+            &ran.encode_to_vec(),
+        );
+        let created = cri::CreateContainerResponse {
+            container_id: "c1".into(),
+        };
+        observer.on_response(Method::CreateContainer, &create, &created.encode_to_vec());
+        let update = cri::UpdateContainerResourcesRequest {
+            container_id: "c1".into(),
+            linux: Some(cri::LinuxContainerResources {
+                memory_limit_in_bytes: 768 << 20,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        observer.on_response(
+            Method::UpdateContainerResources,
+            &update.encode_to_vec(),
+            &[],
+        );
+        let pod = model.read().unwrap().pod("sb1").unwrap();
+        assert_eq!(pod.containers["c1"].memory_limit, 768 << 20);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 /// Labels of one kind of Kubernetes API write and how it went.
@@ -69,6 +70,46 @@ label_values! {
     }
 }
 
+/// Labels of one event of the API pod source.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodWatchLabels {
+    /// `list`, `changed`, `deleted`, `unreadable` or `error`.
+    pub event: PodWatchEvent,
+}
+
+label_values! {
+    /// An event of the API pod source.
+    pub enum PodWatchEvent {
+        /// The node's pods listed.
+        List => "list",
+        /// A pod added or changed.
+        Changed => "changed",
+        /// A pod deleted.
+        Deleted => "deleted",
+        /// A pod whose fields criguard cannot read (ranked by inference).
+        Unreadable => "unreadable",
+        /// A list or watch that failed (it is asked again).
+        Error => "error",
+    }
+}
+
+/// Labels of the pods counted by where their numbers come from.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodSourceLabels {
+    /// `api` or `inferred`.
+    pub source: PodSourceLabel,
+}
+
+label_values! {
+    /// Where a pod's requests, priority and criticality come from.
+    pub enum PodSourceLabel {
+        /// The API's pod object.
+        Api => "api",
+        /// Inferred from CRI.
+        Inferred => "inferred",
+    }
+}
+
 /// Metrics of the Kubernetes API report.
 #[derive(Clone, Debug, Default)]
 pub struct KubeMetrics {
@@ -78,6 +119,10 @@ pub struct KubeMetrics {
     /// then settled (criguard's status kept) or deleted as the last resort;
     /// or never written.
     pub pods: Family<KubeOutcomeLabels, Counter>,
+    /// The API pod source's events.
+    pub pod_watch: Family<PodWatchLabels, Counter>,
+    /// The model's pods by where their numbers come from.
+    pub pod_sources: Family<PodSourceLabels, Gauge>,
 }
 
 impl KubeMetrics {
@@ -93,6 +138,36 @@ impl KubeMetrics {
             "Evicted pods reported to the API, by outcome: written (status Failed/Evicted); reverted (each time the status was seen undone) and reasserted (each time criguard wrote it again); then settled (the report ended with criguard's status in place) or deleted (the last resort, still undone past the bound); failed (status never written)",
             self.pods.clone(),
         );
+        registry.register(
+            "criguard_kube_pod_watch_events",
+            "Events of the API pod source (kubeconfig set): list (the node's pods listed), changed, deleted, unreadable (a pod whose fields could not be read: ranked by inference), error (a list or watch failed; asked again with back-off)",
+            self.pod_watch.clone(),
+        );
+        registry.register(
+            "criguard_pods",
+            "Pods in criguard's node model by where their requests, priority and criticality come from: api (the API's pod object) or inferred (from what CRI carries)",
+            self.pod_sources.clone(),
+        );
+    }
+
+    /// Counts one event of the API pod source.
+    pub fn watch_event(&self, event: PodWatchEvent) {
+        self.pod_watch
+            .get_or_create(&PodWatchLabels { event })
+            .inc();
+    }
+
+    /// Sets the pod counts by source from `model`.
+    pub fn count_sources(&self, model: &crate::model::NodeModel) {
+        let (api, inferred) = model.sources();
+        for (source, n) in [
+            (PodSourceLabel::Api, api),
+            (PodSourceLabel::Inferred, inferred),
+        ] {
+            self.pod_sources
+                .get_or_create(&PodSourceLabels { source })
+                .set(n as i64);
+        }
     }
 
     /// Counts one write attempt.

@@ -32,6 +32,7 @@ pub mod metrics;
 mod node;
 pub mod pending;
 mod pod;
+pub mod pods;
 pub mod reassert;
 
 use std::collections::BTreeSet;

@@ -84,6 +84,16 @@ pub fn container_from_request(
     }
 }
 
+/// The resources of a container the runtime can change in place.
+pub fn resources(res: &cri::LinuxContainerResources) -> super::ContainerResources {
+    super::ContainerResources {
+        cpu_shares: res.cpu_shares,
+        cpu_quota: res.cpu_quota,
+        cpu_period: res.cpu_period,
+        memory_limit: res.memory_limit_in_bytes,
+    }
+}
+
 /// Sandbox state from CRI's enum value.
 pub fn sandbox_state(v: i32) -> SandboxState {
     if v == cri::PodSandboxState::SandboxReady as i32 {
@@ -184,6 +194,14 @@ pub fn container_from_status(
     let info = info_json("container", &status.id, &resp.info)?;
     let config = info.get("config").cloned().unwrap_or(Value::Null);
     let res = |k: &str| i64_at(&config, &["linux", "resources", k]);
+    // The resources now, where the runtime reports them (CRI's
+    // `ContainerStatus.resources`): an in-place resize changed them since
+    // the config was written.
+    let now = status
+        .resources
+        .as_ref()
+        .and_then(|r| r.linux.as_ref())
+        .map(resources);
     let meta = status.metadata.unwrap_or_default();
     Ok(ContainerInfo {
         id: status.id,
@@ -192,10 +210,10 @@ pub fn container_from_status(
         attempt: meta.attempt,
         image: str_at(&config, &["image", "image"]).to_owned(),
         annotations: read_annotations(&status.annotations),
-        cpu_shares: res("cpu_shares"),
-        cpu_quota: res("cpu_quota"),
-        cpu_period: res("cpu_period"),
-        memory_limit: res("memory_limit_in_bytes"),
+        cpu_shares: now.map_or_else(|| res("cpu_shares"), |r| r.cpu_shares),
+        cpu_quota: now.map_or_else(|| res("cpu_quota"), |r| r.cpu_quota),
+        cpu_period: now.map_or_else(|| res("cpu_period"), |r| r.cpu_period),
+        memory_limit: now.map_or_else(|| res("memory_limit_in_bytes"), |r| r.memory_limit),
         oom_score_adj: res("oom_score_adj"),
         created_at_ns: status.created_at,
         state: Some(container_state(status.state)),

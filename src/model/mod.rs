@@ -20,10 +20,13 @@
 pub mod convert;
 pub mod derive;
 pub mod keys;
+pub mod spec;
 
 use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
+
+use spec::{ApiPod, Resource};
 
 /// A pod's quality-of-service class, as the kubelet computes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -160,6 +163,20 @@ pub struct ContainerInfo {
     pub state: Option<ContainerState>,
 }
 
+/// The resources of a container the runtime can change in place
+/// (`LinuxContainerResources`, UpdateContainerResources).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContainerResources {
+    /// CPU shares.
+    pub cpu_shares: i64,
+    /// CPU CFS quota.
+    pub cpu_quota: i64,
+    /// CPU CFS period.
+    pub cpu_period: i64,
+    /// Memory limit in bytes (0: none).
+    pub memory_limit: i64,
+}
+
 /// A container in the model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Container {
@@ -186,12 +203,55 @@ pub struct Container {
     pub memory_limit: i64,
     /// The `oom_score_adj` it was created with (after criguard's patch).
     pub oom_score_adj: i64,
-    /// Derived memory request in bytes (see [`derive::memory_request`]).
+    /// Memory request in bytes: the API's (the allocated one after a
+    /// resize) where the pod is known there, else derived from the score
+    /// ([`derive::memory_request`]).
     pub memory_request: i64,
+    /// Ephemeral-storage request in bytes, from the API (0 without it:
+    /// CRI carries none).
+    #[serde(default)]
+    pub ephemeral_storage_request: i64,
+    /// The kubelet's `oom_score_adj` for it computed from the API's pod
+    /// ([`spec::oom_score_adj`]); `None` without the API's pod.
+    #[serde(default)]
+    pub api_oom_score_adj: Option<i64>,
     /// State.
     pub state: ContainerState,
     /// Creation time, ns since the epoch.
     pub created_at_ns: i64,
+}
+
+/// Where a pod's requests, priority and criticality come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PodSource {
+    /// The API's pod object (`kubeconfig` set and the pod seen there).
+    Api,
+    /// Inferred from what CRI carries (the score, annotations, cgroup).
+    #[default]
+    Inferred,
+}
+
+impl PodSource {
+    /// `api` or `inferred`, as shown and counted.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodSource::Api => "api",
+            PodSource::Inferred => "inferred",
+        }
+    }
+}
+
+/// A pod's requests as the eviction manager ranks by them
+/// (`GetResourceRequestQuantity`, [`spec::pod_request`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRequests {
+    /// Memory, bytes.
+    pub memory: i64,
+    /// Ephemeral storage, bytes (0 without the API: CRI carries none).
+    pub ephemeral_storage: i64,
+    /// The pod-level memory request, when pod-level resources are set: the
+    /// eviction message then names the pod's usage against it.
+    pub pod_level_memory: Option<i64>,
 }
 
 /// A pod in the model.
@@ -227,12 +287,20 @@ pub struct Pod {
     pub created_at_ns: i64,
     /// Containers by id.
     pub containers: BTreeMap<String, Container>,
+    /// Where requests, priority and criticality come from.
+    #[serde(default)]
+    pub source: PodSource,
+    /// The requests the eviction manager ranks by.
+    #[serde(default)]
+    pub requests: PodRequests,
 }
 
 impl Pod {
-    /// Sum of the containers' memory requests.
+    /// The memory request the eviction manager ranks by: the API's pod
+    /// request (init containers, sidecars, pod-level, overhead) where
+    /// known, else the sum of the containers' derived requests.
     pub fn memory_request(&self) -> i64 {
-        self.containers.values().map(|c| c.memory_request).sum()
+        self.requests.memory
     }
 
     /// The pod's cgroup from the hierarchy root, for either cgroup driver
@@ -268,6 +336,8 @@ pub struct NodeModel {
     memory_capacity: i64,
     sandboxes: BTreeMap<String, SandboxInfo>,
     containers: BTreeMap<String, ContainerInfo>,
+    /// The API's pods bound to this node, by the UID their sandbox carries.
+    api: HashMap<String, ApiPod>,
     /// Bumped by every change (see [`NodeModel::generation`]).
     generation: u64,
 }
@@ -328,6 +398,57 @@ impl NodeModel {
         if self.containers.get(&info.id) != Some(&info) {
             self.generation += 1;
             self.containers.insert(info.id.clone(), info);
+        }
+    }
+
+    /// Replaces every API pod with `pods` (a fresh list of the API's).
+    pub fn set_api_pods(&mut self, pods: impl IntoIterator<Item = ApiPod>) {
+        let pods: HashMap<String, ApiPod> = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
+        if pods != self.api {
+            self.api = pods;
+            self.generation += 1;
+        }
+    }
+
+    /// Adds or replaces one API pod.
+    pub fn upsert_api_pod(&mut self, pod: ApiPod) {
+        if self.api.get(&pod.uid) != Some(&pod) {
+            self.api.insert(pod.uid.clone(), pod);
+            self.generation += 1;
+        }
+    }
+
+    /// Forgets the API pod of `uid`.
+    pub fn remove_api_pod(&mut self, uid: &str) {
+        if self.api.remove(uid).is_some() {
+            self.generation += 1;
+        }
+    }
+
+    /// The API pod of `uid`, if the API told of one.
+    pub fn api_pod(&self, uid: &str) -> Option<&ApiPod> {
+        self.api.get(uid)
+    }
+
+    /// How many sandboxes the model holds with their API pod, and without.
+    pub fn sources(&self) -> (usize, usize) {
+        let api = self
+            .sandboxes
+            .values()
+            .filter(|s| self.api.contains_key(&s.uid))
+            .count();
+        (api, self.sandboxes.len() - api)
+    }
+
+    /// Sets a container's resources as an UpdateContainerResources call set
+    /// them (an in-place resize): limits and CPU, the score unchanged.
+    pub fn update_container_resources(&mut self, id: &str, res: &ContainerResources) {
+        if let Some(c) = self.containers.get_mut(id) {
+            let changed = set(&mut c.memory_limit, res.memory_limit)
+                | set(&mut c.cpu_shares, res.cpu_shares)
+                | set(&mut c.cpu_quota, res.cpu_quota)
+                | set(&mut c.cpu_period, res.cpu_period);
+            self.generation += u64::from(changed);
         }
     }
 
@@ -480,49 +601,47 @@ impl NodeModel {
                 })
                 .unwrap_or(QosClass::BestEffort)
         });
-        let priority = derive::priority(
-            s.annotations
-                .get(derive::PRIORITY_ANNOTATION)
-                .map(String::as_str),
-        )
-        .unwrap_or(0);
+        let api = self.api.get(&s.uid);
         let static_pod = derive::is_static(
             s.annotations
                 .get(derive::CONFIG_SOURCE_ANNOTATION)
                 .map(String::as_str),
         );
-        let critical = derive::is_critical(static_pod, priority, qos, &adjs);
+        let (priority, critical) = match api {
+            Some(a) => (a.priority(), static_pod || a.critical()),
+            None => {
+                let priority = derive::priority(
+                    s.annotations
+                        .get(derive::PRIORITY_ANNOTATION)
+                        .map(String::as_str),
+                )
+                .unwrap_or(0);
+                (
+                    priority,
+                    derive::is_critical(static_pod, priority, qos, &adjs),
+                )
+            }
+        };
         let grace_period_s = infos.iter().find_map(|c| {
             c.annotations
                 .get(keys::ANNOTATION_GRACE)
                 .and_then(|g| g.parse().ok())
         });
-        let containers = infos
+        let containers: BTreeMap<String, Container> = infos
             .iter()
-            .map(|c| {
-                let container = Container {
-                    id: c.id.clone(),
-                    name: c.name.clone(),
-                    attempt: c.attempt,
-                    image: c.image.clone(),
-                    cgroup_path: container_cgroup(&s.cgroup_parent, &c.id),
-                    cpu_shares: c.cpu_shares,
-                    cpu_quota: c.cpu_quota,
-                    cpu_period: c.cpu_period,
-                    memory_limit: c.memory_limit,
-                    oom_score_adj: c.oom_score_adj,
-                    memory_request: derive::memory_request(
-                        qos,
-                        c.oom_score_adj,
-                        c.memory_limit,
-                        self.memory_capacity,
-                    ),
-                    state: c.state.unwrap_or(ContainerState::Unknown),
-                    created_at_ns: c.created_at_ns,
-                };
-                (c.id.clone(), container)
-            })
+            .map(|c| (c.id.clone(), self.container(s, c, qos, api)))
             .collect();
+        let requests = match api {
+            Some(a) => PodRequests {
+                memory: spec::pod_request(a, Resource::Memory),
+                ephemeral_storage: spec::pod_request(a, Resource::EphemeralStorage),
+                pod_level_memory: a.pod_memory_request.filter(|_| a.pod_level),
+            },
+            None => PodRequests {
+                memory: containers.values().map(|c| c.memory_request).sum(),
+                ..Default::default()
+            },
+        };
         Pod {
             uid: s.uid.clone(),
             name: s.name.clone(),
@@ -539,6 +658,48 @@ impl NodeModel {
             state: s.state.unwrap_or(SandboxState::NotReady),
             created_at_ns: s.created_at_ns,
             containers,
+            source: if api.is_some() {
+                PodSource::Api
+            } else {
+                PodSource::Inferred
+            },
+            requests,
+        }
+    }
+
+    /// Container `c` of sandbox `s` (class `qos`), with its request and
+    /// score from the API's pod `api` where it names the container.
+    fn container(
+        &self,
+        s: &SandboxInfo,
+        c: &ContainerInfo,
+        qos: QosClass,
+        api: Option<&ApiPod>,
+    ) -> Container {
+        let spec = api.and_then(|a| a.container(&c.name));
+        let memory_request = match spec {
+            Some(spec) => spec.requests.memory.unwrap_or(0),
+            None => {
+                derive::memory_request(qos, c.oom_score_adj, c.memory_limit, self.memory_capacity)
+            }
+        };
+        Container {
+            id: c.id.clone(),
+            name: c.name.clone(),
+            attempt: c.attempt,
+            image: c.image.clone(),
+            cgroup_path: container_cgroup(&s.cgroup_parent, &c.id),
+            cpu_shares: c.cpu_shares,
+            cpu_quota: c.cpu_quota,
+            cpu_period: c.cpu_period,
+            memory_limit: c.memory_limit,
+            oom_score_adj: c.oom_score_adj,
+            memory_request,
+            ephemeral_storage_request: spec.and_then(|c| c.requests.ephemeral_storage).unwrap_or(0),
+            api_oom_score_adj: api
+                .and_then(|a| spec::oom_score_adj(a, qos, &c.name, self.memory_capacity)),
+            state: c.state.unwrap_or(ContainerState::Unknown),
+            created_at_ns: c.created_at_ns,
         }
     }
 

@@ -162,3 +162,83 @@ fn pod_with_derives_as_a_copy_with_the_container_added_would() {
     assert_eq!(m.pod_with("s3", Some(fallback), &extra), copy.pod("s3"));
     assert_eq!(m.pod("s3"), None, "the model itself is not changed");
 }
+
+fn api_pod(uid: &str, priority: i32, requests: &[(&str, i64)]) -> spec::ApiPod {
+    spec::ApiPod {
+        uid: uid.into(),
+        priority: Some(priority),
+        containers: requests
+            .iter()
+            .map(|(name, memory)| spec::ApiContainer {
+                name: (*name).into(),
+                kind: spec::ContainerKind::Regular,
+                requests: spec::Resources {
+                    memory: Some(*memory),
+                    ephemeral_storage: Some(1 << 30),
+                },
+                limits: spec::Resources::default(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn the_apis_pod_gives_exact_requests_priority_and_the_kubelets_score() {
+    // 24 GiB node: a 20 MiB request is below capacity/1000 and reads as 0
+    // from the score.
+    let mut m = NodeModel::new(24 << 30);
+    m.upsert_sandbox(sandbox("s1", "/kubepods/burstable/poduid-s1"));
+    m.upsert_container(container("c1", "s1", 999, 0));
+    let inferred = m.pod("s1").unwrap();
+    assert_eq!(inferred.source, PodSource::Inferred);
+    assert_eq!((inferred.memory_request(), inferred.priority), (0, 0));
+    assert_eq!(inferred.containers["c1"].api_oom_score_adj, None);
+    assert_eq!(m.sources(), (0, 1));
+
+    let before = m.generation();
+    m.upsert_api_pod(api_pod("uid-s1", 2_000_000_000, &[("c-c1", 20 << 20)]));
+    assert!(
+        m.generation() > before,
+        "an API pod changes what is derived"
+    );
+    let pod = m.pod("s1").unwrap();
+    assert_eq!(pod.source, PodSource::Api);
+    assert_eq!(pod.memory_request(), 20 << 20);
+    assert_eq!(pod.requests.ephemeral_storage, 1 << 30);
+    assert_eq!(pod.containers["c1"].memory_request, 20 << 20);
+    assert_eq!(pod.containers["c1"].ephemeral_storage_request, 1 << 30);
+    assert_eq!(pod.priority, 2_000_000_000);
+    assert!(pod.critical, "system-cluster-critical's priority");
+    assert_eq!(pod.containers["c1"].api_oom_score_adj, Some(999));
+    assert_eq!(m.sources(), (1, 0));
+
+    // The same pod again changes nothing; a list without it forgets it.
+    let g = m.generation();
+    m.upsert_api_pod(api_pod("uid-s1", 2_000_000_000, &[("c-c1", 20 << 20)]));
+    assert_eq!(m.generation(), g);
+    m.set_api_pods([api_pod("uid-other", 0, &[])]);
+    assert_eq!(m.pod("s1").unwrap().source, PodSource::Inferred);
+    m.remove_api_pod("uid-other");
+    assert!(m.api_pod("uid-other").is_none());
+}
+
+#[test]
+fn an_in_place_resize_updates_the_containers_limits() {
+    let mut m = NodeModel::new(1 << 30);
+    m.upsert_sandbox(sandbox("s1", "/kubepods/burstable/poduid-s1"));
+    m.upsert_container(container("c1", "s1", 500, 512 << 20));
+    let g = m.generation();
+    let resized = ContainerResources {
+        cpu_shares: 204,
+        cpu_quota: 0,
+        cpu_period: 100_000,
+        memory_limit: 768 << 20,
+    };
+    m.update_container_resources("c1", &resized);
+    assert!(m.generation() > g);
+    let c = &m.pod("s1").unwrap().containers["c1"];
+    assert_eq!((c.memory_limit, c.cpu_shares), (768 << 20, 204));
+    assert_eq!(c.oom_score_adj, 500, "the score stays as created");
+    m.update_container_resources("absent", &resized);
+}

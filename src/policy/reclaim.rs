@@ -46,13 +46,40 @@ pub struct PodUse {
     /// How much of it evicting the pod gives back (for disk: writable
     /// layers and logs; emptyDirs stay until the kubelet deletes the pod).
     pub reclaimable: u64,
+    /// What the usage is measured against under a disk signal; `None` for
+    /// pids, which the kubelet ranks by priority and usage alone.
+    pub request: Option<UsageRequest>,
+}
+
+/// A pod's request as the kubelet's disk ranking uses it
+/// (`exceedDiskRequests`, then `disk`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsageRequest {
+    /// The usage exceeds the request of the signal's own resource
+    /// (ephemeral-storage for bytes; for inodes the request is always 0).
+    pub exceeds: bool,
+    /// The pod's ephemeral-storage request, subtracted from the usage before
+    /// pods of equal standing are compared (for inodes too, as the kubelet).
+    pub amount: u64,
+}
+
+impl UsageRequest {
+    /// The request of a pod using `usage` of a signal counted in bytes
+    /// (`bytes`) or inodes, with an ephemeral-storage request of `amount`.
+    pub fn new(usage: Option<u64>, bytes: bool, amount: u64) -> Self {
+        let line = if bytes { amount } else { 0 };
+        Self {
+            exceeds: usage.is_some_and(|u| u > line),
+            amount,
+        }
+    }
 }
 
 /// Orders pods for disk or pid pressure, first victim first, as the
-/// kubelet does: a pod without stats first; then lower priority first; then
-/// the larger usage first. (The kubelet's disk ranking puts pods over their
-/// ephemeral-storage request first; CRI carries no such request, so every
-/// pod counts as over it.) Critical pods are left out; ties keep input order.
+/// kubelet does: a pod without stats first; then, for disk, pods whose
+/// usage exceeds their request; then lower priority first; then the larger
+/// usage above the request first. Critical pods are left out; ties keep
+/// input order.
 pub fn rank_usage(pods: &[PodUse]) -> Vec<&PodUse> {
     let mut ranked: Vec<&PodUse> = pods.iter().filter(|p| !p.critical).collect();
     ranked.sort_by(|a, b| compare_usage(a, b));
@@ -60,11 +87,16 @@ pub fn rank_usage(pods: &[PodUse]) -> Vec<&PodUse> {
 }
 
 fn compare_usage(a: &PodUse, b: &PodUse) -> Ordering {
+    let exceeds = |p: &PodUse| p.request.is_some_and(|r| r.exceeds);
+    let above = |p: &PodUse, u: u64| u as i128 - p.request.map_or(0, |r| r.amount) as i128;
     match (a.usage, b.usage) {
         (None, Some(_)) => Ordering::Less,
         (Some(_), None) => Ordering::Greater,
         (None, None) => a.priority.cmp(&b.priority),
-        (Some(ua), Some(ub)) => a.priority.cmp(&b.priority).then(ub.cmp(&ua)),
+        (Some(ua), Some(ub)) => exceeds(b)
+            .cmp(&exceeds(a))
+            .then(a.priority.cmp(&b.priority))
+            .then(above(b, ub).cmp(&above(a, ua))),
     }
 }
 
@@ -133,6 +165,14 @@ mod tests {
             critical: false,
             usage: Some(usage),
             reclaimable: usage,
+            request: None,
+        }
+    }
+
+    fn disk(id: &str, priority: i32, usage: u64, request: u64) -> PodUse {
+        PodUse {
+            request: Some(UsageRequest::new(Some(usage), true, request)),
+            ..pod(id, priority, usage)
         }
     }
 
@@ -174,6 +214,39 @@ mod tests {
             ids(&rank_usage(&pods)),
             ["guaranteed-big", "mid", "small", "important-huge"]
         );
+    }
+
+    #[test]
+    fn disk_ranking_puts_pods_over_their_request_first_then_measures_above_it() {
+        // The kubelet's rankDiskPressureFunc: exceedDiskRequests, priority,
+        // then usage minus the ephemeral-storage request.
+        let pods = [
+            disk("within-request", 0, 900, 1000),
+            disk("important-over", 100, 50, 0),
+            disk("over-by-100", 0, 600, 500),
+            disk("over-by-300", 0, 400, 100),
+        ];
+        assert_eq!(
+            ids(&rank_usage(&pods)),
+            [
+                "over-by-300",
+                "over-by-100",
+                "important-over",
+                "within-request"
+            ]
+        );
+        // Inodes: every pod using any exceeds (no inode request), and the
+        // byte request is still subtracted, as the kubelet does.
+        let inodes = |id: &str, usage: u64, request: u64| PodUse {
+            request: Some(UsageRequest::new(Some(usage), false, request)),
+            ..pod(id, 0, usage)
+        };
+        let pods = [
+            inodes("a", 500, 400),
+            inodes("b", 300, 0),
+            inodes("none", 0, 0),
+        ];
+        assert_eq!(ids(&rank_usage(&pods)), ["b", "a", "none"]);
     }
 
     #[test]

@@ -104,6 +104,19 @@ fn needs_restart(
     restart
 }
 
+/// `what` of the API could not start with `k`: the error names the
+/// `kubeconfig` key and its value.
+fn kube_error(k: &KubeSettings, what: &str, e: criguard::kube::KubeError) -> ConfigError {
+    ConfigError {
+        key: "kubeconfig".into(),
+        value: match &k.source {
+            criguard::kube::ApiSource::Kubeconfig(p) => p.display().to_string(),
+            criguard::kube::ApiSource::InCluster => "in-cluster".into(),
+        },
+        rule: format!("{what} cannot start: {e}"),
+    }
+}
+
 impl Guard {
     /// The guardian, off; the collectors' loops start now and wait for
     /// the first valid settings.
@@ -173,17 +186,21 @@ impl Guard {
             Some(k) => Some(
                 criguard::kube::KubeReport::start(k, h.metrics.kube.clone(), Some(&h.state_dir))
                     .await
-                    .map_err(|e| ConfigError {
-                        key: "kubeconfig".into(),
-                        value: match &k.source {
-                            criguard::kube::ApiSource::Kubeconfig(p) => p.display().to_string(),
-                            criguard::kube::ApiSource::InCluster => "in-cluster".into(),
-                        },
-                        rule: format!("the Kubernetes API report cannot start: {e}"),
-                    })?,
+                    .map_err(|e| kube_error(k, "the Kubernetes API report", e))?,
             ),
             None => None,
         };
+        if let Some(k) = &settings.kube {
+            let source = criguard::kube::pods::source(
+                k,
+                h.node.clone(),
+                h.metrics.kube.clone(),
+                h.stopping.wait(),
+            )
+            .await
+            .map_err(|e| kube_error(k, "the API pod source", e))?;
+            self.tasks.push(tokio::spawn(source));
+        }
         let live = h.parts.live(settings.clone(), None);
         let events = psi.map(|psi| MemoryEvents::new(h.sources.clone(), &settings.eviction, psi));
         let (reloads, reloads_rx) = watch::channel(Arc::new(Reloadable {

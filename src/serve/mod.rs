@@ -321,7 +321,13 @@ impl App {
         announce(&cmd, started.as_ref(), &p.config, &notice);
         let stopping = Stopping(p.stop.subscribe());
         let (node, upstream) = (p.node.clone(), p.upstream.clone());
-        let sync = runtime::sync_loop(node, upstream, cmd.sync_interval, stopping.clone());
+        let sync = runtime::sync_loop(
+            node,
+            upstream,
+            cmd.sync_interval,
+            stopping.clone(),
+            p.metrics.kube.clone(),
+        );
         let period = complaint_period();
         let metrics_listener = self.metrics_listener;
         let tasks = vec![

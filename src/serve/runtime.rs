@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use criguard::kube::metrics::KubeMetrics;
 use criguard::lock::RwLocked;
 use criguard::metrics::Metrics;
 use criguard::model::NodeModel;
@@ -75,19 +76,22 @@ pub fn task_events(
     }
 }
 
-/// Syncs the model with the runtime every `every` until criguard stops.
+/// Syncs the model with the runtime every `every` until criguard stops,
+/// counting its pods by source after each sync (`criguard_pods`).
 pub async fn sync_loop(
     node: Arc<RwLock<NodeModel>>,
     upstream: Upstream,
     every: Duration,
     stopping: Stopping,
+    kube: KubeMetrics,
 ) {
     periodic(every, stopping.wait(), move || {
-        let (node, upstream) = (node.clone(), upstream.clone());
+        let (node, upstream, kube) = (node.clone(), upstream.clone(), kube.clone());
         async move {
             if let Err(err) = sync::sync(&node, &upstream).await {
                 tracing::warn!(%err, "node model sync failed");
             }
+            kube.count_sources(&node.read_locked());
         }
     })
     .await;

@@ -965,3 +965,295 @@ async fn a_restarted_criguard_keeps_the_pressure_the_watch_and_the_evictions() {
     assert_no_403(&requests);
     guard.remove_all_pods().await;
 }
+
+/// A kubelet-shaped pod holding `mib` MiB (and `grow_mib` more once told),
+/// whose one container `app` requests and is limited to the given MiB
+/// (0: not set).
+fn burstable(
+    sc: &Pressure,
+    name: &str,
+    request_mib: i64,
+    limit_mib: i64,
+    mib: i64,
+    grow_mib: i64,
+) -> PodSpec {
+    let c = criguard::test_support::kubelet::ContainerSpec {
+        command: common::pods::hog(mib, grow_mib),
+        memory_request: request_mib << 20,
+        memory_limit: limit_mib << 20,
+        ..common::pods::sleeper("app")
+    };
+    sc.pod(name, c)
+}
+
+/// `p` as the scheduler left it in the API: bound to the node, of
+/// `priority_class` (none when empty), with `p`'s container resources.
+fn api_pod_of(p: &PodSpec, node: &str, priority_class: &str) -> Value {
+    let c = &p.containers[0];
+    let mut resources = json!({});
+    if c.memory_request > 0 {
+        resources["requests"] = json!({"memory": format!("{}Mi", c.memory_request >> 20)});
+    }
+    if c.memory_limit > 0 {
+        resources["limits"] = json!({"memory": format!("{}Mi", c.memory_limit >> 20)});
+    }
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": p.name, "namespace": p.namespace},
+        "spec": {"nodeName": node, "containers": [
+            {"name": "app", "image": common::pods::BUSYBOX, "resources": resources}]},
+    });
+    if !priority_class.is_empty() {
+        pod["spec"]["priorityClassName"] = json!(priority_class);
+    }
+    pod
+}
+
+/// The kubelet's memory order (`rankMemoryPressure`), computed here from
+/// the API's objects and the usage criguard read: over its request first,
+/// then lower priority, then the larger usage above the request; critical
+/// pods (priority ≥ 2·10⁹) left out. Written apart from criguard's code.
+fn kubelet_memory_order(
+    api: &[Value],
+    usage: &std::collections::HashMap<String, i64>,
+) -> Vec<String> {
+    let mib = |q: &Value| {
+        q.as_str()
+            .and_then(|s| s.strip_suffix("Mi"))
+            .map_or(0, |n| n.parse::<i64>().unwrap() << 20)
+    };
+    let mut pods: Vec<(String, i64, i64, i64)> = api
+        .iter()
+        .filter(|p| p["spec"]["priority"].as_i64().unwrap_or(0) < 2_000_000_000)
+        .map(|p| {
+            let name = format!(
+                "{}/{}",
+                p["metadata"]["namespace"].as_str().unwrap(),
+                p["metadata"]["name"].as_str().unwrap()
+            );
+            let request = mib(&p["spec"]["containers"][0]["resources"]["requests"]["memory"]);
+            let used = usage[&name];
+            (
+                name,
+                p["spec"]["priority"].as_i64().unwrap_or(0),
+                request,
+                used,
+            )
+        })
+        .collect();
+    pods.sort_by(|a, b| {
+        (b.3 > b.2)
+            .cmp(&(a.3 > a.2))
+            .then(a.1.cmp(&b.1))
+            .then((b.3 - b.2).cmp(&(a.3 - a.2)))
+    });
+    pods.into_iter().map(|p| p.0).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_apis_pods_are_ranked_scored_and_evicted_as_the_kubelet_does() {
+    let Some((plane, sc)) = plane_and_pressure() else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    // Allocatable memory, which a resize is admitted against.
+    let mut node = api_node();
+    let room = json!({"cpu": "4", "memory": "16Gi", "pods": "110"});
+    node["status"]["capacity"] = room.clone();
+    node["status"]["allocatable"] = room;
+    let t = plane.tenant("ranked", node, state.path()).await;
+    let kubelet = t.kubelet().await;
+    let high = format!("high-{}", t.ns);
+    t.admin
+        .create(
+            "/apis/scheduling.k8s.io/v1/priorityclasses",
+            json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                   "metadata": {"name": high}, "value": 1_000_000}),
+        )
+        .await;
+    // On this host capacity/1000 is about 24 MiB: inferred from the score,
+    // `ordinary`'s 20Mi reads as 0 and `important`'s 50Mi as about 48Mi,
+    // and no priority is seen at all, so criguard alone would evict
+    // `important`, the largest over its request, when it grows.
+    let mut pods = [
+        (burstable(&sc, "ordinary", 20, 256, 60, 0), ""),
+        (burstable(&sc, "important", 50, 300, 100, 90), high.as_str()),
+        (
+            burstable(&sc, "critical", 70, 256, 30, 0),
+            "system-cluster-critical",
+        ),
+        (sc.hog("besteffort", 10, 0), ""),
+    ];
+    let mut api = Vec::new();
+    for (p, class) in &mut pods {
+        p.namespace = t.ns.clone();
+        let created = t
+            .admin
+            .create(
+                &format!("/api/v1/namespaces/{}/pods", t.ns),
+                api_pod_of(p, &t.node, class),
+            )
+            .await;
+        p.uid = created["metadata"]["uid"].as_str().unwrap().to_owned();
+        let running = json!({"status": {"phase": "Running"}});
+        assert_eq!(kubelet.patch_pod_status(&t.ns, &p.name, running).await, 200);
+        api.push(created);
+    }
+    let (port, args) = report_args(&t.kubeconfig, &t.node, "10s");
+    let guard = sc.criguard(state.path(), &as_strs(&args)).await;
+    let mut containers = Vec::new();
+    for (p, _) in &pods {
+        containers.push(sc.run(&guard, p).await.1);
+    }
+
+    // Every pod matched to its API object: exact requests, priorities,
+    // criticality, and the kubelet's score written at creation.
+    let admin = guard.admin.clone();
+    let known = common::poll_until(
+        Duration::from_secs(30),
+        "every pod from the API",
+        || async {
+            let pods = criguard::admin::get_pods(&admin).await.ok()?;
+            let ours: Vec<_> = pods.into_iter().filter(|p| p.namespace == t.ns).collect();
+            (ours.len() == 4
+                && ours
+                    .iter()
+                    .all(|p| p.source == criguard::model::PodSource::Api))
+            .then_some(ours)
+        },
+    )
+    .await;
+    let capacity = common::pods::mem_total();
+    for (name, priority, critical, request_mib) in [
+        ("ordinary", 0, false, 20),
+        ("important", 1_000_000, false, 50),
+        ("critical", 2_000_000_000, true, 70),
+        ("besteffort", 0, false, 0),
+    ] {
+        let p = known.iter().find(|p| p.name == name).unwrap();
+        assert_eq!((p.priority, p.critical), (priority, critical), "{name}");
+        assert_eq!(p.memory_request(), request_mib << 20, "{name}");
+        let c = p.containers.values().next().unwrap();
+        // pkg/kubelet/qos/policy.go for a Burstable container, by hand.
+        let want = if request_mib == 0 {
+            1000
+        } else {
+            (1000 - 1000 * (request_mib << 20) / capacity).clamp(3, 999)
+        };
+        assert_eq!(
+            (c.oom_score_adj, c.api_oom_score_adj),
+            (want, Some(want)),
+            "{name}"
+        );
+    }
+    let metric = common::poll_until(
+        Duration::from_secs(30),
+        "criguard_pods{source=api}",
+        || async {
+            common::metrics::scraped(port, "criguard_pods", &[("source", "api")])
+                .filter(|v| *v >= 4.0)
+        },
+    )
+    .await;
+    assert!(metric >= 4.0);
+
+    // An in-place resize as the kubelet carries it out: the API's spec
+    // through the resize subresource, the allocation in the status, the
+    // runtime's limit through criguard.
+    let resize = json!({"spec": {"containers": [{"name": "app", "resources": {
+        "requests": {"memory": "80Mi"}, "limits": {"memory": "400Mi"}}}]}});
+    let (code, body) = t
+        .admin
+        .send(
+            "PATCH",
+            &format!("/api/v1/namespaces/{}/pods/important/resize", t.ns),
+            "application/strategic-merge-patch+json",
+            &resize,
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let allocated = json!({"status": {"containerStatuses": [{
+        "name": "app", "image": common::pods::BUSYBOX, "imageID": "", "ready": true,
+        "restartCount": 0, "started": true, "state": {"running": {"startedAt": "2024-01-01T00:00:00Z"}},
+        "allocatedResources": {"memory": "80Mi"},
+        "resources": {"requests": {"memory": "80Mi"}, "limits": {"memory": "400Mi"}}}]}});
+    assert_eq!(
+        kubelet
+            .patch_pod_status(&t.ns, "important", allocated)
+            .await,
+        200
+    );
+    let update = k8s_cri::v1::UpdateContainerResourcesRequest {
+        container_id: containers[1].clone(),
+        linux: Some(k8s_cri::v1::LinuxContainerResources {
+            memory_limit_in_bytes: 400 << 20,
+            cpu_shares: 2,
+            cpu_period: 100_000,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    guard
+        .clients()
+        .rt
+        .update_container_resources(update)
+        .await
+        .unwrap();
+    common::poll_until(
+        Duration::from_secs(30),
+        "the resize in criguard's model",
+        || async {
+            let pods = criguard::admin::get_pods(&admin).await.ok()?;
+            let p = pods
+                .into_iter()
+                .find(|p| p.namespace == t.ns && p.name == "important")?;
+            let c = p.containers.values().next()?;
+            (p.memory_request() == 80 << 20 && c.memory_limit == 400 << 20).then_some(())
+        },
+    )
+    .await;
+
+    // `criguard rank` equals the kubelet's order over the API's objects.
+    let rank = criguard::admin::get_rank(&guard.admin).await.unwrap();
+    let memory: Vec<_> = rank
+        .iter()
+        .filter(|e| e.signal == "memory.available")
+        .collect();
+    let usage = memory
+        .iter()
+        .map(|e| (e.pod.clone(), e.usage.unwrap()))
+        .collect();
+    let mut api_now = Vec::new();
+    for (p, _) in &pods {
+        api_now.push(get_pod(&t, &p.name).await.unwrap());
+    }
+    // The kubelet ranks the allocated request after a resize.
+    api_now[1]["spec"]["containers"][0]["resources"]["requests"]["memory"] = json!("80Mi");
+    let want = kubelet_memory_order(&api_now, &usage);
+    let got: Vec<String> = memory.iter().map(|e| e.pod.clone()).collect();
+    assert_eq!(got, want, "{rank:?}");
+    assert_eq!(got[0], format!("{}/ordinary", t.ns), "{rank:?}");
+
+    // Pressure: `important` grows; the kubelet's first victim goes, with
+    // the kubelet's message naming its exact request.
+    sc.grow(&containers[1]).await;
+    let e = guard
+        .first_evictions(Duration::from_secs(60), "the eviction")
+        .await
+        .remove(0);
+    assert_eq!(e.uid, pods[0].0.uid, "{}", e.message);
+    assert!(
+        e.message.contains("Container app was using ")
+            && e.message
+                .contains(", request is 20Mi, has larger consumption of memory. "),
+        "{}",
+        e.message
+    );
+    let pod = common::poll_until(Duration::from_secs(10), "Failed/Evicted", || async {
+        get_pod(&t, "ordinary")
+            .await
+            .filter(|p| p["status"]["reason"] == "Evicted")
+    })
+    .await;
+    assert_eq!(pod["status"]["message"], e.message.as_str());
+}

@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 
 use super::{ConvertError, unknown};
 use crate::admin::pb;
-use crate::model::{Container, ContainerState, Pod, QosClass, SandboxState};
+use crate::model::{
+    Container, ContainerState, Pod, PodRequests, PodSource, QosClass, SandboxState,
+};
 
 pub(super) fn qos_to(q: QosClass) -> pb::QosClass {
     match q {
@@ -35,6 +37,21 @@ fn sandbox_state_from(v: i32) -> Result<SandboxState, ConvertError> {
         Ok(pb::SandboxState::Ready) => Ok(SandboxState::Ready),
         Ok(pb::SandboxState::NotReady) => Ok(SandboxState::NotReady),
         _ => Err(unknown("Pod", "state", v)),
+    }
+}
+
+fn source_to(s: PodSource) -> pb::PodSource {
+    match s {
+        PodSource::Api => pb::PodSource::Api,
+        PodSource::Inferred => pb::PodSource::Inferred,
+    }
+}
+
+fn source_from(v: i32) -> Result<PodSource, ConvertError> {
+    match pb::PodSource::try_from(v) {
+        Ok(pb::PodSource::Api) => Ok(PodSource::Api),
+        Ok(pb::PodSource::Inferred) => Ok(PodSource::Inferred),
+        _ => Err(unknown("Pod", "source", v)),
     }
 }
 
@@ -73,6 +90,8 @@ impl From<&Container> for pb::Container {
             memory_request: c.memory_request,
             state: container_state_to(c.state).into(),
             created_at_ns: c.created_at_ns,
+            api_oom_score_adj: c.api_oom_score_adj,
+            ephemeral_storage_request: c.ephemeral_storage_request,
         }
     }
 }
@@ -93,6 +112,8 @@ impl TryFrom<pb::Container> for Container {
             memory_limit: c.memory_limit,
             oom_score_adj: c.oom_score_adj,
             memory_request: c.memory_request,
+            api_oom_score_adj: c.api_oom_score_adj,
+            ephemeral_storage_request: c.ephemeral_storage_request,
             created_at_ns: c.created_at_ns,
         })
     }
@@ -116,6 +137,10 @@ impl From<&Pod> for pb::Pod {
             state: sandbox_state_to(p.state).into(),
             created_at_ns: p.created_at_ns,
             containers: p.containers.values().map(Into::into).collect(),
+            source: source_to(p.source).into(),
+            memory_request: p.requests.memory,
+            ephemeral_storage_request: p.requests.ephemeral_storage,
+            pod_level_memory_request: p.requests.pod_level_memory,
         }
     }
 }
@@ -144,6 +169,12 @@ impl TryFrom<pb::Pod> for Pod {
             grace_period_s: p.grace_period_s,
             created_at_ns: p.created_at_ns,
             containers,
+            source: source_from(p.source)?,
+            requests: PodRequests {
+                memory: p.memory_request,
+                ephemeral_storage: p.ephemeral_storage_request,
+                pod_level_memory: p.pod_level_memory_request,
+            },
         })
     }
 }
@@ -165,6 +196,8 @@ mod tests {
             memory_limit: 512 << 20,
             oom_score_adj: 968,
             memory_request: 256 << 20,
+            api_oom_score_adj: Some(968),
+            ephemeral_storage_request: 1 << 30,
             state: ContainerState::Running,
             created_at_ns: 1_700_000_000_000_000_000,
         };
@@ -184,6 +217,12 @@ mod tests {
             state: SandboxState::Ready,
             created_at_ns: 1_700_000_000_000_000_000,
             containers: [(c.id.clone(), c)].into(),
+            source: PodSource::Api,
+            requests: PodRequests {
+                memory: 266 << 20,
+                ephemeral_storage: 1 << 30,
+                pod_level_memory: None,
+            },
         }
     }
 

@@ -100,6 +100,8 @@ impl Node {
             state: SandboxState::Ready,
             created_at_ns: 0,
             containers: BTreeMap::new(),
+            source: Default::default(),
+            requests: Default::default(),
         };
         self.with(|s| {
             s.pods.push(FakePod {

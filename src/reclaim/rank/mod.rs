@@ -10,7 +10,7 @@ use crate::config::{Signal, Threshold};
 use crate::lock::RwLocked;
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
 use crate::policy::rank::{PodMemory, rank_memory};
-use crate::policy::reclaim::{PodUse, rank_usage};
+use crate::policy::reclaim::{PodUse, UsageRequest, rank_usage};
 use crate::signals::disk::DiskUsage;
 use crate::signals::node::NodeSources;
 use crate::signals::usage::{PodUsage, UsageContainer, UsagePod, UsageReader, counted};
@@ -26,7 +26,8 @@ pub struct Victim {
     pub pod: Pod,
     /// Usage the signal counts (bytes, inodes or tasks); `None`: unread.
     pub usage: Option<i64>,
-    /// Request (memory only; CRI carries no other).
+    /// The pod's request of the signal's resource (memory; ephemeral-storage
+    /// for disk, 0 without the API; none for pids).
     pub request: i64,
     /// Its heaviest container: name, usage, request; read for the first
     /// victim of an order only (the one an eviction message names).
@@ -44,6 +45,7 @@ impl Victim {
             critical: self.pod.critical,
             usage: self.usage.map(|u| u.max(0) as u64),
             reclaimable: self.reclaimable,
+            request: None,
         }
     }
 }
@@ -167,7 +169,7 @@ impl Ranker {
         let uses: Vec<PodUse> = pods
             .iter()
             .zip(tasks_of)
-            .map(|(p, n)| pod_use(p, n, n.unwrap_or(0)))
+            .map(|(p, n)| pod_use(p, n, n.unwrap_or(0), None))
             .collect();
         victims(pods, ranked_uses(&uses), |pod| {
             running(pod)
@@ -197,10 +199,13 @@ impl Ranker {
             .iter()
             .map(|p| {
                 let u = by_id.get(p.sandbox_id.as_str());
+                let usage = u.and_then(|u| counted(signal, u, dedicated));
+                let request = p.requests.ephemeral_storage.max(0) as u64;
                 pod_use(
                     p,
-                    u.and_then(|u| counted(signal, u, dedicated)),
+                    usage,
                     u.map_or(0, |u| pick(reclaimable(signal, u, dedicated))),
+                    Some(UsageRequest::new(usage, signal.is_bytes(), request)),
                 )
             })
             .collect();
@@ -210,7 +215,12 @@ impl Ranker {
                     .iter()
                     .map(|c| {
                         let part = c.rootfs.unwrap_or_default() + c.logs.unwrap_or_default();
-                        (c.name.clone(), pick(part) as i64, 0)
+                        let request = pod
+                            .containers
+                            .values()
+                            .find(|m| m.name == c.name)
+                            .map_or(0, |m| m.ephemeral_storage_request);
+                        (c.name.clone(), pick(part) as i64, request)
                     })
                     .max_by_key(|(_, n, _)| *n)
             })
@@ -252,14 +262,15 @@ struct Ranked {
     reclaimable: u64,
 }
 
-/// The pod's entry for the usage orders (pid, disk).
-fn pod_use(p: &Pod, usage: Option<u64>, reclaimable: u64) -> PodUse {
+/// The pod's entry for the usage orders (pid, disk; `request` for disk).
+fn pod_use(p: &Pod, usage: Option<u64>, reclaimable: u64, request: Option<UsageRequest>) -> PodUse {
     PodUse {
         sandbox_id: p.sandbox_id.clone(),
         priority: p.priority,
         critical: p.critical,
         usage,
         reclaimable,
+        request,
     }
 }
 
@@ -268,7 +279,7 @@ fn ranked_uses(uses: &[PodUse]) -> impl Iterator<Item = Ranked> + '_ {
     rank_usage(uses).into_iter().map(|u| Ranked {
         sandbox_id: u.sandbox_id.clone(),
         usage: u.usage.map(|n| n as i64),
-        request: 0,
+        request: u.request.map_or(0, |r| r.amount as i64),
         reclaimable: u.reclaimable,
     })
 }
