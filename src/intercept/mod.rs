@@ -123,8 +123,13 @@ impl Observer {
             derive::qos_from_cgroup_parent(parent).unwrap_or(crate::model::QosClass::Burstable);
         let ann = |k: &str| config.annotations.get(k).map(String::as_str);
         let static_pod = derive::is_static(ann(derive::CONFIG_SOURCE_ANNOTATION));
-        let priority = derive::priority(ann(derive::PRIORITY_ANNOTATION)).unwrap_or(0);
-        let critical = derive::is_critical(static_pod, priority, qos, &[]);
+        // The API's pod where known (IsCriticalPod), else the annotation.
+        let api_critical = self.model.read_locked().api_pod(&uid).map(|p| p.critical());
+        let critical = static_pod
+            || api_critical.unwrap_or_else(|| {
+                let priority = derive::priority(ann(derive::PRIORITY_ANNOTATION)).unwrap_or(0);
+                derive::is_critical(static_pod, priority, qos, &[])
+            });
         let now_ms = crate::clock::now_ms();
         let (refusal, why) = admission::decide(status, &uid, qos, critical, now_ms).err()?;
         if let Some(r) = &self.refusals {
@@ -467,6 +472,28 @@ mod tests {
                 .is_some()
         };
         assert!(refused(false, false), "BestEffort under MemoryPressure");
+        // A critical pod by the API's priority is admitted.
+        let status = NodeStatus {
+            conditions: [crate::signal::Condition::MemoryPressure].into(),
+            ..Default::default()
+        };
+        let model = Arc::new(RwLock::new(NodeModel::new(8 << 30)));
+        model
+            .write()
+            .unwrap()
+            .upsert_api_pod(crate::model::spec::ApiPod {
+                uid: "uid-1".into(),
+                priority: Some(2_000_000_000),
+                ..Default::default()
+            });
+        let observer =
+            Observer::new(model).with_admission(Arc::new(RwLock::new(status)), Default::default());
+        assert!(
+            observer
+                .on_request(Method::RunPodSandbox, &run)
+                .refuse
+                .is_none()
+        );
         assert!(!refused(true, false), "a dry run admits it");
         assert!(refused(true, true), "an evicted pod stays refused");
     }
