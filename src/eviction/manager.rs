@@ -7,11 +7,17 @@
 //! - **disk** (`nodefs.*`, `imagefs.*`): node-level reclaim first
 //!   ([`crate::policy::reclaim::node_actions`]: dead containers, then unused
 //!   images, asked for the deficit); if a fresh observation still meets the
-//!   threshold, the pod with the largest usage that the signal counts goes,
+//!   threshold, the first pod of the kubelet's disk ranking goes,
 //!   and its containers are removed with their logs so that the space
 //!   actually comes back (its emptyDirs stay: they are the kubelet's);
 //! - **memory**: the first pod of the kubelet's memory ranking;
 //! - **pid**: the pod with the most tasks among the lowest priority.
+//!
+//! Beside the rounds, on the housekeeping period, pods over a local-storage
+//! limit of their API pod (an emptyDir's `sizeLimit`, a container's or the
+//! pod's `ephemeral-storage` limit) are evicted at once with the kubelet's
+//! grace of 1 s and its messages ([`crate::policy::local_storage`]); their
+//! usage is read in the background, so a walk never delays a memory round.
 //!
 //! A pod is stopped with StopContainer for each running container (grace 0
 //! under a hard threshold, the pod's grace capped by
@@ -48,6 +54,7 @@ use crate::config::{EvictionConfig, Signal, Threshold};
 use crate::kube::PodEviction;
 use crate::lock::RwLocked;
 use crate::model::{NodeModel, Pod, SandboxState};
+use crate::policy::local_storage::{self, Exceeded};
 use crate::policy::reclaim::{InFlight, NodeAction, PodUse, node_actions, pending, plan_victims};
 use crate::policy::thresholds::{Condition, EvictionState, Observations, deficit};
 use crate::reclaim::rank::Victim;
@@ -56,7 +63,7 @@ use crate::signals::notify::{MemoryEvent, MemoryEvents};
 
 use super::message::eviction_message;
 use super::metrics::{
-    ConditionLabels, EvictionLabels, EvictionMetrics, SignalLabels, TriggerLabels,
+    ConditionLabels, EvictionLabels, EvictionMetrics, LimitLabels, SignalLabels, TriggerLabels,
 };
 use super::pressure::PressureMemory;
 use super::seams::{Clock, NodeReclaim, PodKiller, Rank, Reporter, Signals};
@@ -311,6 +318,12 @@ impl EvictionManager {
         stopped: impl std::future::Future<Output = ()>,
     ) {
         tokio::pin!(stopped);
+        let (found_tx, mut found) = tokio::sync::mpsc::channel(1);
+        let _finder = AbortOnDrop(tokio::spawn(find_over_limits(
+            self.rank.clone(),
+            self.config.housekeeping_interval,
+            found_tx,
+        )));
         let mut tick = tokio::time::interval(self.config.housekeeping_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut deadline = None;
@@ -335,6 +348,10 @@ impl EvictionManager {
                 ev = next_event(&mut events) => {
                     tracing::debug!(watch = %ev.watch, detail = %ev.detail, "memory event: observing now");
                     ev.watch.kind()
+                }
+                Some(over) = found.recv() => {
+                    self.evict_over_limits(over).await;
+                    continue;
                 }
                 () = &mut stopped => return,
             };
@@ -533,18 +550,69 @@ impl EvictionManager {
             let mut st = self.status.write_locked();
             st.record_eviction(e.clone());
         } else {
-            self.carry_out(v, t, &e).await;
+            self.carry_out(v, Cause::Threshold(t), &e).await;
         }
         e
     }
 
-    /// Carries out eviction `e` of victim `v` for threshold `t`: records
-    /// it for admission (and saves it), reports it to the API, kills the
-    /// pod (at once under a grace period of 0), publishes it, stops the
-    /// pod through the runtime and, for disk, removes its containers.
-    async fn carry_out(&mut self, v: &Victim, t: &Threshold, e: &Eviction) {
+    /// Evicts each pod of `found` (read in the background) still running,
+    /// for the local-storage limit it exceeds.
+    async fn evict_over_limits(&mut self, found: Vec<(Victim, Exceeded)>) {
+        for (v, over) in found {
+            let running = self
+                .model
+                .read_locked()
+                .sandbox_info(&v.pod.sandbox_id)
+                .is_some_and(|s| s.state == Some(SandboxState::Ready));
+            if running {
+                self.evict_over_limit(&v, &over).await;
+            }
+        }
+    }
+
+    /// Evicts `v` for local-storage limit `over`: the kubelet's message,
+    /// grace and record, whatever the node's pressure.
+    async fn evict_over_limit(&mut self, v: &Victim, over: &Exceeded) -> Eviction {
+        let pod = &v.pod;
+        let e = Eviction {
+            at_unix_ms: self.clock.unix_ms(),
+            pod: format!("{}/{}", pod.namespace, pod.name),
+            uid: pod.uid.clone(),
+            sandbox_id: pod.sandbox_id.clone(),
+            signal: over.signal().to_owned(),
+            threshold: crate::quantity::format_bytes(over.limit().max(0) as u64),
+            available: 0,
+            usage: v.usage.unwrap_or(0),
+            request: over.limit(),
+            grace_s: local_storage::GRACE_S,
+            message: over.message(),
+            dry_run: self.dry_run,
+        };
+        tracing::warn!(
+            pod = %e.pod, uid = %e.uid, limit = %e.signal, usage = e.usage, qos = ?pod.qos,
+            priority = pod.priority, grace_s = e.grace_s, dry_run = self.dry_run,
+            "evicting pod: {}", e.message
+        );
+        if self.dry_run {
+            self.status.write_locked().record_eviction(e.clone());
+        } else {
+            self.carry_out(v, Cause::Limit(over), &e).await;
+        }
+        e
+    }
+
+    /// Carries out eviction `e` of victim `v` for `cause`: records it for
+    /// admission (and saves it), reports it to the API, kills the pod (at
+    /// once under a grace period of 0), publishes it, stops the pod through
+    /// the runtime and, for disk, removes its containers.
+    async fn carry_out(&mut self, v: &Victim, cause: Cause<'_>, e: &Eviction) {
         let (pod, grace_s, available) = (&v.pod, e.grace_s, e.available);
         let saving = store::remember(&self.status, self.store.as_ref(), e);
+        let threshold = match cause {
+            Cause::Threshold(t) => Some(t),
+            Cause::Limit(_) => None,
+        };
+        let since = threshold.and_then(|t| self.state.met_since(t));
         if let Some(r) = &self.report {
             let offending = v.heaviest.as_ref().map(|(name, used, _)| {
                 (
@@ -557,8 +625,10 @@ impl EvictionManager {
                 name: pod.name.clone(),
                 uid: pod.uid.clone(),
                 message: e.message.clone(),
-                resource: t.signal.resource().name().to_owned(),
-                offending: offending.filter(|_| t.signal.is_bytes()),
+                resource: threshold
+                    .map_or("ephemeral-storage", |t| t.signal.resource().name())
+                    .to_owned(),
+                offending: offending.filter(|_| threshold.is_some_and(|t| t.signal.is_bytes())),
             })
             .await;
         }
@@ -568,7 +638,7 @@ impl EvictionManager {
         // the runtime hears of it: the memory comes back at once.
         if grace_s == 0
             && self.killer.kill_now(pod)
-            && let Some(since) = self.state.met_since(t)
+            && let Some(since) = since
         {
             self.metrics
                 .pressure_to_kill
@@ -579,17 +649,13 @@ impl EvictionManager {
         // the eviction from `criguard evictions`, WatchEvictions and the
         // metrics. NotReady in the model keeps the next round from
         // choosing the pod again while its stop is still pending.
-        let labels = EvictionLabels {
-            signal: t.signal,
-            qos: pod.qos,
-        };
-        self.metrics.evictions.get_or_create(&labels).inc();
+        self.count(cause, pod);
         self.model
             .write_locked()
             .set_sandbox_state(&pod.sandbox_id, SandboxState::NotReady);
         self.save_pressure(Some(e)).await;
         self.status.write_locked().record_eviction(e.clone());
-        self.stop(pod, grace_s, self.state.met_since(t)).await;
+        self.stop(pod, grace_s, since).await;
         if let Some(saving) = saving
             && tokio::time::timeout(store::STATE_WRITE_DEADLINE, saving)
                 .await
@@ -597,17 +663,39 @@ impl EvictionManager {
         {
             tracing::warn!(deadline = ?store::STATE_WRITE_DEADLINE, "saving the evicted pods has not finished (a hung state directory?); the round goes on, the record stays in memory");
         }
-        if t.signal.ranking() == Ranking::Disk {
+        let disk = threshold.is_none_or(|t| t.signal.ranking() == Ranking::Disk);
+        if let Some(t) = threshold.filter(|_| disk) {
             self.in_flight.push(InFlight {
                 signal: t.signal,
                 amount: v.reclaimable,
                 baseline: available,
                 until: self.clock.now() + IN_FLIGHT_FOR,
             });
+        }
+        if disk {
             // Stopping frees no disk: the writable layers and logs go
             // with the containers. The kubelet would do this when it
             // deletes the evicted pod; it does not know of this eviction.
             self.killer.remove_containers(pod).await;
+        }
+    }
+
+    /// Counts an eviction of `pod` for `cause`.
+    fn count(&self, cause: Cause<'_>, pod: &Pod) {
+        match cause {
+            Cause::Threshold(t) => {
+                let labels = EvictionLabels {
+                    signal: t.signal,
+                    qos: pod.qos,
+                };
+                self.metrics.evictions.get_or_create(&labels).inc();
+            }
+            Cause::Limit(over) => {
+                let labels = LimitLabels {
+                    limit: over.signal(),
+                };
+                self.metrics.local_storage.get_or_create(&labels).inc();
+            }
         }
     }
 
@@ -637,6 +725,43 @@ impl EvictionManager {
                     }),
                 );
             }
+        }
+    }
+}
+
+/// Why a pod is evicted.
+#[derive(Clone, Copy)]
+enum Cause<'a> {
+    /// A threshold met.
+    Threshold(&'a Threshold),
+    /// A local-storage limit exceeded.
+    Limit(&'a Exceeded),
+}
+
+/// Aborts a background task when dropped: the finder ends with the manager.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Reads, every `every`, which pods exceed a local-storage limit, and hands
+/// those found to the manager (one batch waits at most; the next reading
+/// starts once it is taken).
+async fn find_over_limits(
+    rank: Arc<dyn Rank>,
+    every: Duration,
+    found: tokio::sync::mpsc::Sender<Vec<(Victim, Exceeded)>>,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let over = rank.local_storage(&BTreeSet::new()).await;
+        if !over.is_empty() && found.send(over).await.is_err() {
+            return;
         }
     }
 }

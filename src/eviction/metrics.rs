@@ -72,6 +72,14 @@ pub struct EvictionLabels {
     pub qos: QosClass,
 }
 
+/// Labels of an eviction for a local-storage limit.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    /// The kubelet's label for the limit: `emptydirfs.limit`,
+    /// `ephemeralpodfs.limit` or `ephemeralcontainerfs.limit`.
+    pub limit: &'static str,
+}
+
 /// Labels saying what started an eviction round.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TriggerLabels {
@@ -102,6 +110,8 @@ pub struct EvictionMetrics {
     pub pressure_to_kill: Histogram,
     /// Eviction rounds, by what started them.
     pub rounds: Family<TriggerLabels, Counter>,
+    /// Pods evicted for a local-storage limit, by the limit.
+    pub local_storage: Family<LimitLabels, Counter>,
 }
 
 impl Default for EvictionMetrics {
@@ -115,6 +125,7 @@ impl Default for EvictionMetrics {
             pressure_to_action: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             pressure_to_kill: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             rounds: Family::default(),
+            local_storage: Family::default(),
         }
     }
 }
@@ -161,6 +172,11 @@ impl EvictionMetrics {
             "criguard_eviction_rounds",
             "Eviction rounds (observe, decide, act), by what started them: the housekeeping tick, a deadline or a memory event",
             self.rounds.clone(),
+        );
+        registry.register(
+            "criguard_local_storage_evictions",
+            "Pods evicted for a local-storage limit (the kubelet's localStorageEviction), by limit: emptydirfs.limit, ephemeralpodfs.limit, ephemeralcontainerfs.limit",
+            self.local_storage.clone(),
         );
     }
 }

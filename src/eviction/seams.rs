@@ -26,6 +26,7 @@ use futures::future::BoxFuture;
 use crate::config::Signal;
 use crate::kube::{KubeReport, PodEviction};
 use crate::model::Pod;
+use crate::policy::local_storage::Exceeded;
 use crate::policy::thresholds::{Condition, Observations};
 use crate::reclaim::rank::{Ranker, Victim};
 use crate::signals::node::NodeSources;
@@ -51,6 +52,15 @@ pub trait Rank: Send + Sync {
         signal: Signal,
         tried: &'a BTreeSet<String>,
     ) -> BoxFuture<'a, Vec<Victim>>;
+    /// The pods over a local-storage limit, each with the first limit it
+    /// exceeds (`localStorageEviction`); none without the API's pods.
+    fn local_storage<'a>(
+        &'a self,
+        tried: &'a BTreeSet<String>,
+    ) -> BoxFuture<'a, Vec<(Victim, Exceeded)>> {
+        let _ = tried;
+        futures::future::ready(Vec::new()).boxed()
+    }
 }
 
 /// Node-level reclaim, tried before a pod is evicted for a disk signal.
@@ -132,6 +142,13 @@ impl Rank for Ranker {
         tried: &'a BTreeSet<String>,
     ) -> BoxFuture<'a, Vec<Victim>> {
         Ranker::disk(self, signal, tried).boxed()
+    }
+
+    fn local_storage<'a>(
+        &'a self,
+        tried: &'a BTreeSet<String>,
+    ) -> BoxFuture<'a, Vec<(Victim, Exceeded)>> {
+        Ranker::local_storage(self, tried).boxed()
     }
 }
 

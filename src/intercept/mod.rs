@@ -178,7 +178,8 @@ impl Observer {
         let to = container.api_oom_score_adj.unwrap_or_else(|| {
             derive::kubelet_oom_score_adj(
                 pod.qos,
-                pod.critical && container.oom_score_adj == derive::GUARANTEED_OOM_SCORE_ADJ,
+                pod.critical
+                    && container.oom_score_adj == crate::policy::qos::GUARANTEED_OOM_SCORE_ADJ,
                 container.memory_request,
                 capacity,
             )
@@ -382,7 +383,7 @@ mod tests {
 
     #[test]
     fn with_the_apis_pod_the_patch_is_v1_37s_score_and_a_resize_reaches_the_model() {
-        use crate::model::spec::{ApiContainer, ApiPod, ContainerKind, Resources};
+        use crate::policy::spec::{ApiContainer, ApiPod, ContainerKind, Resources};
         let model = Arc::new(RwLock::new(NodeModel::new(4_000_000_000)));
         let observer = Observer::new(model.clone());
         // No API pod: the plain rule on the container's 0 request.
@@ -481,7 +482,7 @@ mod tests {
         model
             .write()
             .unwrap()
-            .upsert_api_pod(crate::model::spec::ApiPod {
+            .upsert_api_pod(crate::policy::spec::ApiPod {
                 uid: "uid-1".into(),
                 priority: Some(2_000_000_000),
                 ..Default::default()

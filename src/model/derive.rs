@@ -5,18 +5,13 @@
 //! inverts one such encoding and names the kubelet source it inverts.
 
 use super::QosClass;
+use crate::policy::qos::{
+    BESTEFFORT_OOM_SCORE_ADJ, GUARANTEED_OOM_SCORE_ADJ, SYSTEM_CRITICAL_PRIORITY,
+};
 
-/// Kubelet `oom_score_adj` of Guaranteed and node-critical containers
-/// (`pkg/kubelet/qos/policy.go`, guaranteedOOMScoreAdj).
-pub const GUARANTEED_OOM_SCORE_ADJ: i64 = -997;
-/// Kubelet `oom_score_adj` of BestEffort containers (besteffortOOMScoreAdj).
-pub const BESTEFFORT_OOM_SCORE_ADJ: i64 = 1000;
 /// `oom_score_adj` of the sandbox (pause) container (PodInfraOOMAdj; containerd
 /// applies it to the sandbox itself, `pkg/cri/server/sandbox_run.go`).
 pub const SANDBOX_OOM_SCORE_ADJ: i64 = -998;
-/// Priority at and above which a pod is critical
-/// (`pkg/apis/scheduling`, SystemCriticalPriority = 2·10⁹).
-pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 /// Pod annotation criguard reads the pod's priority from (an integer, as in
 /// `pod.spec.priority`). The kubelet passes pod annotations to
 /// RunPodSandbox but not the priority, so a cluster that wants priorities

@@ -20,24 +20,13 @@
 pub mod convert;
 pub mod derive;
 pub mod keys;
-pub mod spec;
 
 use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use spec::{ApiPod, Resource};
-
-/// A pod's quality-of-service class, as the kubelet computes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum QosClass {
-    /// Every container has equal requests and limits for CPU and memory.
-    Guaranteed,
-    /// Some request or limit is set, not Guaranteed.
-    Burstable,
-    /// No requests or limits at all.
-    BestEffort,
-}
+pub use crate::policy::qos::QosClass;
+use crate::policy::spec::{self, ApiPod, Resource};
 
 /// A sandbox's state, as CRI reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,8 +6,11 @@
 
 pub mod gc;
 pub mod image_gc;
+pub mod local_storage;
 pub mod oom;
 pub mod oom_kill;
+pub mod qos;
 pub mod rank;
 pub mod reclaim;
+pub mod spec;
 pub mod thresholds;

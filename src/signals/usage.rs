@@ -308,9 +308,15 @@ pub fn read_pod(pod: &UsagePod, layers: &Layers, src: &UsageSources) -> PodUsage
     }
 }
 
-/// Reads the node's usage (blocking I/O): filesystems, image store, and
-/// every pod in `pods` with the writable layers in `layers`.
-pub fn read_node(pods: &[UsagePod], layers: &Layers, src: &UsageSources) -> NodeUsage {
+/// Reads the node's usage (blocking I/O): filesystems, the image store
+/// when `images` says so, and every pod in `pods` with the writable layers
+/// in `layers`.
+pub fn read_node(
+    pods: &[UsagePod],
+    layers: &Layers,
+    src: &UsageSources,
+    images: bool,
+) -> NodeUsage {
     let started = Instant::now();
     let nodefs = super::probe::statvfs_blocking(&src.nodefs)
         .inspect_err(|e| tracing::debug!(%e, "nodefs not read"))
@@ -319,9 +325,10 @@ pub fn read_node(pods: &[UsagePod], layers: &Layers, src: &UsageSources) -> Node
         .inspect_err(|e| tracing::debug!(%e, "imagefs not read"))
         .ok();
     let dedicated_imagefs = disk::dedicated_imagefs(&src.nodefs, &src.imagefs);
-    let images = match disk::walk(&content_blobs(&src.imagefs)) {
-        Ok(w) => Some(w.usage),
-        Err(e) => {
+    let images = match images.then(|| disk::walk(&content_blobs(&src.imagefs))) {
+        None => None,
+        Some(Ok(w)) => Some(w.usage),
+        Some(Err(e)) => {
             if !e.is_not_found() {
                 tracing::warn!(%e, "image content store not read");
             }
@@ -416,6 +423,16 @@ impl UsageReader {
     /// the caller (an eviction round, an admin call), and never more than
     /// one walk waits on it.
     pub async fn read(&self, pods: Vec<UsagePod>) -> NodeUsage {
+        self.read_with(pods, true).await
+    }
+
+    /// [`UsageReader::read`] without the image store (`images` `None`):
+    /// what only the pods' own usage needs.
+    pub async fn read_pods(&self, pods: Vec<UsagePod>) -> NodeUsage {
+        self.read_with(pods, false).await
+    }
+
+    async fn read_with(&self, pods: Vec<UsagePod>, images: bool) -> NodeUsage {
         for fs in [&self.sources.nodefs, &self.sources.imagefs] {
             if let Err(e @ super::probe::ProbeError::Stuck { .. }) = super::probe::statvfs(fs).await
             {
@@ -425,10 +442,10 @@ impl UsageReader {
         let layers = self.layers(&pods).await;
         let sources = self.sources.clone();
         let fallback = pods.clone();
-        let walk = tokio::task::spawn_blocking(move || read_node(&pods, &layers, &sources));
+        let walk = tokio::task::spawn_blocking(move || read_node(&pods, &layers, &sources, images));
         match tokio::time::timeout(WALK_DEADLINE, walk).await {
             Ok(Ok(mut u)) => {
-                if u.images.is_none() {
+                if images && u.images.is_none() {
                     u.images = self.listed_images().await;
                 }
                 u
@@ -582,7 +599,7 @@ mod tests {
         assert_eq!(u.empty_dirs.len(), 2);
         assert_eq!(u.processes, Some(3));
         // The image store is absent: no number, no error.
-        let node = read_node(std::slice::from_ref(&pod), &layers, &src);
+        let node = read_node(std::slice::from_ref(&pod), &layers, &src, true);
         assert_eq!(node.images, None);
         assert!(!node.dedicated_imagefs, "one filesystem for both");
         assert_eq!(node.pod("s1"), Some(&u));

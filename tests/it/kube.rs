@@ -1257,3 +1257,163 @@ async fn the_apis_pods_are_ranked_scored_and_evicted_as_the_kubelet_does() {
     .await;
     assert_eq!(pod["status"]["message"], e.message.as_str());
 }
+
+/// A pod whose container `app`, limited to `limit_mib` MiB of ephemeral
+/// storage, writes `write_mib` MiB into its writable layer once told to
+/// (`/tmp/go`, as [`Pressure::grow`]).
+fn writer(sc: &Pressure, name: &str, write_mib: u32) -> PodSpec {
+    let script = format!(
+        "while [ ! -e /tmp/go ]; do sleep 0.1; done; \
+         dd if=/dev/zero of=/fill bs=1048576 count={write_mib}; sleep 3600"
+    );
+    let c = criguard::test_support::kubelet::ContainerSpec {
+        command: vec!["sh".into(), "-c".into(), script],
+        ..common::pods::sleeper("app")
+    };
+    sc.pod(name, c)
+}
+
+/// `p` in the API with an ephemeral-storage limit on each container and an
+/// emptyDir `cache` of `size_limit`.
+fn api_pod_with_storage(p: &PodSpec, node: &str, limit: &str, size_limit: &str) -> Value {
+    let containers: Vec<Value> = p
+        .containers
+        .iter()
+        .map(|c| {
+            json!({"name": c.name, "image": common::pods::BUSYBOX,
+                   "resources": {"limits": {"ephemeral-storage": limit}}})
+        })
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": p.name, "namespace": p.namespace},
+        "spec": {"nodeName": node, "containers": containers,
+            "volumes": [{"name": "cache", "emptyDir": {"sizeLimit": size_limit}}]},
+    })
+}
+
+/// Writes `mib` MiB into pod `uid`'s emptyDir `cache`, where the kubelet
+/// keeps it under `nodefs`.
+fn fill_empty_dir(nodefs: &std::path::Path, uid: &str, mib: usize) {
+    let dir = nodefs
+        .join("pods")
+        .join(uid)
+        .join("volumes/kubernetes.io~empty-dir/cache");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("data"), vec![1u8; mib << 20]).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_storage_limits_are_enforced_as_the_kubelet_enforces_them() {
+    let Some((plane, sc)) = plane_and_pressure() else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    let t = plane.tenant("storage", api_node(), state.path()).await;
+    let kubelet = t.kubelet().await;
+    // Each container may use 32Mi, each `cache` emptyDir 16Mi. `layer`'s
+    // first container writes 48 MiB (its pod, of two containers, may use
+    // 64Mi); `cache` fills its emptyDir with 24 MiB; `total` writes 20 MiB
+    // and fills its emptyDir with 14 MiB, under each limit and over its
+    // pod's 32Mi; `within` writes 8 MiB.
+    let mut layer = writer(&sc, "layer", 48);
+    layer.containers.push(common::pods::sleeper("side"));
+    let mut pods = [
+        layer,
+        writer(&sc, "cache", 0),
+        writer(&sc, "total", 20),
+        writer(&sc, "within", 8),
+    ];
+    for p in &mut pods {
+        p.namespace = t.ns.clone();
+        let created = t
+            .admin
+            .create(
+                &format!("/api/v1/namespaces/{}/pods", t.ns),
+                api_pod_with_storage(p, &t.node, "32Mi", "16Mi"),
+            )
+            .await;
+        p.uid = created["metadata"]["uid"].as_str().unwrap().to_owned();
+        let running = json!({"status": {"phase": "Running"}});
+        assert_eq!(kubelet.patch_pod_status(&t.ns, &p.name, running).await, 200);
+    }
+    let (_, args) = report_args(&t.kubeconfig, &t.node, "10s");
+    let guard = sc.criguard(state.path(), &as_strs(&args)).await;
+    let mut containers = Vec::new();
+    for p in &pods {
+        containers.push(sc.start_pod(&guard, p).await.1.remove(0));
+    }
+    let admin = guard.admin.clone();
+    common::poll_until(Duration::from_secs(30), "the pods from the API", || async {
+        let pods = criguard::admin::get_pods(&admin).await.ok()?;
+        let api = pods
+            .iter()
+            .filter(|p| p.namespace == t.ns && p.source == criguard::model::PodSource::Api)
+            .count();
+        (api == 4).then_some(())
+    })
+    .await;
+
+    let started = std::time::Instant::now();
+    for c in [&containers[0], &containers[2], &containers[3]] {
+        sc.grow(c).await;
+    }
+    fill_empty_dir(&sc.nodefs, &pods[1].uid, 24);
+    fill_empty_dir(&sc.nodefs, &pods[2].uid, 14);
+    let evictions = common::poll_until(Duration::from_secs(30), "three evictions", || async {
+        let e = guard.evictions().await;
+        (e.len() >= 3).then_some(e)
+    })
+    .await;
+    eprintln!(
+        "limits crossed -> three evicted: {} ms",
+        started.elapsed().as_millis()
+    );
+    let by_uid = |uid: &str| evictions.iter().find(|e| e.uid == uid).unwrap().clone();
+    let layer = by_uid(&pods[0].uid);
+    assert_eq!(
+        layer.message,
+        "Container app exceeded its local ephemeral storage limit \"32Mi\". "
+    );
+    assert_eq!(
+        (layer.signal.as_str(), layer.grace_s),
+        ("ephemeralcontainerfs.limit", 1)
+    );
+    let cache = by_uid(&pods[1].uid);
+    assert_eq!(
+        cache.message,
+        "Usage of EmptyDir volume \"cache\" exceeds the limit \"16Mi\". "
+    );
+    assert_eq!(cache.signal, "emptydirfs.limit");
+    let total = by_uid(&pods[2].uid);
+    assert_eq!(
+        total.message,
+        "Pod ephemeral local storage usage exceeds the total limit of containers 32Mi. "
+    );
+    assert_eq!(total.signal, "ephemeralpodfs.limit");
+    assert!(
+        evictions.iter().all(|e| e.uid != pods[3].uid),
+        "the pod within its limits stays: {evictions:?}"
+    );
+    for (name, e) in [("layer", &layer), ("cache", &cache), ("total", &total)] {
+        let pod = common::poll_until(Duration::from_secs(10), "Failed/Evicted", || async {
+            get_pod(&t, name)
+                .await
+                .filter(|p| p["status"]["reason"] == "Evicted")
+        })
+        .await;
+        assert_eq!(pod["status"]["message"], e.message.as_str());
+    }
+    // An evicted pod is never run again on the node.
+    let mut rt = guard.clients().rt;
+    let again = rt
+        .run_pod_sandbox(Pressure::retry_request(&pods[0], 1))
+        .await
+        .unwrap_err();
+    assert!(again.message().contains("evicted"), "{again:?}");
+    let _ = std::fs::remove_dir_all(sc.nodefs.join("pods"));
+    assert!(
+        guard.evictions().await.iter().all(|e| e.uid != pods[3].uid),
+        "the pod within its limits still stays"
+    );
+}

@@ -9,8 +9,10 @@ use std::sync::{Arc, RwLock};
 use crate::config::{Signal, Threshold};
 use crate::lock::RwLocked;
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
+use crate::policy::local_storage::{Exceeded, StorageUse, exceeded, has_limits};
 use crate::policy::rank::{PodMemory, rank_memory};
 use crate::policy::reclaim::{PodUse, UsageRequest, rank_usage};
+use crate::policy::spec::ApiPod;
 use crate::signals::disk::DiskUsage;
 use crate::signals::node::NodeSources;
 use crate::signals::usage::{PodUsage, UsageContainer, UsagePod, UsageReader, counted};
@@ -225,6 +227,67 @@ impl Ranker {
                     .max_by_key(|(_, n, _)| *n)
             })
         })
+    }
+}
+
+impl Ranker {
+    /// The running pods over a local-storage limit of their API pod
+    /// ([`crate::policy::local_storage`]), each with the first limit it
+    /// exceeds; critical pods and pods without such a limit are not read.
+    /// The victim's usage is the pod's ephemeral storage, its request the
+    /// limit exceeded.
+    pub async fn local_storage(&self, tried: &BTreeSet<String>) -> Vec<(Victim, Exceeded)> {
+        let Some(reader) = &self.usage else {
+            return Vec::new();
+        };
+        let (pods, specs): (Vec<Pod>, Vec<ApiPod>) = {
+            let pods = self.candidates(tried);
+            let m = self.model.read_locked();
+            pods.into_iter()
+                .filter(|p| !p.critical)
+                .filter_map(|p| {
+                    let spec = m.api_pod(&p.uid).filter(|s| has_limits(s))?.clone();
+                    Some((p, spec))
+                })
+                .unzip()
+        };
+        if pods.is_empty() {
+            return Vec::new();
+        }
+        let node = reader.read_pods(usage_pods(&pods)).await;
+        let mut out = Vec::new();
+        for ((pod, spec), u) in pods.into_iter().zip(&specs).zip(&node.pods) {
+            if !u.errors.is_empty() {
+                tracing::debug!(pod = %format_args!("{}/{}", pod.namespace, pod.name), errors = ?u.errors, "local storage partly unread");
+            }
+            let usage = StorageUse {
+                empty_dirs: u
+                    .empty_dirs
+                    .iter()
+                    .map(|(n, d)| (n.clone(), d.bytes))
+                    .collect(),
+                containers: u
+                    .containers
+                    .iter()
+                    .map(|c| {
+                        let bytes = |d: Option<DiskUsage>| d.map_or(0, |d| d.bytes);
+                        (c.name.clone(), bytes(c.logs), bytes(c.rootfs))
+                    })
+                    .collect(),
+                total: u.total().bytes,
+            };
+            if let Some(over) = exceeded(spec, &usage, node.dedicated_imagefs) {
+                let victim = Victim {
+                    usage: Some(usage.total as i64),
+                    request: over.limit(),
+                    heaviest: None,
+                    reclaimable: u.rootfs.bytes + u.logs.bytes,
+                    pod,
+                };
+                out.push((victim, over));
+            }
+        }
+        out
     }
 }
 

@@ -16,12 +16,13 @@
 //! (`getAllocatedPods`): a container's requests are the ones the kubelet
 //! allocated after an in-place resize, which the API shows in
 //! `status.containerStatuses[].allocatedResources`; the conversion from
-//! the API object takes those where present ([`crate::kube::pods`]).
+//! the API object (`kube::pods`) takes those where present.
 
 use serde::{Deserialize, Serialize};
 
-use super::QosClass;
-use super::derive::{BESTEFFORT_OOM_SCORE_ADJ, GUARANTEED_OOM_SCORE_ADJ, SYSTEM_CRITICAL_PRIORITY};
+use super::qos::{
+    BESTEFFORT_OOM_SCORE_ADJ, GUARANTEED_OOM_SCORE_ADJ, QosClass, SYSTEM_CRITICAL_PRIORITY,
+};
 
 /// The priority class of pods the kubelet scores as node-critical
 /// (`pkg/apis/scheduling`, SystemNodeCritical).
