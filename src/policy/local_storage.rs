@@ -170,8 +170,8 @@ pub fn exceeded(pod: &ApiPod, usage: &StorageUse, dedicated_imagefs: bool) -> Op
 
 #[cfg(test)]
 mod tests {
-    use crate::policy::spec::{ApiContainer, EmptyDir, Resources};
     use super::*;
+    use crate::policy::spec::{ApiContainer, EmptyDir, Resources};
 
     const MI: i64 = 1 << 20;
 
