@@ -247,6 +247,8 @@ async fn the_cli_prints_tables_and_json_of_the_same_fields() {
         "critical",
         "state",
         "containers",
+        "source",
+        "requests",
     ] {
         assert!(pod.get(field).is_some(), "pods --json lacks {field}: {pod}");
     }
@@ -254,6 +256,16 @@ async fn the_cli_prints_tables_and_json_of_the_same_fields() {
     assert_eq!(pod["containers"]["c-app"]["oom_score_adj"], 1000);
     assert!(
         pods_table.contains("default/web") && pods_table.contains("BestEffort"),
+        "{pods_table}"
+    );
+    assert_eq!(pod["source"], "Inferred", "no API pod: inferred");
+    let header = pods_table.lines().next().unwrap();
+    assert!(
+        header.contains(" SOURCE ") && header.contains(" POD-REQ "),
+        "{header}"
+    );
+    assert!(
+        pods_table.lines().nth(1).unwrap().contains(" inferred "),
         "{pods_table}"
     );
     let ev: criguard::admin::EvictionsReport = serde_json::from_str(&ev_json).unwrap();

@@ -112,6 +112,8 @@ async fn model_and_oom_scores_follow_the_kubelet_and_survive_sigkill() {
     );
     for p in pods.values() {
         assert_eq!(p.state, SandboxState::Ready, "{}", p.name);
+        // No kubeconfig: every number inferred from CRI, and said so.
+        assert_eq!(p.source, criguard::model::PodSource::Inferred, "{}", p.name);
     }
 
     // The scores the kernel will use. Negative values are clamped by this
