@@ -7,8 +7,10 @@
 //! What an operator would check, through kubectl, the audit log, criguard's
 //! admin socket and metrics:
 //! - adoption: the node is Ready through criguard, pods of every QoS class
-//!   and a node-critical static pod run, and criguard's model agrees with
-//!   the API on each pod's QoS class, priority and memory request;
+//!   and a node-critical static pod run, and criguard's model, read from
+//!   the API, agrees with it on each pod's QoS class, priority and exact
+//!   memory request, and each container was created with the kubelet's
+//!   `oom_score_adj` for it;
 //! - one memory eviction end to end: a Deployment's BestEffort pod grows
 //!   until criguard (not the kubelet, whose threshold is lower) evicts it;
 //!   the API shows it Failed/Evicted with a DisruptionTarget condition and
@@ -336,15 +338,15 @@ fn adopt(c: &Cluster, node: &str) {
         "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: criguard-test-high}\nvalue: 1000\n",
     );
     let on_node = |p: &Value| p["spec"]["nodeName"] == node;
-    // The kubelet passes pod annotations to the runtime but not the
-    // priority: criguard reads it from criguard.io/priority.
+    // criguard reads the priority from the API's pod (spec.priority), not
+    // from this annotation, which it reads only without a kubeconfig.
     c.apply(&pod_yaml(
         NS,
         &format!("guaranteed-{node}"),
         node,
         "{requests: {cpu: 50m, memory: 32Mi}, limits: {cpu: 50m, memory: 32Mi}}",
         "  priorityClassName: criguard-test-high\n",
-        "criguard.io/priority: \"1000\"",
+        "",
     ));
     c.apply(&pod_yaml(
         NS,
@@ -368,7 +370,7 @@ fn adopt(c: &Cluster, node: &str) {
         node,
         "{}",
         "  priorityClassName: system-node-critical\n",
-        "criguard.io/priority: \"2000001000\"",
+        "",
     );
     std::fs::write(
         c.node_dir(node).join("manifests/static-critical.yaml"),
@@ -400,8 +402,11 @@ fn adopt(c: &Cluster, node: &str) {
             api_pods
                 .iter()
                 .all(|p| {
-                    m.iter()
-                        .any(|mp| mp.uid == runtime_uid(p) && mp.containers.len() == 1)
+                    m.iter().any(|mp| {
+                        mp.uid == runtime_uid(p)
+                            && mp.containers.len() == 1
+                            && mp.source == criguard::model::PodSource::Api
+                    })
                 })
                 .then_some(m)
         },
@@ -420,17 +425,29 @@ fn adopt(c: &Cluster, node: &str) {
             p["spec"]["priority"].as_i64().unwrap_or(0),
             "priority of {name}"
         );
-        // Burstable requests come back from the kubelet's oom_score_adj,
-        // which has a resolution of capacity / 1000.
+        // criguard reads the pods bound to the node from the API: requests
+        // exactly as the spec says.
         let want = api_memory_request(p);
         let got = mp.memory_request();
-        assert!(
-            (got - want).abs() <= capacity / 1000 + 1,
-            "memory request of {name}: criguard {got}, API {want}"
-        );
+        assert_eq!(got, want, "memory request of {name}");
         let is_static = name.starts_with("static-critical");
         assert_eq!(mp.static_pod, is_static, "static pod {name}");
         assert_eq!(mp.critical, is_static, "critical {name}");
+        // The score the container was created with is the kubelet's
+        // (`pkg/kubelet/qos/policy.go`), worked out here from the API pod.
+        let node_critical = p["spec"]["priorityClassName"] == "system-node-critical";
+        let kubelet_score = match p["status"]["qosClass"].as_str().unwrap() {
+            _ if node_critical => -997,
+            "Guaranteed" => -997,
+            "BestEffort" => 1000,
+            _ => (1000 - 1000 * want / capacity).clamp(3, 999),
+        };
+        let c = mp.containers.values().next().unwrap();
+        assert_eq!(
+            (c.oom_score_adj, c.api_oom_score_adj),
+            (kubelet_score, Some(kubelet_score)),
+            "OOM-WANT of {name}"
+        );
         println!(
             "cluster: {node}: {name}: {qos}, priority {}, request {want} (criguard {got}), static {is_static}",
             mp.priority

@@ -719,11 +719,26 @@ async fn a_refusing_or_unreachable_api_delays_no_eviction_past_the_bound() {
 
     // Unreachable: criguard started against the API server of its own,
     // which is then stopped (etcd too): nothing listens at its address.
-    let (_, args) = report_args(&t2.kubeconfig, &t2.node, "2s");
+    let (port2, args) = report_args(&t2.kubeconfig, &t2.node, "2s");
     let guard = sc.criguard(state.path(), &as_strs(&args)).await;
     private.stop();
     sc.grow(&containers[1]).await;
     let unreachable = stop_latency(&sc, &guard, &hogs[1].uid, &containers[1]).await;
+    // The API pod source lost its watch and counts its failed retries; the
+    // eviction above went on with what the model held.
+    common::poll_until(
+        Duration::from_secs(30),
+        "a failed pod watch counted",
+        || async {
+            common::metrics::scraped(
+                port2,
+                "criguard_kube_pod_watch_events_total",
+                &[("event", "error")],
+            )
+            .filter(|n| *n >= 1.0)
+        },
+    )
+    .await;
 
     eprintln!(
         "eviction decided -> container exited, bound 250 ms: refusing API (403) {refusing} ms, unreachable API {unreachable} ms"
