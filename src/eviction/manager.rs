@@ -13,7 +13,8 @@
 //! - **memory**: the first pod of the kubelet's memory ranking;
 //! - **pid**: the pod with the most tasks among the lowest priority.
 //!
-//! Beside the rounds, on the housekeeping period, pods over a local-storage
+//! Beside the rounds, within the housekeeping period (a fifth of it for a
+//! pod that has used half of a limit), pods over a local-storage
 //! limit of their API pod (an emptyDir's `sizeLimit`, a container's or the
 //! pod's `ephemeral-storage` limit) are evicted at once with the kubelet's
 //! grace of 1 s and its messages ([`crate::policy::local_storage`]); their
@@ -747,20 +748,35 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Reads, every `every`, which pods exceed a local-storage limit, and hands
-/// those found to the manager (one batch waits at most; the next reading
-/// starts once it is taken).
+/// Reads which pods exceed a local-storage limit and hands those found to
+/// the manager (one batch waits at most; the next reading starts once it
+/// is taken). A pod is read again within the housekeeping period `every`,
+/// or within a fifth of it (at least 1 s) once it has used half of a limit
+/// ([`local_storage::recheck_in`]): only pods near a limit are walked often.
 async fn find_over_limits(
     rank: Arc<dyn Rank>,
     every: Duration,
     found: tokio::sync::mpsc::Sender<Vec<(Victim, Exceeded)>>,
 ) {
-    let mut tick = tokio::time::interval(every);
+    let near = (every / 5).max(Duration::from_secs(1)).min(every);
+    let mut tick = tokio::time::interval(near);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut due: std::collections::HashMap<String, Instant> = Default::default();
     loop {
         tick.tick().await;
-        let over = rank.local_storage(&BTreeSet::new()).await;
-        if !over.is_empty() && found.send(over).await.is_err() {
+        let now = Instant::now();
+        let skip: BTreeSet<String> = due
+            .iter()
+            .filter(|(_, at)| **at > now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let reading = rank.local_storage(&skip).await;
+        // Pods gone or read now get a new time; the skipped keep theirs.
+        due.retain(|id, _| skip.contains(id));
+        for (id, full) in reading.fullness {
+            due.insert(id, now + local_storage::recheck_in(full, near, every));
+        }
+        if !reading.over.is_empty() && found.send(reading.over).await.is_err() {
             return;
         }
     }

@@ -26,9 +26,8 @@ use futures::future::BoxFuture;
 use crate::config::Signal;
 use crate::kube::{KubeReport, PodEviction};
 use crate::model::Pod;
-use crate::policy::local_storage::Exceeded;
 use crate::policy::thresholds::{Condition, Observations};
-use crate::reclaim::rank::{Ranker, Victim};
+use crate::reclaim::rank::{Ranker, StorageReading, Victim};
 use crate::signals::node::NodeSources;
 
 /// Observes the node's signals.
@@ -52,14 +51,12 @@ pub trait Rank: Send + Sync {
         signal: Signal,
         tried: &'a BTreeSet<String>,
     ) -> BoxFuture<'a, Vec<Victim>>;
-    /// The pods over a local-storage limit, each with the first limit it
-    /// exceeds (`localStorageEviction`); none without the API's pods.
-    fn local_storage<'a>(
-        &'a self,
-        tried: &'a BTreeSet<String>,
-    ) -> BoxFuture<'a, Vec<(Victim, Exceeded)>> {
-        let _ = tried;
-        futures::future::ready(Vec::new()).boxed()
+    /// The pods with a local-storage limit, but those in `skip`, read: those
+    /// over a limit (`localStorageEviction`) and how full each is; nothing
+    /// without the API's pods.
+    fn local_storage<'a>(&'a self, skip: &'a BTreeSet<String>) -> BoxFuture<'a, StorageReading> {
+        let _ = skip;
+        futures::future::ready(StorageReading::default()).boxed()
     }
 }
 
@@ -144,11 +141,8 @@ impl Rank for Ranker {
         Ranker::disk(self, signal, tried).boxed()
     }
 
-    fn local_storage<'a>(
-        &'a self,
-        tried: &'a BTreeSet<String>,
-    ) -> BoxFuture<'a, Vec<(Victim, Exceeded)>> {
-        Ranker::local_storage(self, tried).boxed()
+    fn local_storage<'a>(&'a self, skip: &'a BTreeSet<String>) -> BoxFuture<'a, StorageReading> {
+        Ranker::local_storage(self, skip).boxed()
     }
 }
 

@@ -7,6 +7,8 @@
 //! order, the first found is the reason. Pure: usage comes in as plain data.
 
 use super::spec::{ApiPod, ContainerKind, Resource};
+use std::time::Duration;
+
 use crate::quantity::format_bytes;
 
 /// The kubelet's grace period for these evictions
@@ -126,6 +128,41 @@ pub fn pod_limit(pod: &ApiPod) -> Option<i64> {
     }
     named.then_some(sum.max(init_peak))
 }
+
+/// How full `pod` is: the largest share of a limit its `usage` takes (an
+/// emptyDir's `sizeLimit`, the pod's total, a container's own), 0 without
+/// limits; above 1 once one is exceeded.
+pub fn fullness(pod: &ApiPod, usage: &StorageUse, dedicated_imagefs: bool) -> f64 {
+    let share = |used: u64, limit: i64| used as f64 / limit.max(1) as f64;
+    let dirs = pod.empty_dirs.iter().filter_map(|e| {
+        let limit = e.size_limit.filter(|l| *l > 0)?;
+        let used = usage.empty_dirs.iter().find(|(n, _)| *n == e.name)?.1;
+        Some(share(used, limit))
+    });
+    let total = pod_limit(pod).map(|l| share(usage.total, l));
+    let containers = usage.containers.iter().filter_map(|(name, logs, rootfs)| {
+        let c = pod.containers.iter().find(|c| c.name == *name)?;
+        let limit = c
+            .limits
+            .ephemeral_storage
+            .filter(|l| *l != 0 && c.kind != ContainerKind::Init)?;
+        Some(share(
+            logs + if dedicated_imagefs { 0 } else { *rootfs },
+            limit,
+        ))
+    });
+    dirs.chain(total).chain(containers).fold(0.0, f64::max)
+}
+
+/// When a pod `fullness` full is read again: within `near` once it has used
+/// half of a limit, else within `far` (the housekeeping period, as the
+/// kubelet reads every pod): only pods near a limit are walked often.
+pub fn recheck_in(fullness: f64, near: Duration, far: Duration) -> Duration {
+    if fullness >= NEAR { near } else { far }
+}
+
+/// The share of a limit from which a pod is read at the short period.
+pub const NEAR: f64 = 0.5;
 
 /// The first limit `pod` exceeds with `usage`, in the kubelet's order;
 /// `dedicated_imagefs` leaves writable layers out of a container's use (they
@@ -282,6 +319,23 @@ mod tests {
         let mut init_over = u.clone();
         init_over.containers[1].2 = 700 << 20;
         assert_eq!(exceeded(&p, &init_over, false), None);
+    }
+
+    #[test]
+    fn a_pod_near_a_limit_is_read_at_the_short_period() {
+        let p = pod();
+        let (near, far) = (Duration::from_secs(2), Duration::from_secs(10));
+        // 10 of the emptyDir's 64Mi, 2 of the container's 100Mi: far.
+        let u = usage(10 * MI, MI, MI, 20 * MI);
+        let f = fullness(&p, &u, false);
+        assert!((f - 10.0 / 64.0).abs() < 1e-9, "{f}");
+        assert_eq!(recheck_in(f, near, far), far);
+        // The container at 60 of its 100Mi: near.
+        let u = usage(0, 30 * MI, 30 * MI, 60 * MI);
+        assert!((fullness(&p, &u, false) - 0.6).abs() < 1e-9);
+        assert_eq!(recheck_in(fullness(&p, &u, false), near, far), near);
+        // Without the writable layer (dedicated imagefs): 30 of 100.
+        assert!((fullness(&p, &u, true) - 0.3).abs() < 1e-9);
     }
 
     #[test]

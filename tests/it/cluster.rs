@@ -886,7 +886,160 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         "cluster: the disk scenario ran {:.1} s",
         t_disk.elapsed().as_secs_f64()
     );
+
+    // --- local-storage limits, on node-b (kubelet v1.34) -------------------
+    let t_storage = Instant::now();
+    local_storage_limits(&c, "node-b", true);
+    println!(
+        "cluster: the local-storage scenario ran {:.1} s",
+        t_storage.elapsed().as_secs_f64()
+    );
     println!("cluster: test ran {:.1} s", t_test.elapsed().as_secs_f64());
+}
+
+/// A pod on `node` with two containers of 32Mi of ephemeral storage each
+/// and an emptyDir `cache` of 16Mi, whose container `app` writes `mib` MiB
+/// to files `<target>.N`, 2 MiB a second after 3 s (as a cache or a log
+/// fills), touching `<state>/<name>-crossed` just before the write that
+/// takes it to `limit_mib` (over the limit, with the directories' own
+/// blocks).
+fn storage_pod_yaml(
+    name: &str,
+    node: &str,
+    state: &Path,
+    target: &str,
+    (mib, limit_mib): (u32, u32),
+) -> String {
+    let marker = format!("/state/{name}-crossed");
+    let script = format!(
+        "sleep 3; i=0; while [ $i -lt {steps} ]; do \
+         if [ $((i*2+2)) -ge {limit_mib} ] && [ ! -e {marker} ]; then touch {marker}; fi; \
+         dd if=/dev/zero of={target}.$i bs=1048576 count=2 2>/dev/null; i=$((i+1)); sleep 1; done; \
+         exec sleep 3600",
+        steps = mib / 2
+    );
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {NS}}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  hostNetwork: true
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 2
+  restartPolicy: Never
+  volumes:
+  - {{name: cache, emptyDir: {{sizeLimit: 16Mi}}}}
+  - {{name: state, hostPath: {{path: {state}, type: DirectoryOrCreate}}}}
+  containers:
+  - name: app
+    image: {BUSYBOX}
+    imagePullPolicy: Never
+    resources: {{limits: {{ephemeral-storage: 32Mi}}}}
+    volumeMounts: [{{name: cache, mountPath: /cache}}, {{name: state, mountPath: /state}}]
+    command: ["sh", "-c", "{script}"]
+  - name: side
+    image: {BUSYBOX}
+    imagePullPolicy: Never
+    resources: {{limits: {{ephemeral-storage: 32Mi}}}}
+    command: ["sleep", "3600"]
+"#,
+        state = state.display()
+    )
+}
+
+/// Local-storage limits on `node`, by criguard (`criguard_acts`) or, with
+/// criguard in dry run, by the kubelet alone: `cache` fills its 16Mi
+/// emptyDir towards 24 MiB, `layer`'s container writes towards 40 MiB over
+/// its 32Mi (its pod may use 64Mi). Each is evicted with the kubelet's message and
+/// reason; the time from the write (its marker's mtime) to the eviction is
+/// printed.
+fn local_storage_limits(c: &Cluster, node: &str, criguard_acts: bool) {
+    let state = c.node_dir(node).join("storage-state");
+    let pods = [
+        (
+            "cache",
+            "/cache/fill",
+            (24, 16),
+            "Usage of EmptyDir volume \"cache\" exceeds the limit \"16Mi\". ",
+        ),
+        (
+            "layer",
+            "/fill",
+            (40, 32),
+            "Container app exceeded its local ephemeral storage limit \"32Mi\". ",
+        ),
+    ];
+    for (name, target, sizes, _) in pods {
+        c.apply(&storage_pod_yaml(name, node, &state, target, sizes));
+    }
+    let who = if criguard_acts {
+        "criguard"
+    } else {
+        "kubelet alone"
+    };
+    for (name, _, _, message) in pods {
+        let evicted = poll(
+            Duration::from_secs(180),
+            &format!("{name} Failed/Evicted"),
+            || {
+                c.pods(NS)
+                    .into_iter()
+                    .find(|p| p["metadata"]["name"] == name && p["status"]["reason"] == "Evicted")
+            },
+        );
+        assert_eq!(evicted["status"]["message"], message, "{name}: {evicted:#}");
+        let crossed = std::fs::metadata(state.join(format!("{name}-crossed")))
+            .and_then(|m| m.modified())
+            .expect("the writer's marker");
+        let crossed_ms = crossed
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let decided = c
+            .evictions(node)
+            .evictions
+            .into_iter()
+            .find(|e| e.uid == uid(&evicted));
+        match (&decided, criguard_acts) {
+            (Some(e), true) => {
+                assert!(!e.dry_run);
+                assert_eq!(e.message, message);
+                println!(
+                    "cluster ({who}): {name}: limit crossed -> evicted {:.3} s",
+                    (e.at_unix_ms as i64 - crossed_ms) as f64 / 1000.0
+                );
+            }
+            (None, true) => panic!("criguard did not evict {name}: {evicted:#}"),
+            (_, false) => {
+                let kubelet_log =
+                    std::fs::read_to_string(c.node_dir(node).join("kubelet.log")).unwrap();
+                // Logged once the pod is stopped (its grace of 1 s included).
+                let pod = format!("pod=\"{NS}/{name}\"");
+                let line = kubelet_log
+                    .lines()
+                    .find(|l| l.contains("pod is evicted successfully") && l.contains(&pod));
+                let at = line.and_then(klog_ms_of_day);
+                println!(
+                    "cluster ({who}): {name}: limit crossed -> the kubelet's eviction {:?} s ({line:?})",
+                    at.map(|ms| day_diff(ms, ms_of_day(crossed_ms as u64)) as f64 / 1000.0)
+                );
+            }
+        }
+    }
+    c.kubectl(&["-n", NS, "delete", "pod", "cache", "layer", "--wait=false"]);
+}
+
+/// Local-storage limits enforced by the kubelet alone (criguard in dry
+/// run): the README's comparison figures
+/// (`cargo test --test it -- --ignored --nocapture cluster::`).
+#[test]
+#[ignore]
+fn kubelet_alone_enforces_local_storage_limits_when_criguard_dry_runs() {
+    let c = cluster_up(&[("CRIGUARD_CLUSTER_DRY_RUN", "1")]);
+    let node = "node-a";
+    adopt(&c, node);
+    local_storage_limits(&c, node, false);
 }
 
 /// The same hog with criguard in dry run and the kubelet's threshold at

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use crate::config::{Signal, Threshold};
 use crate::lock::RwLocked;
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
-use crate::policy::local_storage::{Exceeded, StorageUse, exceeded, has_limits};
+use crate::policy::local_storage::{Exceeded, StorageUse, exceeded, fullness, has_limits};
 use crate::policy::rank::{PodMemory, rank_memory};
 use crate::policy::reclaim::{PodUse, UsageRequest, rank_usage};
 use crate::policy::spec::ApiPod;
@@ -230,18 +230,29 @@ impl Ranker {
     }
 }
 
+/// What one local-storage reading found.
+#[derive(Clone, Debug, Default)]
+pub struct StorageReading {
+    /// The pods over a limit, each with the first limit it exceeds.
+    pub over: Vec<(Victim, Exceeded)>,
+    /// How full each pod read is, by sandbox id ([`fullness`]).
+    pub fullness: Vec<(String, f64)>,
+}
+
 impl Ranker {
-    /// The running pods over a local-storage limit of their API pod
-    /// ([`crate::policy::local_storage`]), each with the first limit it
-    /// exceeds; critical pods and pods without such a limit are not read.
-    /// The victim's usage is the pod's ephemeral storage, its request the
+    /// Reads the running pods with a local-storage limit of their API pod
+    /// ([`crate::policy::local_storage`]), leaving out those in `skip`:
+    /// those over a limit, with the first limit each exceeds, and how full
+    /// each is. Critical pods and pods without such a limit are not read.
+    /// A victim's usage is the pod's ephemeral storage, its request the
     /// limit exceeded.
-    pub async fn local_storage(&self, tried: &BTreeSet<String>) -> Vec<(Victim, Exceeded)> {
+    pub async fn local_storage(&self, skip: &BTreeSet<String>) -> StorageReading {
+        let mut out = StorageReading::default();
         let Some(reader) = &self.usage else {
-            return Vec::new();
+            return out;
         };
         let (pods, specs): (Vec<Pod>, Vec<ApiPod>) = {
-            let pods = self.candidates(tried);
+            let pods = self.candidates(skip);
             let m = self.model.read_locked();
             pods.into_iter()
                 .filter(|p| !p.critical)
@@ -252,10 +263,9 @@ impl Ranker {
                 .unzip()
         };
         if pods.is_empty() {
-            return Vec::new();
+            return out;
         }
         let node = reader.read_pods(usage_pods(&pods)).await;
-        let mut out = Vec::new();
         for ((pod, spec), u) in pods.into_iter().zip(&specs).zip(&node.pods) {
             if !u.errors.is_empty() {
                 tracing::debug!(pod = %format_args!("{}/{}", pod.namespace, pod.name), errors = ?u.errors, "local storage partly unread");
@@ -276,6 +286,8 @@ impl Ranker {
                     .collect(),
                 total: u.total().bytes,
             };
+            let full = fullness(spec, &usage, node.dedicated_imagefs);
+            out.fullness.push((pod.sandbox_id.clone(), full));
             if let Some(over) = exceeded(spec, &usage, node.dedicated_imagefs) {
                 let victim = Victim {
                     usage: Some(usage.total as i64),
@@ -284,7 +296,7 @@ impl Ranker {
                     reclaimable: u.rootfs.bytes + u.logs.bytes,
                     pod,
                 };
-                out.push((victim, over));
+                out.over.push((victim, over));
             }
         }
         out
