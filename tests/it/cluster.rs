@@ -455,6 +455,111 @@ fn adopt(c: &Cluster, node: &str) {
     }
 }
 
+/// Pods whose requests and scores CRI cannot tell, on `node`: one with
+/// pod-level resources only (200Mi requested for the pod) and one with a
+/// sidecar (an init container that keeps running, 32Mi, beside the app's
+/// 64Mi). criguard reads them from the API: the pod requests the kubelet
+/// ranks by (200Mi; 64Mi + 32Mi) and each container created with the
+/// kubelet's score, worked out here (`pkg/kubelet/qos/policy.go`): the
+/// pod-level request shared by its one container, the sidecar no higher
+/// than the app.
+fn pod_shapes(c: &Cluster, node: &str) {
+    const MI: i64 = 1 << 20;
+    let proxy = format!(
+        "  initContainers:\n  - {{name: proxy, image: {BUSYBOX}, imagePullPolicy: Never, restartPolicy: Always, \
+         command: [sleep, \"3600\"], resources: {{requests: {{memory: 32Mi}}, limits: {{memory: 64Mi}}}}}}\n"
+    );
+    let shapes = [
+        (
+            "pod-level",
+            "{}".to_owned(),
+            "  resources: {requests: {cpu: 10m, memory: 200Mi}, limits: {memory: 400Mi}}\n"
+                .to_owned(),
+        ),
+        (
+            "sidecar",
+            "{requests: {cpu: 10m, memory: 64Mi}, limits: {memory: 128Mi}}".to_owned(),
+            proxy,
+        ),
+    ];
+    for (name, resources, extra) in &shapes {
+        c.apply(&pod_yaml(
+            NS,
+            &format!("{name}-{node}"),
+            node,
+            resources,
+            extra,
+            "",
+        ));
+    }
+    let n = c.json(&["get", "node", node]);
+    let capacity = bytes(n["status"]["capacity"]["memory"].as_str().unwrap());
+    let score = |request: i64| (1000 - 1000 * request / capacity).clamp(3, 999);
+    let model = poll(
+        Duration::from_secs(120),
+        "the pod shapes in criguard's model",
+        || {
+            let api: Vec<Value> = c
+                .pods(NS)
+                .into_iter()
+                .filter(|p| p["spec"]["nodeName"] == node && phase(p) == "Running")
+                .collect();
+            let m = c.model(node);
+            let wanted = [("pod-level", 1), ("sidecar", 2)];
+            wanted
+                .iter()
+                .all(|(name, containers)| {
+                    let name = format!("{name}-{node}");
+                    let Some(p) = api.iter().find(|p| p["metadata"]["name"] == name.as_str())
+                    else {
+                        return false;
+                    };
+                    m.iter().any(|mp| {
+                        mp.uid == uid(p)
+                            && mp.containers.len() == *containers
+                            && mp.source == criguard::model::PodSource::Api
+                    })
+                })
+                .then_some(m)
+        },
+    );
+    let pod = |name: &str| {
+        let name = format!("{name}-{node}");
+        model.iter().find(|p| p.name == name).unwrap().clone()
+    };
+    let container = |p: &criguard::model::Pod, name: &str| {
+        p.containers
+            .values()
+            .find(|c| c.name == name)
+            .unwrap()
+            .clone()
+    };
+    let pl = pod("pod-level");
+    assert_eq!(pl.qos, criguard::model::QosClass::Burstable);
+    assert_eq!(pl.memory_request(), 200 * MI, "the pod-level request");
+    assert_eq!(pl.requests.pod_level_memory, Some(200 * MI));
+    let app = container(&pl, "app");
+    assert_eq!(
+        (app.oom_score_adj, app.api_oom_score_adj),
+        (score(200 * MI), Some(score(200 * MI)))
+    );
+    let sc = pod("sidecar");
+    assert_eq!(sc.memory_request(), 96 * MI, "app and sidecar");
+    for name in ["app", "proxy"] {
+        let c = container(&sc, name);
+        assert_eq!(
+            (c.oom_score_adj, c.api_oom_score_adj),
+            (score(64 * MI), Some(score(64 * MI))),
+            "{name}"
+        );
+    }
+    println!(
+        "cluster: {node}: pod-level pod: request 200Mi, score {}; sidecar pod: request 96Mi, app and sidecar {}",
+        score(200 * MI),
+        score(64 * MI)
+    );
+}
+
 /// The pods of every QoS class, a static node-critical pod, then a memory
 /// hog that criguard evicts, as described in the module documentation.
 #[test]
@@ -466,6 +571,7 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
     for node in c.env["NODES"].clone().split_whitespace() {
         adopt(&c, node);
     }
+    pod_shapes(&c, "node-b");
     let node = "node-a";
 
     // --- one memory eviction ------------------------------------------------
