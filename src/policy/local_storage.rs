@@ -6,9 +6,9 @@
 //! imagefs) exceed its own `ephemeral-storage` limit; checked in that
 //! order, the first found is the reason. Pure: usage comes in as plain data.
 
-use super::spec::{ApiPod, ContainerKind, Resource};
 use std::time::Duration;
 
+use super::spec::{ApiPod, ContainerKind, Resource, aggregate};
 use crate::quantity::format_bytes;
 
 /// The kubelet's grace period for these evictions
@@ -106,27 +106,12 @@ pub fn has_limits(pod: &ApiPod) -> bool {
             .any(|c| c.limits.ephemeral_storage.is_some())
 }
 
-/// The pod's ephemeral-storage limit (`PodLimits`): the regular containers'
-/// and sidecars' limits summed, no less than any init container's with the
-/// sidecars started before it; `None` when no container names one.
+/// The pod's ephemeral-storage limit (`PodLimits`, [`aggregate`]): the
+/// regular containers' and sidecars' limits summed, no less than any init
+/// container's with the sidecars started before it; `None` when no
+/// container names one.
 pub fn pod_limit(pod: &ApiPod) -> Option<i64> {
-    let mut named = false;
-    let (mut sum, mut sidecars, mut init_peak) = (0i64, 0i64, 0i64);
-    for c in &pod.containers {
-        let v = c.limits.get(Resource::EphemeralStorage);
-        named |= v.is_some();
-        let v = v.unwrap_or(0);
-        match c.kind {
-            ContainerKind::Regular => sum += v,
-            ContainerKind::Sidecar => {
-                sum += v;
-                sidecars += v;
-                init_peak = init_peak.max(sidecars);
-            }
-            ContainerKind::Init => init_peak = init_peak.max(v + sidecars),
-        }
-    }
-    named.then_some(sum.max(init_peak))
+    aggregate(pod, |c| c.limits.get(Resource::EphemeralStorage))
 }
 
 /// How full `pod` is: the largest share of a limit its `usage` takes (an

@@ -152,17 +152,18 @@ impl ApiPod {
     }
 }
 
-/// The containers' aggregate request of `r` (`AggregateContainerRequests`):
-/// the regular containers and sidecars summed, and no less than what any
-/// init container needs while it runs (itself plus the sidecars started
-/// before it). `None` when no container names `r`.
-pub fn aggregate_container_requests(pod: &ApiPod, r: Resource) -> Option<i64> {
+/// The containers' aggregate of `value` (a request or a limit), as the
+/// kubelet aggregates both (`aggregateContainerResourcesByFn`): the
+/// regular containers and sidecars summed, and no less than what any init
+/// container needs while it runs (itself plus the sidecars started before
+/// it). `None` when no container has a value.
+pub fn aggregate(pod: &ApiPod, value: impl Fn(&ApiContainer) -> Option<i64>) -> Option<i64> {
     let mut named = false;
     let mut sum = 0i64;
     let mut sidecars = 0i64;
     let mut init_peak = 0i64;
     for c in &pod.containers {
-        let v = c.requests.get(r);
+        let v = value(c);
         named |= v.is_some();
         let v = v.unwrap_or(0);
         match c.kind {
@@ -176,6 +177,12 @@ pub fn aggregate_container_requests(pod: &ApiPod, r: Resource) -> Option<i64> {
         }
     }
     named.then_some(sum.max(init_peak))
+}
+
+/// The containers' aggregate request of `r` (`AggregateContainerRequests`,
+/// [`aggregate`]).
+pub fn aggregate_container_requests(pod: &ApiPod, r: Resource) -> Option<i64> {
+    aggregate(pod, |c| c.requests.get(r))
 }
 
 /// The pod's request of `r` the eviction manager ranks by
