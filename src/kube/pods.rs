@@ -33,6 +33,9 @@ pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 /// the last version seen (the API server ends it at this timeout).
 const WATCH_TIMEOUT_S: u32 = 290;
 
+/// A watch that ends sooner than this counts as failed.
+const MIN_WATCH: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The facts criguard keeps of `pod`, or why they cannot be read (the
 /// field and value).
 pub fn api_pod(pod: &Pod) -> Result<ApiPod, String> {
@@ -295,6 +298,7 @@ async fn watch(
             Err(e) => return super::describe(&e),
         };
         let mut stream = std::pin::pin!(stream);
+        let opened = std::time::Instant::now();
         while let Some(event) = stream.next().await {
             let event = match event {
                 Ok(e) => e,
@@ -326,6 +330,12 @@ async fn watch(
                     return format!("watch: HTTP {} {}: {}", s.code, s.reason, s.message);
                 }
             }
+        }
+        // A watch the server ends long before its timeout (a proxy that
+        // cuts it, say) is listed again with back-off, not reopened in a
+        // tight loop.
+        if opened.elapsed() < MIN_WATCH {
+            return format!("watch ended after {:?}", opened.elapsed());
         }
     }
 }
