@@ -558,6 +558,89 @@ fn pod_shapes(c: &Cluster, node: &str) {
         score(200 * MI),
         score(64 * MI)
     );
+
+    // An in-place resize, carried out by the kubelet: criguard's request
+    // follows the API's allocation, its limit the UpdateContainerResources
+    // the kubelet sends through it.
+    let burstable = format!("burstable-{node}");
+    let resize = r#"{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"10m","memory":"160Mi"},"limits":{"memory":"320Mi"}}}]}}"#;
+    c.kubectl(&[
+        "-n",
+        NS,
+        "patch",
+        "pod",
+        &burstable,
+        "--subresource",
+        "resize",
+        "-p",
+        resize,
+    ]);
+    poll(
+        Duration::from_secs(60),
+        "the resize in criguard's model",
+        || {
+            let p = c.model(node).into_iter().find(|p| p.name == burstable)?;
+            let limit = p.containers.values().next()?.memory_limit;
+            (p.memory_request() == 160 * MI && limit == 320 * MI).then_some(())
+        },
+    );
+    rank_is_the_kubelets(c, node);
+}
+
+/// `criguard rank`'s memory order on `node` is the kubelet's
+/// (`rankMemoryPressure`), worked out here from the API's pods and the
+/// usage criguard read: over the request first, then lower priority, then
+/// the larger usage above the request; critical pods left out. The request
+/// is `GetResourceRequestQuantity`'s for these pods: the pod-level one
+/// where set, else the containers' and sidecars' summed.
+fn rank_is_the_kubelets(c: &Cluster, node: &str) {
+    let request = |p: &Value| -> i64 {
+        let mem = |r: &Value| r["requests"]["memory"].as_str().map_or(0, bytes);
+        let pod_level = &p["spec"]["resources"];
+        if pod_level.is_object() {
+            return mem(pod_level);
+        }
+        let containers = p["spec"]["containers"].as_array().unwrap().iter();
+        let sidecars = p["spec"]["initContainers"].as_array().into_iter().flatten();
+        containers
+            .chain(sidecars.filter(|c| c["restartPolicy"] == "Always"))
+            .map(|c| mem(&c["resources"]))
+            .sum()
+    };
+    let out = criguard_cmd(
+        &["rank", "--json", "--admin-socket"],
+        &c.node_dir(node).join("admin.sock"),
+    );
+    let rank: Vec<criguard::reclaim::rank::RankEntry> = serde_json::from_str(&out).unwrap();
+    let memory: Vec<_> = rank
+        .iter()
+        .filter(|e| e.signal.ends_with("emory.available"))
+        .collect();
+    let api = c.pods(NS);
+    let mut want: Vec<(String, i64, i64, i64)> = memory
+        .iter()
+        .map(|e| {
+            let name = e.pod.rsplit('/').next().unwrap();
+            let p = api.iter().find(|p| p["metadata"]["name"] == name).unwrap();
+            let priority = p["spec"]["priority"].as_i64().unwrap_or(0);
+            (e.pod.clone(), priority, request(p), e.usage.unwrap())
+        })
+        .collect();
+    want.sort_by(|a, b| {
+        (b.3 > b.2)
+            .cmp(&(a.3 > a.2))
+            .then(a.1.cmp(&b.1))
+            .then((b.3 - b.2).cmp(&(a.3 - a.2)))
+    });
+    let want: Vec<&str> = want.iter().map(|w| w.0.as_str()).collect();
+    let got: Vec<&str> = memory.iter().map(|e| e.pod.as_str()).collect();
+    assert_eq!(got, want, "criguard rank on {node}: {memory:#?}");
+    assert_eq!(
+        got.len(),
+        5,
+        "every pod on {node} but the static one: {got:?}"
+    );
+    println!("cluster: {node}: criguard's memory rank is the kubelet's: {got:?}");
 }
 
 /// The pods of every QoS class, a static node-critical pod, then a memory
@@ -570,8 +653,8 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
     let c = cluster_up(&env_refs(&env));
     for node in c.env["NODES"].clone().split_whitespace() {
         adopt(&c, node);
+        pod_shapes(&c, node);
     }
-    pod_shapes(&c, "node-b");
     let node = "node-a";
 
     // --- one memory eviction ------------------------------------------------
