@@ -617,22 +617,21 @@ fn rank_is_the_kubelets(c: &Cluster, node: &str) {
         .filter(|e| e.signal.ends_with("emory.available"))
         .collect();
     let api = c.pods(NS);
-    let mut want: Vec<(String, i64, i64, i64)> = memory
-        .iter()
-        .map(|e| {
-            let name = e.pod.rsplit('/').next().unwrap();
-            let p = api.iter().find(|p| p["metadata"]["name"] == name).unwrap();
-            let priority = p["spec"]["priority"].as_i64().unwrap_or(0);
-            (e.pod.clone(), priority, request(p), e.usage.unwrap())
-        })
-        .collect();
-    want.sort_by(|a, b| {
-        (b.3 > b.2)
-            .cmp(&(a.3 > a.2))
-            .then(a.1.cmp(&b.1))
-            .then((b.3 - b.2).cmp(&(a.3 - a.2)))
-    });
-    let want: Vec<&str> = want.iter().map(|w| w.0.as_str()).collect();
+    let want = crate::common::pods::kubelet_memory_order(
+        memory
+            .iter()
+            .map(|e| {
+                let name = e.pod.rsplit('/').next().unwrap();
+                let p = api.iter().find(|p| p["metadata"]["name"] == name).unwrap();
+                crate::common::pods::Ranked {
+                    pod: e.pod.clone(),
+                    priority: p["spec"]["priority"].as_i64().unwrap_or(0),
+                    request: request(p),
+                    usage: e.usage.unwrap(),
+                }
+            })
+            .collect(),
+    );
     let got: Vec<&str> = memory.iter().map(|e| e.pod.as_str()).collect();
     assert_eq!(got, want, "criguard rank on {node}: {memory:#?}");
     assert_eq!(

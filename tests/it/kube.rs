@@ -1024,10 +1024,9 @@ fn api_pod_of(p: &PodSpec, node: &str, priority_class: &str) -> Value {
     pod
 }
 
-/// The kubelet's memory order (`rankMemoryPressure`), computed here from
-/// the API's objects and the usage criguard read: over its request first,
-/// then lower priority, then the larger usage above the request; critical
-/// pods (priority ≥ 2·10⁹) left out. Written apart from criguard's code.
+/// The kubelet's memory order ([`common::pods::kubelet_memory_order`])
+/// of the API's objects with the usage criguard read; critical pods
+/// (priority ≥ 2·10⁹) left out.
 fn kubelet_memory_order(
     api: &[Value],
     usage: &std::collections::HashMap<String, i64>,
@@ -1037,32 +1036,24 @@ fn kubelet_memory_order(
             .and_then(|s| s.strip_suffix("Mi"))
             .map_or(0, |n| n.parse::<i64>().unwrap() << 20)
     };
-    let mut pods: Vec<(String, i64, i64, i64)> = api
+    let pods = api
         .iter()
         .filter(|p| p["spec"]["priority"].as_i64().unwrap_or(0) < 2_000_000_000)
         .map(|p| {
-            let name = format!(
+            let pod = format!(
                 "{}/{}",
                 p["metadata"]["namespace"].as_str().unwrap(),
                 p["metadata"]["name"].as_str().unwrap()
             );
-            let request = mib(&p["spec"]["containers"][0]["resources"]["requests"]["memory"]);
-            let used = usage[&name];
-            (
-                name,
-                p["spec"]["priority"].as_i64().unwrap_or(0),
-                request,
-                used,
-            )
+            common::pods::Ranked {
+                usage: usage[&pod],
+                priority: p["spec"]["priority"].as_i64().unwrap_or(0),
+                request: mib(&p["spec"]["containers"][0]["resources"]["requests"]["memory"]),
+                pod,
+            }
         })
         .collect();
-    pods.sort_by(|a, b| {
-        (b.3 > b.2)
-            .cmp(&(a.3 > a.2))
-            .then(a.1.cmp(&b.1))
-            .then((b.3 - b.2).cmp(&(a.3 - a.2)))
-    });
-    pods.into_iter().map(|p| p.0).collect()
+    common::pods::kubelet_memory_order(pods)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

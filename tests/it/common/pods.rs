@@ -286,3 +286,30 @@ where
         }
     }
 }
+
+/// One pod as the kubelet's memory ranking sees it: `namespace/name`,
+/// priority, memory request and working set, bytes.
+pub struct Ranked {
+    /// `namespace/name`.
+    pub pod: String,
+    /// `spec.priority`.
+    pub priority: i64,
+    /// The request the kubelet ranks by.
+    pub request: i64,
+    /// The working set.
+    pub usage: i64,
+}
+
+/// The kubelet's memory order (`rankMemoryPressure` in
+/// `pkg/kubelet/eviction/helpers.go`), written apart from criguard's code:
+/// over the request first, then lower priority, then the larger usage
+/// above the request; ties keep input order.
+pub fn kubelet_memory_order(mut pods: Vec<Ranked>) -> Vec<String> {
+    pods.sort_by(|a, b| {
+        (b.usage > b.request)
+            .cmp(&(a.usage > a.request))
+            .then(a.priority.cmp(&b.priority))
+            .then((b.usage - b.request).cmp(&(a.usage - a.request)))
+    });
+    pods.into_iter().map(|p| p.pod).collect()
+}
