@@ -1,12 +1,17 @@
 //! The evicted pods whose API report is not over, kept in
 //! `<state-dir>/kube-pods.json` so a restarted criguard carries on with
-//! them: a status not yet written is written, a status written is watched
-//! (and written again when undone) for the rest of its window.
+//! them where the last one stopped: a status not yet written is written; a
+//! status written is watched (and written again when undone) until the
+//! kubelet's own status is terminal with criguard's reason
+//! ([`super::reassert::settles`]), with the writes again already made, the
+//! first undo's time, the last write's time and resourceVersion carried
+//! over.
 //!
 //! Times are wall-clock (ms since the epoch): a monotonic instant means
-//! nothing to the next process. A clock stepped back makes a window look
-//! longer, by at most the step; one stepped forward ends it early. Both are
-//! bounded by [`super::pod::WATCH_FOR`], measured from the status write.
+//! nothing to the next process. A clock stepped back makes a wait look
+//! longer, by at most the step; one stepped forward ends it early. The
+//! watch is bounded by [`super::pod::WATCH_FOR`], measured from the first
+//! status write.
 //!
 //! The file is written atomically and privately ([`crate::statefile`])
 //! whenever the set changes, off the async threads, under the set's lock,
@@ -25,6 +30,7 @@ use crate::lock::Locked;
 use serde::{Deserialize, Serialize};
 
 use super::PodEviction;
+use super::reassert::Reasserts;
 
 /// The file's name in the state directory.
 pub const FILE_NAME: &str = "kube-pods.json";
@@ -38,6 +44,49 @@ pub struct PendingPod {
     pub since_unix_ms: u64,
     /// Whether criguard's status was written (then only the watch is left).
     pub written: bool,
+    /// When the status was first written, ms since the epoch (a file from
+    /// before this field: `since_unix_ms` stands in).
+    #[serde(default)]
+    pub written_unix_ms: Option<u64>,
+    /// criguard's last write of the status: when (ms since the epoch) and
+    /// the resourceVersion it left.
+    #[serde(default)]
+    pub last_write: Option<(u64, String)>,
+    /// The writes again made so far, and when the first undo was seen.
+    #[serde(default)]
+    pub reasserts: Reasserts,
+}
+
+impl PendingPod {
+    /// A report just started at `since_unix_ms`: nothing written yet.
+    pub fn new(eviction: PodEviction, since_unix_ms: u64) -> Self {
+        Self {
+            eviction,
+            since_unix_ms,
+            written: false,
+            written_unix_ms: None,
+            last_write: None,
+            reasserts: Reasserts::default(),
+        }
+    }
+
+    /// Where its window starts: the first status write, or the report's
+    /// start while nothing is written.
+    pub fn window_start_ms(&self) -> u64 {
+        match (self.written, self.written_unix_ms) {
+            (true, Some(at)) => at,
+            _ => self.since_unix_ms,
+        }
+    }
+
+    /// Records a status write at `at_ms` that left resourceVersion `rv`.
+    pub fn wrote(&mut self, at_ms: u64, rv: &str) {
+        if !self.written || self.written_unix_ms.is_none() {
+            self.written_unix_ms = Some(at_ms);
+        }
+        self.written = true;
+        self.last_write = Some((at_ms, rv.to_owned()));
+    }
 }
 
 /// The pods of reports in progress, by UID, and where they are saved.
@@ -64,7 +113,7 @@ impl Pending {
         let window_ms = window.as_millis() as u64;
         let resume: BTreeMap<String, PendingPod> = left
             .into_iter()
-            .filter(|(_, p)| now_ms.saturating_sub(p.since_unix_ms) < window_ms)
+            .filter(|(_, p)| now_ms.saturating_sub(p.window_start_ms()) < window_ms)
             .collect();
         let list = resume.values().cloned().collect();
         let me = Self {
@@ -132,8 +181,8 @@ mod tests {
     use super::*;
 
     fn pod(uid: &str, since: u64) -> PendingPod {
-        PendingPod {
-            eviction: PodEviction {
+        let mut p = PendingPod::new(
+            PodEviction {
                 namespace: "default".into(),
                 name: format!("p-{uid}"),
                 uid: uid.into(),
@@ -141,9 +190,10 @@ mod tests {
                 resource: "memory".into(),
                 offending: Some(("app".into(), "40Mi".into())),
             },
-            since_unix_ms: since,
-            written: true,
-        }
+            since,
+        );
+        p.wrote(since, "7");
+        p
     }
 
     #[test]
@@ -169,6 +219,45 @@ mod tests {
             std::fs::metadata(path).unwrap().permissions().mode() & 0o777
         };
         assert_eq!(mode(&tmp.path().join(FILE_NAME)), 0o600);
+    }
+
+    #[test]
+    fn the_watch_state_survives_a_restart_and_its_window_counts_from_the_write() {
+        let tmp = tempfile::tempdir().unwrap();
+        let at = |ms| UNIX_EPOCH + Duration::from_millis(ms);
+        let window = Duration::from_secs(300);
+        let (p, _) = Pending::load(Some(tmp.path()), at(1_000_000), window);
+        // Started at 1 000 s, written only at 1 200 s (the API was down),
+        // written again twice since.
+        let mut slow = pod("slow", 1_000_000);
+        slow.written = false;
+        slow.written_unix_ms = None;
+        slow.wrote(1_200_000, "10");
+        let _ = slow.reasserts.on_undo(at(1_200_300));
+        let _ = slow.reasserts.on_undo(at(1_200_900));
+        slow.wrote(1_201_000, "14");
+        p.lock().insert("slow".into(), slow.clone());
+        p.save_now();
+        let (_, back) = Pending::load(Some(tmp.path()), at(1_350_000), window);
+        assert_eq!(back, [slow], "150 s after the write: within its window");
+        assert_eq!(back[0].reasserts.done(), 2);
+        assert_eq!(back[0].last_write, Some((1_201_000, "14".into())));
+        let (_, late) = Pending::load(Some(tmp.path()), at(1_500_000), window);
+        assert!(late.is_empty(), "300 s after the first write: over");
+    }
+
+    #[test]
+    fn a_file_from_before_the_watch_state_is_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let old = r#"{"u1": {"eviction": {"namespace": "default", "name": "p", "uid": "u1",
+            "message": "m", "resource": "memory", "offending": null},
+            "since_unix_ms": 1000000, "written": true}}"#;
+        std::fs::write(tmp.path().join(FILE_NAME), old).unwrap();
+        let at = UNIX_EPOCH + Duration::from_millis(1_100_000);
+        let (_, back) = Pending::load(Some(tmp.path()), at, Duration::from_secs(300));
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].window_start_ms(), 1_000_000);
+        assert_eq!(back[0].reasserts, Reasserts::default());
     }
 
     #[test]

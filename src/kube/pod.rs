@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use super::metrics::{KubeWrite, PodOutcome};
 use super::pending::PendingPod;
-use super::reassert::{Next, Reasserts, Seen, Undo, judge};
+use super::reassert::{Next, QUIET, Seen, Undo, judge, settles, terminal};
 use super::{Inner, PodEviction, backoff as new_backoff, body, bounded, code_of};
 use crate::clock::unix_ms;
 
@@ -56,44 +56,42 @@ pub(super) async fn report(
     first: Option<oneshot::Sender<()>>,
     since: SystemTime,
 ) {
-    let mut pending = PendingPod {
-        eviction: e.clone(),
-        since_unix_ms: unix_ms(since),
-        written: false,
-    };
+    let pending = PendingPod::new(e, unix_ms(since));
+    write_then_hold(inner, pending, first).await;
+}
+
+/// Writes the status of `pending` (not written yet), then the event, then
+/// holds the status until the kubelet settles.
+async fn write_then_hold(
+    inner: Arc<Inner>,
+    mut pending: PendingPod,
+    first: Option<oneshot::Sender<()>>,
+) {
     inner.pending.upsert(pending.clone());
+    let e = pending.eviction.clone();
+    let since = UNIX_EPOCH + Duration::from_millis(pending.since_unix_ms);
     let api: Api<Pod> = Api::namespaced(inner.client.clone(), &e.namespace);
     let Some(rv) = first_status(&inner, &api, &e, first, since).await else {
         inner.pending.remove(&e.uid);
         return;
     };
-    pending.written = true;
-    inner.pending.upsert(pending);
+    pending.wrote(unix_ms(SystemTime::now()), &rv);
+    inner.pending.upsert(pending.clone());
     event(&inner, &e, &rv).await;
-    hold(
-        &inner,
-        &api,
-        &e,
-        Some(rv),
-        since,
-        Instant::now() + WATCH_FOR,
-    )
-    .await;
+    Hold::new(&inner, api, pending).run(Some(rv)).await;
     inner.pending.remove(&e.uid);
 }
 
-/// Carries on with a report a previous run of criguard left unfinished.
+/// Carries on with a report a previous run of criguard left unfinished,
+/// where it stopped.
 pub(super) async fn resume(inner: Arc<Inner>, p: PendingPod) {
-    let since = UNIX_EPOCH + Duration::from_millis(p.since_unix_ms);
     if !p.written {
-        return report(inner, p.eviction, None, since).await;
+        return write_then_hold(inner, p, None).await;
     }
-    let e = p.eviction;
-    let api: Api<Pod> = Api::namespaced(inner.client.clone(), &e.namespace);
-    let elapsed = SystemTime::now().duration_since(since).unwrap_or_default();
-    let end = Instant::now() + WATCH_FOR.saturating_sub(elapsed);
-    hold(&inner, &api, &e, None, since, end).await;
-    inner.pending.remove(&e.uid);
+    let uid = p.eviction.uid.clone();
+    let api: Api<Pod> = Api::namespaced(inner.client.clone(), &p.eviction.namespace);
+    Hold::new(&inner, api, p).run(None).await;
+    inner.pending.remove(&uid);
 }
 
 /// One status write; the resourceVersion it left, or the error.
@@ -181,168 +179,256 @@ async fn event(inner: &Inner, e: &PodEviction, rv: &str) {
     }
 }
 
+/// Why a report ended when criguard deleted the pod (not `settled`).
+const DELETED: &str = "pod deleted";
+
 /// How a watch on the pod ended.
 enum WatchEnd {
     /// criguard's status was undone, this way.
     Undone(Undo),
     /// The pod was deleted or replaced.
     Gone,
-    /// The window is over.
-    Over,
+    /// The kubelet's own status is terminal with criguard's reason.
+    Settled,
+    /// The deadline passed.
+    Deadline,
     /// The watch broke or the server ended it; go on from this
     /// resourceVersion (`None`: read the pod again first).
     Again(Option<String>),
 }
 
-/// Keeps criguard's status on the pod until `end`: watches it (from `rv`,
-/// or from a fresh read when `None`) and writes the status again whenever
-/// it is undone, within the bound; past the bound the pod is deleted.
-async fn hold(
-    inner: &Inner,
-    api: &Api<Pod>,
-    e: &PodEviction,
-    mut rv: Option<String>,
-    since: SystemTime,
+/// Keeps criguard's status on an evicted pod until the kubelet's own
+/// status is terminal with it ([`settles`], or [`QUIET`] on a terminated
+/// pod after criguard's last write), writing it again whenever it is
+/// undone, deleting the pod past the bound. Its state is saved with the
+/// report at each change.
+struct Hold<'a> {
+    inner: &'a Inner,
+    api: Api<Pod>,
+    p: PendingPod,
+    /// Whether the last state seen was criguard's status on a terminated pod.
+    terminal: bool,
+    /// [`WATCH_FOR`] after the first write: the report ends there whatever
+    /// the kubelet does.
     end: Instant,
-) {
-    let pod = name(e);
-    let mut reasserts = Reasserts::default();
-    let mut backoff = new_backoff();
-    while Instant::now() < end {
-        let from = match rv.take() {
-            Some(v) => v,
-            None => match bounded(api.get_opt(&e.name)).await {
-                Ok(Some(p)) => match judge(&p, &e.uid, &e.message) {
-                    Seen::Gone => break,
-                    Seen::Ours => p.metadata.resource_version.unwrap_or_default(),
-                    Seen::Undone(how) => {
-                        match undone(inner, api, e, how, &mut reasserts, since).await {
-                            Some(next) => rv = next,
-                            None => return,
+}
+
+impl<'a> Hold<'a> {
+    fn new(inner: &'a Inner, api: Api<Pod>, p: PendingPod) -> Self {
+        let end = instant_at(p.window_start_ms() + WATCH_FOR.as_millis() as u64);
+        Self {
+            inner,
+            api,
+            p,
+            terminal: false,
+            end,
+        }
+    }
+
+    /// Watches from `rv` (or from a fresh read when `None`) until the
+    /// report is over.
+    async fn run(mut self, mut rv: Option<String>) {
+        let pod = name(&self.p.eviction);
+        let mut backoff = new_backoff();
+        let how = loop {
+            if Instant::now() >= self.end {
+                break "window over";
+            }
+            let from = match rv.take() {
+                Some(v) => v,
+                None => match self.read().await {
+                    Ok(Ok(v)) => v,
+                    Ok(Err(end)) => match self.on_end(end).await {
+                        Ok(next) => {
+                            rv = next;
+                            continue;
                         }
+                        Err(how) => break how,
+                    },
+                    Err(err) => {
+                        let wait = backoff.next_wait();
+                        tracing::debug!(%pod, %err, retry_in = ?wait, "cannot read the evicted pod; trying again");
+                        tokio::time::sleep(
+                            wait.min(self.end.saturating_duration_since(Instant::now())),
+                        )
+                        .await;
                         continue;
                     }
                 },
-                Ok(None) => break,
-                Err(err) => {
-                    let wait = backoff.next_wait();
-                    tracing::debug!(%pod, %err, retry_in = ?wait, "cannot read the evicted pod; trying again");
-                    tokio::time::sleep(wait.min(end.saturating_duration_since(Instant::now())))
-                        .await;
-                    continue;
-                }
-            },
-        };
-        match watch(api, e, from, end).await {
-            WatchEnd::Undone(how) => {
-                match undone(inner, api, e, how, &mut reasserts, since).await {
-                    Some(next) => rv = next,
-                    None => return,
-                }
+            };
+            let end = self.watch(from).await;
+            if let WatchEnd::Again(None) = end {
+                tokio::time::sleep(backoff.next_wait()).await;
             }
-            WatchEnd::Gone | WatchEnd::Over => break,
-            WatchEnd::Again(next) => {
-                if next.is_none() {
-                    tokio::time::sleep(backoff.next_wait()).await;
-                }
-                rv = next;
+            match self.on_end(end).await {
+                Ok(next) => rv = next,
+                Err(how) => break how,
+            }
+        };
+        if how != DELETED {
+            self.inner.metrics.pod(PodOutcome::Settled);
+        }
+        tracing::info!(%pod, uid = %self.p.eviction.uid, reasserted = self.p.reasserts.done(), how, "evicted pod's report over");
+    }
+
+    /// Reads the pod: the resourceVersion to watch from, or how the read
+    /// ended the watch.
+    async fn read(&mut self) -> Result<Result<String, WatchEnd>, String> {
+        match bounded(self.api.get_opt(&self.p.eviction.name)).await {
+            Ok(Some(p)) => Ok(match self.look(&p) {
+                None => Ok(p.metadata.resource_version.unwrap_or_default()),
+                Some(end) => Err(end),
+            }),
+            Ok(None) => Ok(Err(WatchEnd::Gone)),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// What pod `p` as seen now means: `None` to watch on.
+    fn look(&mut self, p: &Pod) -> Option<WatchEnd> {
+        let e = &self.p.eviction;
+        let ours = self.p.last_write.as_ref().map(|(_, rv)| rv.as_str());
+        match judge(p, &e.uid, &e.message) {
+            Seen::Gone => Some(WatchEnd::Gone),
+            Seen::Undone(how) => Some(WatchEnd::Undone(how)),
+            Seen::Ours if settles(p, &e.uid, &e.message, ours) => Some(WatchEnd::Settled),
+            Seen::Ours => {
+                self.terminal = terminal(p);
+                None
             }
         }
     }
-    inner.metrics.pod(PodOutcome::Settled);
-    tracing::debug!(%pod, reasserted = reasserts.done(), "evicted pod's report over: it kept criguard's status");
-}
 
-/// criguard's status was undone: writes it again after the policy's wait
-/// (`Some(rv)` to watch on from, `Some(None)` to read the pod first), or
-/// deletes the pod past the bound (`None`: the report is over).
-async fn undone(
-    inner: &Inner,
-    api: &Api<Pod>,
-    e: &PodEviction,
-    how: Undo,
-    reasserts: &mut Reasserts,
-    since: SystemTime,
-) -> Option<Option<String>> {
-    let pod = name(e);
-    inner.metrics.pod(PodOutcome::Reverted);
-    match reasserts.on_undo(std::time::Instant::now()) {
-        Next::Reassert(wait) => {
-            tracing::info!(%pod, uid = %e.uid, ?how, ?wait, "evicted pod's status undone (the kubelet's status manager); writing it again");
-            tokio::time::sleep(wait).await;
-            match write_status(inner, api, e, since).await {
-                Ok(rv) => {
-                    inner.metrics.pod(PodOutcome::Reasserted);
-                    Some(Some(rv))
-                }
-                Err(err) if matches!(code_of(&err), Some(404 | 409)) => {
-                    tracing::debug!(%pod, %err, "evicted pod gone before its status was written again");
-                    Some(None)
-                }
-                Err(err) => {
-                    tracing::warn!(%pod, %err, "evicted pod's status not written again; reading it again");
-                    Some(None)
-                }
+    /// Acts on how a watch ended: `Ok` with where to go on from, `Err`
+    /// with why the report is over.
+    async fn on_end(&mut self, end: WatchEnd) -> Result<Option<String>, &'static str> {
+        match end {
+            WatchEnd::Undone(how) => self.undone(how).await.ok_or(DELETED),
+            WatchEnd::Gone => Err("pod gone"),
+            WatchEnd::Settled => Err("the kubelet's status is Failed, Evicted"),
+            WatchEnd::Deadline if self.terminal && Instant::now() < self.end => {
+                Err("criguard's status stood unchanged on the terminated pod")
             }
-        }
-        Next::Delete => {
-            tracing::warn!(%pod, uid = %e.uid, ?how, reasserted = reasserts.done(), "evicted pod's status still undone past the bound; deleting the pod so its controller replaces it");
-            delete(inner, api, e).await;
-            None
+            WatchEnd::Deadline => Ok(None),
+            WatchEnd::Again(next) => Ok(next),
         }
     }
-}
 
-/// Watches the pod from `rv` until its status is undone, it is gone, the
-/// window ends at `end`, or the watch breaks.
-async fn watch(api: &Api<Pod>, e: &PodEviction, mut rv: String, end: Instant) -> WatchEnd {
-    let left = end
-        .saturating_duration_since(Instant::now())
-        .as_secs()
-        .clamp(1, 290);
-    let wp = WatchParams::default()
-        .fields(&format!("metadata.name={}", e.name))
-        .timeout(left as u32);
-    let stream = match bounded(api.watch(&wp, &rv)).await {
-        Ok(s) => s,
-        Err(err) => {
-            tracing::debug!(pod = %e.name, %err, "watch failed; reading the pod again");
-            return WatchEnd::Again(None);
+    /// When the quiet rule ends the report if nothing changes: [`QUIET`]
+    /// after criguard's last write, within [`Self::end`].
+    fn deadline(&self) -> Instant {
+        let quiet = self
+            .p
+            .last_write
+            .as_ref()
+            .map(|(at, _)| instant_at(at + QUIET.as_millis() as u64));
+        match quiet {
+            Some(q) if q > Instant::now() => q.min(self.end),
+            Some(_) if self.terminal => Instant::now(),
+            _ => self.end,
         }
-    };
-    let mut stream = std::pin::pin!(stream);
-    loop {
-        let next = tokio::time::timeout_at(end, stream.next()).await;
-        let item = match next {
-            Err(_) => return WatchEnd::Over,
-            Ok(None) => return WatchEnd::Again(Some(rv)),
-            Ok(Some(item)) => item,
+    }
+
+    /// criguard's status was undone: writes it again after the policy's
+    /// wait (`Some(rv)` to watch on from, `Some(None)` to read the pod
+    /// first), or deletes the pod past the bound (`None`: the report is
+    /// over).
+    async fn undone(&mut self, how: Undo) -> Option<Option<String>> {
+        let (inner, e) = (self.inner, self.p.eviction.clone());
+        let pod = name(&e);
+        self.terminal = false;
+        inner.metrics.pod(PodOutcome::Reverted);
+        let next = self.p.reasserts.on_undo(SystemTime::now());
+        inner.pending.upsert(self.p.clone());
+        let Next::Reassert(wait) = next else {
+            tracing::warn!(%pod, uid = %e.uid, ?how, reasserted = self.p.reasserts.done(), "evicted pod's status still undone past the bound; deleting the pod so its controller replaces it");
+            delete(inner, &self.api, &e).await;
+            return None;
         };
-        match item {
-            Ok(WatchEvent::Added(p) | WatchEvent::Modified(p)) => {
-                if let Some(v) = &p.metadata.resource_version {
-                    rv.clone_from(v);
-                }
-                match judge(&p, &e.uid, &e.message) {
-                    Seen::Undone(how) => return WatchEnd::Undone(how),
-                    Seen::Gone => return WatchEnd::Gone,
-                    Seen::Ours => {}
-                }
+        tracing::info!(%pod, uid = %e.uid, ?how, ?wait, "evicted pod's status undone (the kubelet's status manager); writing it again");
+        tokio::time::sleep(wait).await;
+        let since = UNIX_EPOCH + Duration::from_millis(self.p.since_unix_ms);
+        match write_status(inner, &self.api, &e, since).await {
+            Ok(rv) => {
+                inner.metrics.pod(PodOutcome::Reasserted);
+                self.p.wrote(unix_ms(SystemTime::now()), &rv);
+                inner.pending.upsert(self.p.clone());
+                Some(Some(rv))
             }
-            Ok(WatchEvent::Deleted(p)) if p.metadata.uid.as_deref() == Some(e.uid.as_str()) => {
-                return WatchEnd::Gone;
+            Err(err) if matches!(code_of(&err), Some(404 | 409)) => {
+                tracing::debug!(%pod, %err, "evicted pod gone before its status was written again");
+                Some(None)
             }
-            Ok(WatchEvent::Bookmark(b)) => rv = b.metadata.resource_version,
-            Ok(WatchEvent::Error(status)) => {
-                tracing::debug!(pod = %e.name, code = status.code, "watch error; reading the pod again");
-                return WatchEnd::Again(None);
-            }
-            Ok(_) => {}
             Err(err) => {
-                tracing::debug!(pod = %e.name, %err, "watch stream broke");
-                return WatchEnd::Again(None);
+                tracing::warn!(%pod, %err, "evicted pod's status not written again; reading it again");
+                Some(None)
             }
         }
+    }
+
+    /// Watches the pod from `rv` until its status is undone, it is gone,
+    /// the kubelet settles, the deadline passes, or the watch breaks.
+    async fn watch(&mut self, mut rv: String) -> WatchEnd {
+        let deadline = self.deadline();
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .as_secs()
+            .clamp(1, 290);
+        let wp = WatchParams::default()
+            .fields(&format!("metadata.name={}", self.p.eviction.name))
+            .timeout(left as u32);
+        let stream = match bounded(self.api.watch(&wp, &rv)).await {
+            Ok(s) => s,
+            Err(err) => {
+                tracing::debug!(pod = %self.p.eviction.name, %err, "watch failed; reading the pod again");
+                return WatchEnd::Again(None);
+            }
+        };
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let item = match tokio::time::timeout_at(deadline, stream.next()).await {
+                Err(_) => return WatchEnd::Deadline,
+                Ok(None) => return WatchEnd::Again(Some(rv)),
+                Ok(Some(item)) => item,
+            };
+            match item {
+                Ok(WatchEvent::Added(p) | WatchEvent::Modified(p)) => {
+                    if let Some(v) = &p.metadata.resource_version {
+                        rv.clone_from(v);
+                    }
+                    if let Some(end) = self.look(&p) {
+                        return end;
+                    }
+                }
+                Ok(WatchEvent::Deleted(p))
+                    if p.metadata.uid.as_deref() == Some(self.p.eviction.uid.as_str()) =>
+                {
+                    return WatchEnd::Gone;
+                }
+                Ok(WatchEvent::Bookmark(b)) => rv = b.metadata.resource_version,
+                Ok(WatchEvent::Error(status)) => {
+                    tracing::debug!(pod = %self.p.eviction.name, code = status.code, "watch error; reading the pod again");
+                    return WatchEnd::Again(None);
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::debug!(pod = %self.p.eviction.name, %err, "watch stream broke");
+                    return WatchEnd::Again(None);
+                }
+            }
+        }
+    }
+}
+
+/// The monotonic instant of wall-clock time `at_ms` (ms since the epoch).
+fn instant_at(at_ms: u64) -> Instant {
+    let now = unix_ms(SystemTime::now());
+    if at_ms >= now {
+        Instant::now() + Duration::from_millis(at_ms - now)
+    } else {
+        Instant::now()
+            .checked_sub(Duration::from_millis(now - at_ms))
+            .unwrap_or_else(Instant::now)
     }
 }
 

@@ -34,10 +34,23 @@
 //! [`MAX_REASSERTS`] writes or [`REASSERT_WINDOW`], something else keeps
 //! writing over it, and the pod is deleted (UID precondition, grace 0) so
 //! its controller replaces it: the last resort.
+//!
+//! # When the report is over
+//!
+//! Not after a fixed time: once the kubelet's own status for the pod is
+//! terminal with criguard's reason ([`settles`]). The pod is `Failed`,
+//! Evicted, with criguard's message and condition, every container
+//! terminated (the pod worker is done with it), and either a write that
+//! is not criguard's shows it so (the kubelet wrote it: its cache holds
+//! criguard's reason) or it has stayed so for [`QUIET`] after criguard's
+//! last write (three of the status manager's 10 s reconciles found
+//! nothing to change). The counts and times here are wall-clock and saved
+//! with the report, so a restart goes on where the last process stopped.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
+use serde::{Deserialize, Serialize};
 
 use super::body::{DISRUPTION_TARGET, REASON_EVICTED};
 
@@ -50,6 +63,11 @@ pub const FIRST_WAIT: Duration = Duration::from_millis(200);
 /// The longest wait between two writes again: with [`MAX_REASSERTS`] the
 /// writes span about 21 s, two of the status manager's 10 s reconciles.
 pub const LONGEST_WAIT: Duration = Duration::from_secs(5);
+
+/// How long criguard's status must stay in place on a terminated pod,
+/// written by nobody, before the report ends: three of the kubelet status
+/// manager's 10 s reconciles, each of which would have undone it.
+pub const QUIET: Duration = Duration::from_secs(30);
 
 /// What the watch saw of the evicted pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +116,29 @@ pub fn judge(p: &Pod, uid: &str, message: &str) -> Seen {
     }
 }
 
+/// Whether the kubelet is done with pod `p`: `Failed` and every container
+/// (init and regular) terminated, or none ever reported.
+pub fn terminal(p: &Pod) -> bool {
+    let Some(s) = p.status.as_ref() else {
+        return false;
+    };
+    let done = |c: &k8s_openapi::api::core::v1::ContainerStatus| {
+        c.state.as_ref().is_some_and(|st| st.terminated.is_some())
+    };
+    s.phase.as_deref() == Some("Failed")
+        && s.container_statuses.iter().flatten().all(done)
+        && s.init_container_statuses.iter().flatten().all(done)
+}
+
+/// Whether pod `p`, as seen now, ends the report: criguard's status on a
+/// terminated pod, written by someone else than criguard (its resourceVersion
+/// is not `ours`, the one criguard's last write left).
+pub fn settles(p: &Pod, uid: &str, message: &str, ours: Option<&str>) -> bool {
+    judge(p, uid, message) == Seen::Ours
+        && terminal(p)
+        && p.metadata.resource_version.as_deref() != ours
+}
+
 /// What to do about an undone status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Next {
@@ -107,11 +148,13 @@ pub enum Next {
     Delete,
 }
 
-/// The bound on writing the status again: counts and the window.
-#[derive(Clone, Debug, Default)]
+/// The bound on writing the status again: counts and the window, saved
+/// with the report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reasserts {
     done: u32,
-    first_undo: Option<Instant>,
+    /// When the first undo was seen, ms since the epoch.
+    first_undo_unix_ms: Option<u64>,
 }
 
 impl Reasserts {
@@ -124,9 +167,11 @@ impl Reasserts {
     /// (200 ms, doubling, at most 5 s), or delete the pod once
     /// [`MAX_REASSERTS`] writes were undone or [`REASSERT_WINDOW`] passed
     /// since the first undo.
-    pub fn on_undo(&mut self, now: Instant) -> Next {
-        let first = *self.first_undo.get_or_insert(now);
-        if self.done >= MAX_REASSERTS || now.saturating_duration_since(first) >= REASSERT_WINDOW {
+    pub fn on_undo(&mut self, now: SystemTime) -> Next {
+        let now_ms = crate::clock::unix_ms(now);
+        let first = *self.first_undo_unix_ms.get_or_insert(now_ms);
+        let since_first = Duration::from_millis(now_ms.saturating_sub(first));
+        if self.done >= MAX_REASSERTS || since_first >= REASSERT_WINDOW {
             return Next::Delete;
         }
         let wait = FIRST_WAIT
@@ -194,9 +239,80 @@ mod tests {
         );
     }
 
+    fn with_rv(mut p: Pod, rv: &str) -> Pod {
+        p.metadata.resource_version = Some(rv.into());
+        p
+    }
+
+    #[test]
+    fn the_report_settles_on_the_kubelets_own_terminal_status_only() {
+        let ours = |containers: serde_json::Value| {
+            pod(
+                json!({"phase": "Failed", "reason": "Evicted", "message": MSG,
+                       "conditions": target(), "containerStatuses": containers}),
+            )
+        };
+        let dead = json!([{"name": "app", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                           "state": {"terminated": {"exitCode": 137}}}]);
+        let running = json!([{"name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                              "state": {"running": {}}}]);
+        assert!(terminal(&ours(dead.clone())));
+        assert!(
+            !terminal(&ours(running.clone())),
+            "a container still running"
+        );
+        // The kubelet's write (another resourceVersion) on a terminated pod.
+        assert!(settles(
+            &with_rv(ours(dead.clone()), "12"),
+            "u1",
+            MSG,
+            Some("11")
+        ));
+        // criguard's own write is no word from the kubelet.
+        assert!(!settles(
+            &with_rv(ours(dead.clone()), "11"),
+            "u1",
+            MSG,
+            Some("11")
+        ));
+        assert!(!settles(
+            &with_rv(ours(running), "12"),
+            "u1",
+            MSG,
+            Some("11")
+        ));
+        let blank =
+            pod(json!({"phase": "Failed", "conditions": target(), "containerStatuses": dead}));
+        assert!(
+            !settles(&with_rv(blank, "12"), "u1", MSG, Some("11")),
+            "reason blanked"
+        );
+    }
+
+    #[test]
+    fn the_count_and_window_carry_over_a_restart() {
+        let t0 = SystemTime::now();
+        let mut r = Reasserts::default();
+        for i in 0..3 {
+            let _ = r.on_undo(t0 + Duration::from_secs(i));
+        }
+        let saved = serde_json::to_string(&r).unwrap();
+        let mut back: Reasserts = serde_json::from_str(&saved).unwrap();
+        assert_eq!(back.done(), 3);
+        assert_eq!(
+            back.on_undo(t0 + Duration::from_secs(5)),
+            Next::Reassert(Duration::from_millis(1600))
+        );
+        assert_eq!(
+            back.on_undo(t0 + REASSERT_WINDOW),
+            Next::Delete,
+            "the window runs from the first undo, before the restart"
+        );
+    }
+
     #[test]
     fn reasserts_back_off_then_delete_past_the_count() {
-        let t0 = Instant::now();
+        let t0 = SystemTime::now();
         let mut r = Reasserts::default();
         let waits: Vec<Next> = (0..=MAX_REASSERTS)
             .map(|i| r.on_undo(t0 + Duration::from_secs(i as u64)))
@@ -221,7 +337,7 @@ mod tests {
 
     #[test]
     fn reasserts_end_with_the_window_whatever_the_count() {
-        let t0 = Instant::now();
+        let t0 = SystemTime::now();
         let mut r = Reasserts::default();
         assert_eq!(r.on_undo(t0), Next::Reassert(FIRST_WAIT));
         assert_eq!(
