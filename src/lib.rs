@@ -46,6 +46,7 @@ pub mod clock;
 pub mod config;
 pub mod cri;
 pub mod eviction;
+pub mod handoff;
 pub mod intercept;
 pub mod kube;
 #[cfg(test)]
@@ -61,6 +62,7 @@ pub mod policy;
 pub mod quantity;
 pub mod reclaim;
 pub mod runtime;
+pub mod sdnotify;
 pub mod signal;
 pub mod signals;
 pub mod statefile;

@@ -9,12 +9,21 @@
 // for the exit, then starting a new process on the same socket. Connections
 // made meanwhile queue in the socket's backlog instead of failing.
 //
-//	restart-load bench -socket PATH -restarts N [-period 2s] [-logs DIR] -- CMD ARGS...
+//	restart-load bench -socket PATH -restarts N [-period 2s] [-logs DIR] [-handoff] [-exec] -- CMD ARGS...
 //	restart-load relay -upstream PATH
 //
 // bench prints one JSON object: calls and failed calls by method, the
 // failures' messages, and each restart's drain (SIGTERM to exit) and gap
 // (SIGTERM to a fresh connection answered by the new process).
+//
+// With -handoff a restart is criguard's handoff instead: SIGUSR2 to the
+// serving process, which starts its successor on the same sockets and
+// exits once its calls in flight are done. bench is the processes'
+// subreaper, so the successor becomes its child when the predecessor
+// exits; drain is then SIGUSR2 to the predecessor's exit, gap SIGUSR2 to
+// a fresh connection answered (by either process). With -exec a
+// long-running container in the pod gets ExecSync calls of 2 s back to
+// back: calls in flight at every restart.
 //
 // relay is the baseline: a plain byte relay on the passed socket (or
 // -listen PATH), one upstream connection per accepted connection, bytes
@@ -158,7 +167,9 @@ type supervisor struct {
 	argv  []string
 	log   *os.File
 	child *exec.Cmd
-	exit  chan error
+	// orphan is a successor adopted after a handoff (child is nil then).
+	orphan *os.Process
+	exit   chan error
 }
 
 func (s *supervisor) start() error {
@@ -177,14 +188,80 @@ func (s *supervisor) start() error {
 	return nil
 }
 
+// handoff sends SIGUSR2 to the serving process, waits (up to 60 s) for
+// its exit and adopts its successor, the orphan bench is subreaper of.
+func (s *supervisor) handoff() error {
+	old := s.process().Pid
+	s.process().Signal(syscall.SIGUSR2)
+	select {
+	case err := <-s.exit:
+		if err != nil {
+			return fmt.Errorf("pid %d after SIGUSR2: %w", old, err)
+		}
+	case <-time.After(60 * time.Second):
+		return fmt.Errorf("pid %d still running 60 s after SIGUSR2", old)
+	}
+	end := time.Now().Add(10 * time.Second)
+	for time.Now().Before(end) {
+		for _, pid := range children() {
+			if pid == old {
+				continue
+			}
+			p, err := os.FindProcess(pid)
+			if err != nil {
+				continue
+			}
+			s.child = nil
+			s.exit = make(chan error, 1)
+			s.orphan = p
+			go func() {
+				var ws syscall.WaitStatus
+				_, err := syscall.Wait4(pid, &ws, 0, nil)
+				if err == nil && !(ws.Exited() && ws.ExitStatus() == 0) {
+					err = fmt.Errorf("pid %d: %v", pid, ws)
+				}
+				s.exit <- err
+			}()
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("no successor of pid %d among bench's children", old)
+}
+
+// children are this process's child PIDs (adopted orphans included).
+func children() []int {
+	var out []int
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", os.Getpid()))
+	for _, t := range tasks {
+		b, _ := os.ReadFile(t)
+		for _, f := range strings.Fields(string(b)) {
+			var pid int
+			if _, err := fmt.Sscan(f, &pid); err == nil {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// process is the serving process, started or adopted.
+func (s *supervisor) process() *os.Process {
+	if s.child != nil {
+		return s.child.Process
+	}
+	return s.orphan
+}
+
 // stop sends SIGTERM and waits (up to 30 s, then SIGKILL) for the exit.
 func (s *supervisor) stop() {
-	s.child.Process.Signal(syscall.SIGTERM)
+	p := s.process()
+	p.Signal(syscall.SIGTERM)
 	select {
 	case <-s.exit:
 	case <-time.After(30 * time.Second):
 		fmt.Fprintln(os.Stderr, "bench: no exit 30 s after SIGTERM; SIGKILL")
-		s.child.Process.Kill()
+		p.Kill()
 		<-s.exit
 	}
 }
@@ -221,6 +298,8 @@ func bench(args []string) {
 	image := fs.String("image", "docker.io/library/busybox:criguard", "the churned containers' image")
 	name := fs.String("name", "restart-load", "label of this run in the output")
 	window := fs.Duration("window", 5*time.Second, "after a restart's gap, how long failures still count as the restart's")
+	handoff := fs.Bool("handoff", false, "restart by SIGUSR2 (criguard's handoff) instead of SIGTERM and a new process")
+	execs := fs.Bool("exec", false, "keep 2 s ExecSync calls in flight in a long-running container")
 	fs.Parse(args)
 	argv := fs.Args()
 	if *socket == "" || len(argv) == 0 {
@@ -228,6 +307,12 @@ func bench(args []string) {
 		os.Exit(2)
 	}
 	os.MkdirAll(*logs, 0o755)
+	if *handoff {
+		// PR_SET_CHILD_SUBREAPER: a successor whose parent exits is ours.
+		if _, _, e := syscall.RawSyscall(syscall.SYS_PRCTL, 36, 1, 0); e != 0 {
+			fatal(fmt.Errorf("prctl(PR_SET_CHILD_SUBREAPER): %v", e))
+		}
+	}
 	os.Remove(*socket)
 	l, err := net.Listen("unix", *socket)
 	if err != nil {
@@ -383,6 +468,10 @@ func bench(args []string) {
 		}
 	}()
 
+	if *execs {
+		execLoad(&wg, stop, rs, sandbox, sandboxConfig, *image, *name, uid, call)
+	}
+
 	time.Sleep(*period)
 	var times []restart
 	for i := 0; i < *restarts; i++ {
@@ -390,15 +479,38 @@ func bench(args []string) {
 		inWindow = true
 		mu.Unlock()
 		t0 := time.Now()
-		sup.stop()
-		drain := time.Since(t0)
-		if err := sup.start(); err != nil {
-			fatal(err)
+		var drain, gap time.Duration
+		if *handoff {
+			// The gap first: a fresh connection answered while the
+			// predecessor may still drain.
+			probed := make(chan error, 1)
+			var answered time.Duration
+			go func() {
+				// Let the signal land before the first probe.
+				time.Sleep(time.Millisecond)
+				err := probe(*socket, 60*time.Second)
+				answered = time.Since(t0)
+				probed <- err
+			}()
+			if err := sup.handoff(); err != nil {
+				fatal(fmt.Errorf("handoff %d: %w", i+1, err))
+			}
+			drain = time.Since(t0)
+			if err := <-probed; err != nil {
+				fatal(fmt.Errorf("handoff %d: %w", i+1, err))
+			}
+			gap = answered
+		} else {
+			sup.stop()
+			drain = time.Since(t0)
+			if err := sup.start(); err != nil {
+				fatal(err)
+			}
+			if err := probe(*socket, 60*time.Second); err != nil {
+				fatal(fmt.Errorf("restart %d: %w", i+1, err))
+			}
+			gap = time.Since(t0)
 		}
-		if err := probe(*socket, 60*time.Second); err != nil {
-			fatal(fmt.Errorf("restart %d: %w", i+1, err))
-		}
-		gap := time.Since(t0)
 		times = append(times, restart{DrainMs: ms(drain), GapMs: ms(gap)})
 		mu.Lock()
 		inWindow = false
@@ -439,6 +551,47 @@ func bench(args []string) {
 		"gap_ms":              summary(gaps),
 		"restart_timings_raw": times,
 	})
+}
+
+// execLoad runs a long-lived container in the pod and keeps a 2 s ExecSync
+// in flight in it until stop: the kubelet's exec probes, long calls that
+// every restart finds under way.
+func execLoad(wg *sync.WaitGroup, stop chan struct{}, rs internalapi.RuntimeService, sandbox string,
+	sandboxConfig *runtimeapi.PodSandboxConfig, image, name, uid string,
+	call func(string, func(context.Context) error) error) {
+	ctx := context.Background()
+	cfg := &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "sleeper"},
+		Image:    &runtimeapi.ImageSpec{Image: image},
+		Command:  []string{"sleep", "3600"},
+		LogPath:  "sleeper.log",
+		Labels: map[string]string{
+			"io.kubernetes.container.name": "sleeper", "io.kubernetes.pod.name": name,
+			"io.kubernetes.pod.namespace": "restart-load", "io.kubernetes.pod.uid": uid,
+		},
+	}
+	id, err := rs.CreateContainer(ctx, sandbox, cfg, sandboxConfig)
+	if err != nil {
+		fatal(fmt.Errorf("CreateContainer sleeper: %w", err))
+	}
+	if err := rs.StartContainer(ctx, id); err != nil {
+		fatal(fmt.Errorf("StartContainer sleeper: %w", err))
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			call("ExecSync", func(ctx context.Context) error {
+				_, _, err := rs.ExecSync(ctx, id, []string{"sleep", "2"}, 10*time.Second)
+				return err
+			})
+		}
+	}()
 }
 
 // cleanup removes the pod's containers and the pod.

@@ -43,6 +43,7 @@
 
 mod adjuster;
 mod guard;
+mod handoff;
 mod reclaim;
 mod runtime;
 mod servers;
@@ -80,29 +81,52 @@ use crate::cli::settings::Guardian;
 /// changes it, for tests.
 pub const COMPLAINT_PERIOD: Duration = Duration::from_secs(60);
 
+/// Ignores SIGHUP and SIGUSR2 until serve's own handlers are installed.
+fn ignore_early_signals() {
+    // A SIGHUP (`systemctl reload`) before serve's own handler is
+    // installed must not end criguard (its default action); the
+    // configuration read next is then already the one the reload asked
+    // for. A SIGUSR2 (a handoff) likewise.
+    for sig in [
+        nix::sys::signal::Signal::SIGHUP,
+        nix::sys::signal::Signal::SIGUSR2,
+    ] {
+        // SAFETY: setting a signal's disposition to SIG_IGN runs no code of ours.
+        if let Err(err) =
+            unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn) }
+        {
+            tracing::warn!(%err, ?sig, "cannot ignore the signal until its handler is installed");
+        }
+    }
+}
+
+/// The CRI socket systemd passed (if any) and what a previous criguard
+/// handed over (if anything).
+type Given = (
+    Option<std::os::unix::net::UnixListener>,
+    Option<criguard::handoff::Inherited>,
+);
+
+/// The relay essentials: the sockets a previous criguard handed over (or
+/// systemd passed) and the runtime.
+fn essentials(cmd: &ServeCmd) -> anyhow::Result<(Given, RuntimeEndpoint)> {
+    criguard::handoff::inherited()
+        .map_err(anyhow::Error::msg)
+        .and_then(|inherited| match inherited {
+            Some(i) => Ok((None, Some(i))),
+            None => Ok((listen::from_systemd()?, None)),
+        })
+        .and_then(|(a, i)| Ok(((a, i), cmd.runtime_endpoint()?)))
+}
+
 /// Runs `criguard serve` to its end; the exit code: 2 for a bad relay
 /// essential (systemd's `RestartPreventExitStatus=2`), 1 for any other
 /// failure to start. A bad guardian setting does not stop it: it fails open.
 pub fn main(cmd: ServeCmd, flag_error: Option<ConfigError>) -> ExitCode {
-    // systemd runs ExecReload as soon as the unit is started (Type=simple):
-    // a SIGHUP before serve's own handler is installed must not end
-    // criguard (its default action). The configuration read below is then
-    // already the one the reload asked for.
-    // SAFETY: setting a signal's disposition to SIG_IGN runs no code of ours.
-    if let Err(err) = unsafe {
-        nix::sys::signal::signal(
-            nix::sys::signal::Signal::SIGHUP,
-            nix::sys::signal::SigHandler::SigIgn,
-        )
-    } {
-        tracing::warn!(%err, "cannot ignore SIGHUP until its handler is installed");
-    }
+    ignore_early_signals();
     // The relay essentials, refused before anything starts with the exit
     // code systemd does not restart on.
-    let essentials = listen::from_systemd()
-        .map_err(anyhow::Error::from)
-        .and_then(|a| Ok((a, cmd.runtime_endpoint()?)));
-    let (activated, endpoint) = match essentials {
+    let ((activated, mut inherited), endpoint) = match essentials(&cmd) {
         Ok(c) => c,
         Err(err) => {
             eprintln!("criguard: invalid configuration: {err}");
@@ -120,6 +144,15 @@ pub fn main(cmd: ServeCmd, flag_error: Option<ConfigError>) -> ExitCode {
         }
         Err(e) => complain(e, "at start"),
     }
+    if let Some(i) = inherited.as_mut() {
+        let refused = match &loaded {
+            Err(e) if i.predecessor_guarding => Some(e.to_string()),
+            _ => None,
+        };
+        if !handoff::successor_prepare(&mut i.control, refused) {
+            return ExitCode::FAILURE;
+        }
+    }
     match criguard::limits::raise_nofile() {
         Ok(n) => tracing::info!(before = n.before, now = n.after, "open-file limit"),
         Err(err) => tracing::warn!(%err, "cannot raise the open-file limit"),
@@ -130,7 +163,7 @@ pub fn main(cmd: ServeCmd, flag_error: Option<ConfigError>) -> ExitCode {
             tracing::info!(%err, "memory not locked: under memory pressure criguard's pages may be evicted (needs CAP_IPC_LOCK or LimitMEMLOCK=infinity)")
         }
     }
-    let run = || -> anyhow::Result<()> {
+    let run = || -> anyhow::Result<Option<HandedOver>> {
         // criguard's own loops (eviction, GC, sync, admin) share one
         // thread; the proxy relays on a thread of its own
         // (cri::server::ProxyThread), so they can never delay a call.
@@ -140,15 +173,18 @@ pub fn main(cmd: ServeCmd, flag_error: Option<ConfigError>) -> ExitCode {
             .context("start tokio runtime")?;
         let metrics = metrics_address.as_ref().ok().copied().flatten();
         rt.block_on(serve(
-            activated,
+            (activated, inherited),
             endpoint,
             cmd,
             (loaded, flag_error),
             metrics,
         ))
+        // The runtime ends here: every task of this process's is gone
+        // before a handoff completes.
     };
     match run() {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some(handed)) => handed.finish(),
         Err(err) => {
             tracing::error!("{err:#}");
             eprintln!("criguard: {err:#}");
@@ -206,17 +242,52 @@ impl Stopping {
 /// Runs the proxy and its loops; `loaded` is the guardian's settings or
 /// why criguard fails open, with the flag error that stays until a restart
 /// (if any); `metrics_address` where metrics are served (`None`: not at all).
+/// `Some` when it handed over to a successor: what is left to do once
+/// the runtime is gone ([`HandedOver::finish`]).
 async fn serve(
-    activated: Option<std::os::unix::net::UnixListener>,
+    given: Given,
     endpoint: RuntimeEndpoint,
     cmd: ServeCmd,
     loaded: (Result<Guardian, ConfigError>, Option<ConfigError>),
     metrics_address: Option<std::net::SocketAddr>,
-) -> anyhow::Result<()> {
-    let app = App::build(activated, endpoint, cmd, loaded, metrics_address).await?;
+) -> anyhow::Result<Option<HandedOver>> {
+    let app = App::build(given, endpoint, cmd, loaded, metrics_address).await?;
     let mut running = app.spawn().await?;
-    running.until_stopped().await;
-    running.stop().await
+    match running.until_stopped().await {
+        None => running.stop().await.map(|()| None),
+        Some(successor) => Ok(Some(running.quiesce(successor).await)),
+    }
+}
+
+/// A predecessor whose loops have stopped, its successor prepared: what is
+/// left of it once its runtime is gone.
+struct HandedOver {
+    successor: handoff::Prepared,
+    handoff: criguard::handoff::Sockets,
+    proxy: criguard::cri::server::ProxyThread,
+    sockets: servers::OwnedSockets,
+}
+
+impl HandedOver {
+    /// Writes the state still pending, hands over, drains the calls in
+    /// flight and ends: 0 once a successor serves, 1 when none took over
+    /// (systemd starts criguard again).
+    fn finish(self) -> ExitCode {
+        for path in criguard::statefile::flush_pending() {
+            tracing::error!(path = %path.display(), "handing over with a state file still not written (the state directory is full or unwritable): what it records is lost");
+        }
+        let served = handoff::complete(self.successor, &self.handoff);
+        if served {
+            self.sockets.disown();
+        }
+        futures::executor::block_on(self.proxy.stop());
+        tracing::info!(handed_over = served, "stopped");
+        if served {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// criguard, built by [`App::build`] from the command line and the
@@ -229,9 +300,16 @@ struct App {
     /// A flag refused at start: it stays until a restart.
     flag_error: Option<ConfigError>,
     hangup: tokio::signal::unix::Signal,
+    /// SIGUSR2: hand over to the binary on disk.
+    usr2: tokio::signal::unix::Signal,
     /// The CRI and admin sockets; their files are removed however serve ends.
     listeners: servers::Listeners,
     metrics_listener: Option<tokio::net::TcpListener>,
+    /// Duplicates of the listeners for a successor (`None`: they could not
+    /// be made, no handoff).
+    handoff: Option<criguard::handoff::Sockets>,
+    /// The predecessor's control socket, when this process took over.
+    predecessor: Option<criguard::handoff::Control>,
     parts: Parts,
 }
 
@@ -270,29 +348,56 @@ struct Running {
     /// The admin, sync, events, metrics, complaint and notice loops.
     tasks: Vec<tokio::task::JoinHandle<()>>,
     sockets: servers::OwnedSockets,
+    usr2: tokio::signal::unix::Signal,
+    handoff: Option<criguard::handoff::Sockets>,
+    binary: handoff::Binary,
 }
 
 impl App {
     /// Binds the sockets and makes the parts; the SIGHUP handler is
     /// installed first of all.
     async fn build(
-        activated: Option<std::os::unix::net::UnixListener>,
+        (activated, inherited): Given,
         endpoint: RuntimeEndpoint,
         cmd: ServeCmd,
         (loaded, flag_error): (Result<Guardian, ConfigError>, Option<ConfigError>),
         metrics_address: Option<std::net::SocketAddr>,
     ) -> anyhow::Result<Self> {
         use tokio::signal::unix::{SignalKind, signal};
-        // First of all: a SIGHUP's default action would end criguard.
+        // First of all: a SIGHUP's or SIGUSR2's default action would end criguard.
         let hangup = signal(SignalKind::hangup()).context("install the SIGHUP handler")?;
-        let (metrics_listener, flag_error) = bind_metrics(metrics_address, flag_error).await?;
+        let usr2 = signal(SignalKind::user_defined2()).context("install the SIGUSR2 handler")?;
+        let (given, metrics_listener, flag_error, predecessor) = match inherited {
+            Some(i) => {
+                let metrics = i
+                    .metrics
+                    .map(|l| {
+                        l.set_nonblocking(true)
+                            .and_then(|()| tokio::net::TcpListener::from_std(l))
+                    })
+                    .transpose()
+                    .context("register the metrics socket handed over")?;
+                let given = servers::Given::Handoff {
+                    cri: i.cri,
+                    admin: i.admin,
+                    own_cri: i.own_cri,
+                };
+                (given, metrics, flag_error, Some(i.control))
+            }
+            None => {
+                let (m, f) = bind_metrics(metrics_address, flag_error).await?;
+                let given = activated.map_or(servers::Given::Nothing, servers::Given::Systemd);
+                (given, m, f, None)
+            }
+        };
         let loaded = match (loaded, &flag_error) {
             (Ok(_), Some(e)) => Err(e.clone()),
             (l, _) => l,
         };
         let sources = cmd.node.sources()?;
-        let listeners = servers::Listeners::bind(activated, &cmd.listen, &cmd.admin_socket).await?;
+        let listeners = servers::Listeners::bind(given, &cmd.listen, &cmd.admin_socket).await?;
         // From here on, any way out of serve removes the sockets bound above.
+        let handoff = keep_for_handoff(&listeners, metrics_listener.as_ref());
         tighten_state_dir(&cmd.state_dir);
         let parts = Parts::build(&cmd, endpoint, sources);
         Ok(Self {
@@ -300,8 +405,11 @@ impl App {
             loaded,
             flag_error,
             hangup,
+            usr2,
             listeners,
             metrics_listener,
+            handoff,
+            predecessor,
             parts,
         })
     }
@@ -352,6 +460,8 @@ impl App {
             &p.metrics,
             (cmd.drain, cmd.max_connections),
         )?;
+        let mut predecessor = self.predecessor;
+        handoff::announce_ready(predecessor.as_mut());
         Ok(Running {
             cmd,
             flag_error: self.flag_error,
@@ -365,8 +475,28 @@ impl App {
             stop: p.stop,
             tasks,
             sockets: self.listeners.owned,
+            usr2: self.usr2,
+            handoff: self.handoff,
+            binary: handoff::Binary::at_start(),
         })
     }
+}
+
+/// Duplicates of the listeners for a later handoff; `None` (logged) when
+/// they cannot be made.
+fn keep_for_handoff(
+    l: &servers::Listeners,
+    metrics: Option<&tokio::net::TcpListener>,
+) -> Option<criguard::handoff::Sockets> {
+    use std::os::fd::AsFd;
+    let kept = criguard::handoff::Sockets::keep(
+        l.cri.as_fd(),
+        l.admin.as_fd(),
+        metrics.map(AsFd::as_fd),
+        l.own_cri,
+    );
+    kept.inspect_err(|err| tracing::warn!(%err, "cannot keep the sockets for a handoff: SIGUSR2 and a reload after an upgrade restart nothing"))
+        .ok()
 }
 
 impl Parts {
@@ -440,20 +570,61 @@ impl Parts {
 }
 
 impl Running {
-    /// Relays until SIGTERM or SIGINT, reloading the configuration at each
-    /// SIGHUP.
-    async fn until_stopped(&mut self) {
+    /// Relays until SIGTERM or SIGINT (`None`) or until a successor is
+    /// prepared to take over (SIGUSR2, or SIGHUP with the binary replaced
+    /// on disk); reloads the configuration at any other SIGHUP.
+    async fn until_stopped(&mut self) -> Option<handoff::Prepared> {
         let shutdown = shutdown_signal();
         tokio::pin!(shutdown);
         loop {
-            tokio::select! {
-                () = &mut shutdown => break,
-                _ = self.hangup.recv() => {
-                    let channels = (&self.config, &self.notice);
-                    let flag_error = self.flag_error.as_ref();
-                    reload(&self.cmd, &mut self.guard, channels, &self.metrics, flag_error).await;
+            let exe = tokio::select! {
+                () = &mut shutdown => return None,
+                _ = self.hangup.recv() => match self.binary.replaced() {
+                    Some(exe) => {
+                        tracing::info!(exe = %exe.display(), "SIGHUP: the binary was replaced on disk; handing over to it");
+                        exe
+                    }
+                    None => {
+                        let channels = (&self.config, &self.notice);
+                        let flag_error = self.flag_error.as_ref();
+                        reload(&self.cmd, &mut self.guard, channels, &self.metrics, flag_error).await;
+                        continue;
+                    }
+                },
+                _ = self.usr2.recv() => {
+                    tracing::info!("SIGUSR2: handing over to a new process");
+                    self.binary.on_disk()
                 }
+            };
+            let Some(sockets) = &self.handoff else {
+                tracing::error!("handoff unavailable (the sockets could not be kept); carrying on");
+                continue;
+            };
+            if let Some(p) = handoff::prepare(exe, sockets, self.guard.running()).await {
+                return Some(p);
             }
+        }
+    }
+
+    /// Stops everything but the relay, which keeps accepting until the
+    /// successor serves: the rebuild, criguard's loops and the guardian
+    /// (each finishing the round it is in).
+    async fn quiesce(mut self, successor: handoff::Prepared) -> HandedOver {
+        self.rebuild.abort();
+        let _ = self.stop.send(true);
+        futures::future::join_all(self.tasks).await;
+        if let Err(err) = self.guard.join().await {
+            tracing::error!("{err:#}");
+        }
+        let handoff = self
+            .handoff
+            .take()
+            .expect("a handoff is prepared only with the sockets kept");
+        HandedOver {
+            successor,
+            handoff,
+            proxy: self.proxy,
+            sockets: self.sockets,
         }
     }
 

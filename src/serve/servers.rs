@@ -25,6 +25,26 @@ pub struct Listeners {
     pub admin: tokio::net::UnixListener,
     /// The socket files criguard created, removed when this is dropped.
     pub owned: OwnedSockets,
+    /// Whether the CRI socket's file is criguard's (not systemd's).
+    pub own_cri: bool,
+}
+
+/// Where the CRI and admin listeners come from.
+pub enum Given {
+    /// Nowhere: criguard binds both.
+    Nothing,
+    /// systemd passed the CRI socket; criguard binds the admin socket.
+    Systemd(std::os::unix::net::UnixListener),
+    /// The previous criguard handed both over; `own_cri`: the CRI socket's
+    /// file is criguard's.
+    Handoff {
+        /// The CRI listener.
+        cri: std::os::unix::net::UnixListener,
+        /// The admin listener.
+        admin: std::os::unix::net::UnixListener,
+        /// Whether the CRI socket's file is criguard's.
+        own_cri: bool,
+    },
 }
 
 /// The socket files criguard created (the CRI socket unless systemd passed
@@ -45,6 +65,11 @@ impl OwnedSockets {
     /// are still tried).
     pub fn remove(mut self) -> anyhow::Result<()> {
         remove_all(std::mem::take(&mut self.0))
+    }
+
+    /// Leaves every socket in place: a successor serves on them now.
+    pub fn disown(mut self) {
+        self.0.clear();
     }
 }
 
@@ -73,31 +98,59 @@ fn remove_all(paths: Vec<PathBuf>) -> anyhow::Result<()> {
 }
 
 impl Listeners {
-    /// Binds the CRI socket (`activated`: the one systemd passed; else
-    /// `listen_path`), then the admin socket. Both are relay essentials:
-    /// criguard does not run without them. When the admin socket cannot be
-    /// bound, the CRI socket just bound is removed again.
+    /// Binds the CRI socket (the one systemd passed or the previous
+    /// criguard handed over, else at `listen_path`), then the admin socket
+    /// (unless handed over). Both are relay essentials: criguard does not
+    /// run without them. When the admin socket cannot be bound, the CRI
+    /// socket just bound is removed again.
     pub async fn bind(
-        activated: Option<std::os::unix::net::UnixListener>,
+        given: Given,
         listen_path: &Path,
         admin_socket: &Path,
     ) -> anyhow::Result<Self> {
         let mut owned = OwnedSockets::default();
-        let cri = match activated {
-            Some(l) => {
-                tracing::info!("listening on the socket passed by systemd");
-                tokio::net::UnixListener::from_std(l).context("socket activation: register fd 3")?
+        let from_std = |l: std::os::unix::net::UnixListener, what: &str| {
+            l.set_nonblocking(true)
+                .and_then(|()| tokio::net::UnixListener::from_std(l))
+                .with_context(|| format!("register the {what} socket"))
+        };
+        let (cri, admin, own_cri) = match given {
+            Given::Handoff {
+                cri,
+                admin,
+                own_cri,
+            } => {
+                tracing::info!("listening on the sockets handed over by the previous criguard");
+                (
+                    from_std(cri, "CRI")?,
+                    Some(from_std(admin, "admin")?),
+                    own_cri,
+                )
             }
-            None => {
+            Given::Systemd(l) => {
+                tracing::info!("listening on the socket passed by systemd");
+                (from_std(l, "CRI")?, None, false)
+            }
+            Given::Nothing => {
                 let l = listen::bind(listen_path)?;
-                owned.push(listen_path);
                 tracing::info!(path = %listen_path.display(), "listening");
-                l
+                (l, None, true)
             }
         };
-        let admin = listen::bind(admin_socket)?;
+        if own_cri {
+            owned.push(listen_path);
+        }
+        let admin = match admin {
+            Some(a) => a,
+            None => listen::bind(admin_socket)?,
+        };
         owned.push(admin_socket);
-        Ok(Self { cri, admin, owned })
+        Ok(Self {
+            cri,
+            admin,
+            owned,
+            own_cri,
+        })
     }
 }
 

@@ -7,6 +7,11 @@
 //! baseline; its failures are printed (a byte relay cannot drain: the calls
 //! in flight at its SIGTERM fail with Unavailable). `hack/bench-restart.sh`
 //! runs the same for 100 restarts.
+//!
+//! Handoffs (SIGUSR2: the new process takes the sockets while the old one
+//! finishes its calls, what `systemctl reload` does after an upgrade)
+//! under the same load with 2 s ExecSync calls always in flight: no call
+//! fails, and a fresh connection is answered throughout.
 
 use crate::common;
 
@@ -28,10 +33,17 @@ fn restart_load() -> Option<String> {
 }
 
 /// Starts `restart-load bench` named `name` on `socket` with `restarts`
-/// restarts of `cmd`.
-fn bench(rl: &str, dir: &Path, name: &str, restarts: u32, cmd: &[&str]) -> std::process::Child {
+/// restarts of `cmd` (`extra`: more of bench's flags).
+fn bench(
+    rl: &str,
+    dir: &Path,
+    (name, extra): (&str, &[&str]),
+    restarts: u32,
+    cmd: &[&str],
+) -> std::process::Child {
     Command::new(rl)
         .arg("bench")
+        .args(extra)
         .arg("-socket")
         .arg(dir.join(format!("{name}.sock")))
         .args(["-restarts", &restarts.to_string(), "-period", "1s"])
@@ -75,31 +87,18 @@ fn restarts_under_a_kubelet_like_load_fail_no_call() {
         dir.path().join("unused.sock"),
     );
     const RESTARTS: u32 = 10;
+    let serve = serve_args(&admin, &state, &unused, &endpoint);
     let criguard = bench(
         &rl,
         dir.path(),
-        "criguard",
+        ("criguard", &[]),
         RESTARTS,
-        &[
-            env!("CARGO_BIN_EXE_criguard"),
-            "serve",
-            "--listen",
-            unused.to_str().unwrap(),
-            "--admin-socket",
-            admin.to_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--metrics-address",
-            "none",
-            "--dynamic-oom-score-adj=false",
-            "--runtime-endpoint",
-            &endpoint,
-        ],
+        &as_strs(&serve),
     );
     let relay = bench(
         &rl,
         dir.path(),
-        "relay",
+        ("relay", &[]),
         RESTARTS,
         &[&rl, "relay", "-upstream", runtime],
     );
@@ -108,16 +107,7 @@ fn restarts_under_a_kubelet_like_load_fail_no_call() {
         result(relay, dir.path(), "relay"),
     );
     for run in [&c, &r] {
-        eprintln!(
-            "{}: {} restarts, {} calls, {} failed, drain {} ms, gap {} ms; {}",
-            run["name"],
-            run["restarts"],
-            run["calls"],
-            run["failed"],
-            run["drain_ms"],
-            run["gap_ms"],
-            run["by_method"]["messages"]
-        );
+        print_run(run);
     }
     assert!(
         c["calls"].as_u64().unwrap() > 10 * RESTARTS as u64,
@@ -130,4 +120,92 @@ fn restarts_under_a_kubelet_like_load_fail_no_call() {
         c["by_method"]["messages"]
     );
     assert!(c["failed"].as_u64() <= r["failed"].as_u64());
+}
+
+/// `criguard serve`'s command line for a bench run.
+fn serve_args(admin: &Path, state: &Path, unused: &Path, endpoint: &str) -> Vec<String> {
+    let p = |p: &Path| p.to_str().unwrap().to_owned();
+    [
+        env!("CARGO_BIN_EXE_criguard").to_owned(),
+        "serve".into(),
+        "--listen".into(),
+        p(unused),
+        "--admin-socket".into(),
+        p(admin),
+        "--state-dir".into(),
+        p(state),
+        "--metrics-address".into(),
+        "none".into(),
+        "--dynamic-oom-score-adj=false".into(),
+        "--runtime-endpoint".into(),
+        endpoint.to_owned(),
+    ]
+    .into()
+}
+
+fn as_strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// One line per run: calls, failures, drain and gap.
+fn print_run(run: &serde_json::Value) {
+    eprintln!(
+        "{}: {} restarts, {} calls, {} failed, drain {} ms, gap {} ms; {}",
+        run["name"],
+        run["restarts"],
+        run["calls"],
+        run["failed"],
+        run["drain_ms"],
+        run["gap_ms"],
+        run["by_method"]["messages"]
+    );
+}
+
+#[test]
+fn handoffs_under_a_kubelet_like_load_with_long_calls_fail_no_call() {
+    let Some(rl) = restart_load() else {
+        eprintln!("SKIPPED: restart-load not built (hack/restart-load/build.sh needs Go 1.26)");
+        return;
+    };
+    let ctrd = PrivateContainerd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = format!("unix://{}", ctrd.socket.to_str().unwrap());
+    const HANDOFFS: u32 = 10;
+    let serve = serve_args(
+        &dir.path().join("admin.sock"),
+        &dir.path().join("state"),
+        &dir.path().join("unused.sock"),
+        &endpoint,
+    );
+    let run = bench(
+        &rl,
+        dir.path(),
+        ("handoff", &["-handoff", "-exec"]),
+        HANDOFFS,
+        &as_strs(&serve),
+    );
+    let h = result(run, dir.path(), "handoff");
+    print_run(&h);
+    let execs = h["by_method"]["calls"]["ExecSync"].as_u64().unwrap_or(0);
+    assert!(
+        execs >= HANDOFFS as u64,
+        "2 s ExecSync calls ran throughout: {execs}"
+    );
+    assert_eq!(
+        h["failed"].as_u64(),
+        Some(0),
+        "calls failed across criguard's handoffs: {}",
+        h["by_method"]["messages"]
+    );
+    // Each predecessor finished the ExecSync it held (up to 2 s) before it
+    // exited, while its successor answered fresh connections at once.
+    let (gap, drain) = (
+        h["gap_ms"]["max"].as_f64().unwrap(),
+        h["drain_ms"]["p50"].as_f64().unwrap(),
+    );
+    assert!(
+        gap < 1000.0,
+        "a fresh connection waited {gap} ms in a handoff"
+    );
+    assert!(drain > gap, "drain p50 {drain} ms, gap max {gap} ms");
 }

@@ -1,0 +1,211 @@
+//! `serve`'s side of a handoff ([`criguard::handoff`]): the predecessor
+//! starts its successor, stops acting, hands over and drains; the
+//! successor waits for its turn and says when it serves.
+//!
+//! SIGUSR2 always hands over; SIGHUP (`systemctl reload`) hands over when
+//! the binary criguard was started from has been replaced on disk (a
+//! package upgrade) and otherwise reloads the configuration in place.
+
+use std::path::PathBuf;
+use std::process::Child;
+use std::time::Duration;
+
+use criguard::handoff::{self, Control, Msg, Sockets};
+use criguard::sdnotify;
+
+/// How long a successor has to load its configuration, and then to serve.
+pub const SUCCESSOR_WAIT: Duration = Duration::from_secs(60);
+
+/// The binary criguard was started from, as the path and the file's
+/// identity then: a different file there now is an upgrade.
+#[derive(Debug, Clone)]
+pub struct Binary {
+    path: Option<PathBuf>,
+    id: Option<(u64, u64)>,
+}
+
+impl Binary {
+    /// The running binary's path and identity, now.
+    pub fn at_start() -> Self {
+        let path = handoff::exe_on_disk().ok();
+        let id = path.as_deref().and_then(handoff::file_id);
+        Self { path, id }
+    }
+
+    /// The replacement on disk, if the file at the path is no longer the
+    /// one criguard started from.
+    pub fn replaced(&self) -> Option<PathBuf> {
+        let path = self.path.as_ref()?;
+        let now = handoff::file_id(path)?;
+        (Some(now) != self.id).then(|| path.clone())
+    }
+
+    /// The file at the path now (a SIGUSR2 hands over to it, replaced or
+    /// not).
+    pub fn on_disk(&self) -> PathBuf {
+        self.path
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(handoff::SELF_EXE))
+    }
+}
+
+/// A successor that has loaded its configuration and waits for `go`.
+#[derive(Debug)]
+pub struct Prepared {
+    child: Child,
+    control: Control,
+}
+
+/// Starts `exe` as the successor with `sockets` and waits until it is
+/// prepared. `None` (logged) when it refused or did not answer: the
+/// running process carries on as it was.
+pub async fn prepare(exe: PathBuf, sockets: &Sockets, guarding: bool) -> Option<Prepared> {
+    let started = handoff::spawn(&exe, sockets, guarding);
+    let (child, control) = match started {
+        Ok(s) => s,
+        Err(err) => {
+            tracing::error!(exe = %exe.display(), %err, "handoff: cannot start the new process; carrying on");
+            return None;
+        }
+    };
+    tracing::info!(exe = %exe.display(), pid = child.id(), "handoff: new process started; waiting for it to load its configuration");
+    let waited = tokio::task::spawn_blocking(move || {
+        let mut p = Prepared { child, control };
+        let answer = p.control.recv(Some(SUCCESSOR_WAIT));
+        (p, answer)
+    })
+    .await;
+    let Ok((mut p, answer)) = waited else {
+        return None;
+    };
+    match answer {
+        Ok(Some(Msg::Prepared)) => Some(p),
+        Ok(Some(Msg::Refused(why))) => {
+            tracing::error!(pid = p.child.id(), %why, "handoff: the new process refused to take over; carrying on with this one");
+            p.end();
+            None
+        }
+        other => {
+            tracing::error!(pid = p.child.id(), answer = ?other, "handoff: the new process did not prepare; carrying on with this one");
+            p.end();
+            None
+        }
+    }
+}
+
+impl Prepared {
+    /// Stops the successor (by its PID) and reaps it.
+    fn end(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Tells it to go (this process has stopped acting) and waits until it
+    /// serves; then systemd is told its PID. Its PID, or `None` (logged,
+    /// the successor stopped).
+    fn go(mut self) -> Option<u32> {
+        let pid = self.child.id();
+        let answer = self
+            .control
+            .send(&Msg::Go)
+            .and_then(|()| self.control.recv(Some(SUCCESSOR_WAIT)));
+        match answer {
+            Ok(Some(Msg::Ready)) => {
+                match sdnotify::notify(&format!("MAINPID={pid}")) {
+                    Ok(true) => tracing::info!(pid, "handoff: systemd told the new main PID"),
+                    Ok(false) => {}
+                    Err(err) => {
+                        tracing::error!(pid, %err, "handoff: cannot tell systemd the new main PID")
+                    }
+                }
+                Some(pid)
+            }
+            other => {
+                tracing::error!(pid, answer = ?other, "handoff: the new process did not take over");
+                self.end();
+                None
+            }
+        }
+    }
+}
+
+/// The predecessor's last steps, its runtime gone (no loop of its acts any
+/// more) and its state written: hands over to `prepared`, or to a copy of
+/// the running binary if that fails; `true` once a successor serves.
+pub fn complete(prepared: Prepared, sockets: &Sockets) -> bool {
+    if let Some(pid) = prepared.go() {
+        tracing::info!(
+            pid,
+            "handoff: the new process accepts and guards; draining the calls in flight here"
+        );
+        return true;
+    }
+    tracing::warn!("handoff: starting the running binary again instead");
+    let retry = handoff::spawn(std::path::Path::new(handoff::SELF_EXE), sockets, false)
+        .ok()
+        .and_then(|(child, mut control)| {
+            let answer = control.recv(Some(SUCCESSOR_WAIT));
+            let mut p = Prepared { child, control };
+            if matches!(answer, Ok(Some(Msg::Prepared))) {
+                p.go()
+            } else {
+                p.end();
+                None
+            }
+        });
+    match retry {
+        Some(pid) => {
+            tracing::info!(pid, "handoff: the running binary took over; draining");
+            true
+        }
+        None => {
+            tracing::error!(
+                "handoff: no process took over; draining and exiting (systemd starts criguard again)"
+            );
+            false
+        }
+    }
+}
+
+/// The successor's side before it binds anything: says whether it takes
+/// over (`refused`: a configuration it cannot load) and waits for `go`.
+/// `false`: it must exit.
+pub fn successor_prepare(control: &mut Control, refused: Option<String>) -> bool {
+    if let Some(why) = refused {
+        tracing::error!(%why, "handoff: not taking over");
+        let _ = control.send(&Msg::Refused(why));
+        return false;
+    }
+    if let Err(err) = control.send(&Msg::Prepared) {
+        tracing::warn!(%err, "handoff: the running process is gone; taking over");
+        return true;
+    }
+    match control.recv(None) {
+        Ok(Some(Msg::Go)) => true,
+        Ok(None) => {
+            tracing::warn!("handoff: the running process ended before handing over; taking over");
+            true
+        }
+        other => {
+            tracing::error!(answer = ?other, "handoff: unexpected answer; not taking over");
+            false
+        }
+    }
+}
+
+/// The successor serves: tells the predecessor, or systemd when there is
+/// none.
+pub fn announce_ready(control: Option<&mut Control>) {
+    match control {
+        Some(c) => {
+            if let Err(err) = c.send(&Msg::Ready) {
+                tracing::warn!(%err, "handoff: cannot tell the previous process; it drains at its own limit");
+            }
+        }
+        None => {
+            if let Err(err) = sdnotify::notify("READY=1") {
+                tracing::warn!(%err, "cannot tell systemd criguard is ready");
+            }
+        }
+    }
+}
