@@ -20,6 +20,13 @@
 #       "restart I PID MS SYSTEMCTL_MS" (I counted from FIRST, default 1;
 #       MS: systemctl restart's start to both answering; SYSTEMCTL_MS: how
 #       long systemctl restart itself took, the old process's stop mostly).
+#   criguard-restarts.sh upgrade N [FIRST]
+#       N times what a package upgrade does: the binary replaced by a new
+#       file (cp, then mv over /usr/bin/criguard, as dpkg does) and
+#       systemctl reload, which hands over to it; then wait until systemd's
+#       MainPID is the new process and it answers as above. One line per
+#       upgrade: "upgrade I PID MS RELOAD_MS" (RELOAD_MS: how long
+#       systemctl reload took).
 #   criguard-restarts.sh on-pressure TIMEOUT
 #       Wait (at most TIMEOUT s) until criguard's metrics show its memory
 #       signal under the threshold (criguard_signal_available <
@@ -83,6 +90,27 @@ restart_one() {
     echo "restart $1 $pid $(($(now_ms) - t0)) $((t1 - t0))"
 }
 
+# upgrade_one I: the binary replaced and systemctl reload; prints
+# "upgrade I PID MS RELOAD_MS".
+upgrade_one() {
+    local t0 t1 pid old bin
+    bin="$(command -v criguard)"
+    old="$(systemctl show -p MainPID --value criguard.service)"
+    t0="$(now_ms)"
+    cp -p "$bin" "$bin.upgrade" && mv -f "$bin.upgrade" "$bin" || die "replace $bin (upgrade $1)"
+    systemctl reload criguard.service || die "systemctl reload criguard (upgrade $1) failed"
+    t1="$(now_ms)"
+    local end=$((SECONDS + 60))
+    while :; do
+        pid="$(systemctl show -p MainPID --value criguard.service)"
+        [[ "$pid" != 0 && "$pid" != "$old" ]] && break
+        ((SECONDS < end)) || die "upgrade $1: MainPID still $old 60 s after the reload"
+        sleep 0.1
+    done
+    answering 60 || die "criguard not answering 60 s after upgrade $1"
+    echo "upgrade $1 $pid $(($(now_ms) - t0)) $((t1 - t0))"
+}
+
 # metric NAME: the value of the allocatableMemory.available sample of NAME.
 metric() {
     grep "^$1{signal=\"allocatableMemory.available\"}" | awk '{ print $2; exit }'
@@ -115,6 +143,10 @@ report() {
     down="$(journalctl -u criguard.service --since "@$since" --no-pager -o short-unix |
         awk '/SIGTERM: draining/ { t = $1 } /forwarding CRI calls/ && t { printf "%s:%d ", t, ($1 - t) * 1000; t = 0 }')"
     echo "DOWNTIMES=$down"
+    local journal
+    journal="$(journalctl -u criguard.service --since "@$since" --no-pager -o short-unix)"
+    echo "HANDOFFS=$(grep -c 'handoff: the new process accepts and guards' <<<"$journal")"
+    echo "SERVING_MS=$(awk '/the binary was replaced on disk; handing over/ { t = $1 } /forwarding CRI calls/ && t { printf "%d ", ($1 - t) * 1000; t = 0 }' <<<"$journal")"
     kubelet="$(journalctl -u kubelet.service --since "@$since" --no-pager -o short-unix)"
     errors="$(grep 'rpc error' <<<"$kubelet")"
     echo "KUBELET_CRI_ERRORS=$(grep -c . <<<"$errors")"
@@ -128,6 +160,12 @@ case "${1:-}" in
         first="${3:-1}"
         [[ "$first" =~ ^[0-9]+$ ]] || die "restart N FIRST: a number"
         for ((i = first; i < first + $2; i++)); do restart_one "$i" || exit 1; done
+        ;;
+    upgrade)
+        [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "upgrade N: a positive count"
+        first="${3:-1}"
+        [[ "$first" =~ ^[0-9]+$ ]] || die "upgrade N FIRST: a number"
+        for ((i = first; i < first + $2; i++)); do upgrade_one "$i" || exit 1; done
         ;;
     on-pressure)
         [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "on-pressure TIMEOUT: seconds"

@@ -671,6 +671,7 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
     );
     // Its failures are reported after the eviction scenario has run too.
     let restart_failures = restarts_under_churn(&c, &vm, &ready, &before, &baseline);
+    let upgrade_failures = upgrades_under_churn(&c, &vm, &ready, &before, &baseline);
 
     // --- one memory eviction, criguard restarted during the pressure ----------------
     // A BestEffort Deployment pod that grows to 200 MiB at once, then 10 MiB
@@ -858,6 +859,111 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
         restarts(),
         restart_failures.join("\n")
     );
+    assert!(
+        upgrade_failures.is_empty(),
+        "criguard's {} upgrades (handoffs) under pod churn:\n{}",
+        restarts(),
+        upgrade_failures.join("\n")
+    );
+}
+
+/// criguard upgraded [`restarts()`] times as a package upgrade does it (the
+/// binary replaced, `systemctl reload`: a handoff) while pods churn: no
+/// call of the kubelet's fails on its way (none gave up on the socket, none
+/// dropped beyond the `baseline` window's), systemd starts nothing and
+/// counts no failure, MainPID is a new process each time, the node stays
+/// Ready since `ready` and the running pods keep their containers
+/// (`before`). Every check that failed, described.
+fn upgrades_under_churn(
+    c: &Cluster,
+    vm: &VmNode,
+    ready: &str,
+    before: &BTreeMap<String, Vec<(String, u64)>>,
+    baseline: &Report,
+) -> Vec<String> {
+    let mut failed = Vec::new();
+    let t_window = Instant::now();
+    let since = vm.guest(&format!("{RESTART_SCRIPT} now")).trim().to_owned();
+    let churned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        churn(c, vm, Some(("upgrade", restarts())), 2, ready)
+    }));
+    let report = Report::parse(&vm.guest(&format!("{RESTART_SCRIPT} report {since}")));
+    let (gave_up, dropped) = report.transport_errors();
+    let serving = &report.serving_ms;
+    println!(
+        "cluster-vm: {} upgrades (handoffs) in {:.1} s under pod churn: the new process forwarding {} ms mean, {} ms max after the SIGHUP (the old one accepting meanwhile); systemd: {} starts, {} failures, NRestarts {}; kubelet CRI error lines {} {:?} (baseline {}): gave up on the socket {}, failed on their way {}",
+        report.handoffs,
+        t_window.elapsed().as_secs_f64(),
+        serving.iter().sum::<u64>() / serving.len().max(1) as u64,
+        serving.iter().max().unwrap_or(&0),
+        report.starts,
+        report.failures,
+        report.nrestarts,
+        report.cri_errors.len(),
+        report.codes(),
+        baseline.cri_errors.len(),
+        gave_up.len(),
+        dropped.len()
+    );
+    for l in gave_up.iter().chain(&dropped).take(10) {
+        println!("cluster-vm:   {l}");
+    }
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            failed.push(what);
+        }
+    };
+    match churned {
+        Ok((_, out)) => {
+            let upgrades = parse_lines(&out, "upgrade ");
+            let mut pids: Vec<u64> = upgrades.iter().map(|r| r.pid).collect();
+            pids.sort_unstable();
+            pids.dedup();
+            check(
+                upgrades.len() == restarts() && pids.len() == upgrades.len(),
+                format!(
+                    "{} upgrades of {}, each a new MainPID: {out}",
+                    upgrades.len(),
+                    restarts()
+                ),
+            );
+        }
+        Err(e) => check(false, format!("the churn: {}", panic_text(&*e))),
+    }
+    check(
+        report.handoffs == restarts() as u64,
+        format!("{} handoffs logged", report.handoffs),
+    );
+    check(
+        (report.starts, report.failures, report.nrestarts) == (0, 0, 0),
+        format!(
+            "systemd: {} starts, {} failures, NRestarts {}",
+            report.starts, report.failures, report.nrestarts
+        ),
+    );
+    check(
+        gave_up.is_empty() && dropped.len() <= baseline.transport_errors().1.len(),
+        format!(
+            "kubelet CRI calls failed on their way across the upgrades:\n{}",
+            gave_up
+                .iter()
+                .chain(&dropped)
+                .copied()
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+    );
+    let now = std::panic::catch_unwind(|| ready_since(c));
+    check(
+        now.as_deref().ok() == Some(ready),
+        format!("the node's Ready changed (since {ready})"),
+    );
+    let after = containers(c);
+    check(
+        &after == before,
+        format!("the running pods' containers: before {before:?}, now {after:?}"),
+    );
+    failed
 }
 
 /// criguard restarted [`restarts()`] times by `systemctl restart` while pods
@@ -881,7 +987,7 @@ fn restarts_under_churn(
     let t_window = Instant::now();
     let since = vm.guest(&format!("{RESTART_SCRIPT} now")).trim().to_owned();
     let churned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        churn(c, vm, Some(restarts()), 2, ready)
+        churn(c, vm, Some(("restart", restarts())), 2, ready)
     }));
     let window = t_window.elapsed();
     // What the guest saw, whatever the churn saw.
@@ -1076,25 +1182,26 @@ fn containers(c: &Cluster) -> BTreeMap<String, Vec<(String, u64)>> {
 
 /// Pods churned on the VM node: cycles of two pods created, Running, deleted
 /// and gone, checking at every poll that the node is Ready since `ready`.
-/// With `restarts`, the guest restarts criguard that many times meanwhile
+/// With `restarts` (the script's `restart` or `upgrade`, and how many),
+/// the guest restarts or upgrades criguard that many times meanwhile
 /// (`criguard-restarts.sh restart N`) and the churn goes on until it is
 /// done; at least `min_cycles` cycles. The cycles, and the guest's output.
 fn churn(
     c: &Cluster,
     vm: &VmNode,
-    restarts: Option<usize>,
+    restarts: Option<(&str, usize)>,
     min_cycles: usize,
     ready: &str,
 ) -> (usize, String) {
     std::thread::scope(|s| {
-        let guest = restarts.map(|n| {
+        let guest = restarts.map(|(how, n)| {
             s.spawn(move || {
                 // In requests of RESTART_CHUNK restarts: each within the
                 // guest's 300 s per request however slow TCG is today.
                 let mut out = String::new();
                 for first in (1..=n).step_by(RESTART_CHUNK) {
                     let k = RESTART_CHUNK.min(n + 1 - first);
-                    out += &vm.try_guest(&format!("{RESTART_SCRIPT} restart {k} {first}"))?;
+                    out += &vm.try_guest(&format!("{RESTART_SCRIPT} {how} {k} {first}"))?;
                 }
                 Ok::<_, String>(out)
             })
@@ -1228,6 +1335,11 @@ struct Report {
     /// The kubelet's journal lines with "rpc error" from its CRI calls,
     /// which pass through criguard.
     cri_errors: Vec<String>,
+    /// criguard's completed handoffs.
+    handoffs: u64,
+    /// For each handoff, its SIGHUP to the new process forwarding, ms (the
+    /// old one accepting meanwhile).
+    serving_ms: Vec<u64>,
     /// Those from cAdvisor inside the kubelet, which calls containerd's own
     /// API socket (`/run/containerd/containerd.sock`, its `--containerd`
     /// default), not the CRI, with a 2 s deadline of its own: containerd
@@ -1261,6 +1373,11 @@ impl Report {
                         Some((epoch_ms(at)?, ms.parse().ok()?))
                     })
                     .collect();
+            } else if let Some(v) = line.strip_prefix("SERVING_MS=") {
+                r.serving_ms = v
+                    .split_whitespace()
+                    .filter_map(|m| m.parse().ok())
+                    .collect();
             } else if let Some((k, v)) = line.split_once('=') {
                 let v = v.trim().parse().unwrap_or(u64::MAX);
                 match k {
@@ -1268,6 +1385,7 @@ impl Report {
                     "FAILURES" => r.failures = v,
                     "NRESTARTS" => r.nrestarts = v,
                     "MAINPID" => r.mainpid = v,
+                    "HANDOFFS" => r.handoffs = v,
                     _ => {}
                 }
             }
@@ -1349,9 +1467,14 @@ fn epoch_ms(s: &str) -> Option<i64> {
 
 /// The `restart` lines of `criguard-restarts.sh`'s output.
 fn parse_restarts(text: &str) -> Vec<Restart> {
+    parse_lines(text, "restart ")
+}
+
+/// The script's `PREFIX I PID MS MS2` lines.
+fn parse_lines(text: &str, prefix: &str) -> Vec<Restart> {
     text.lines()
         .filter_map(|l| {
-            let mut f = l.strip_prefix("restart ")?.split_whitespace().skip(1);
+            let mut f = l.strip_prefix(prefix)?.split_whitespace().skip(1);
             let mut n = || f.next()?.parse().ok();
             Some(Restart {
                 pid: n()?,

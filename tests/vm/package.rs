@@ -6,7 +6,9 @@
 //! is evicted (a reloaded threshold every machine is under), which writes
 //! its record; the upgrade to a newer build of the package, while a client
 //! keeps calling through the socket on one connection and on new ones,
-//! fails no call, restarts the service, and keeps the evicted pod's record
+//! fails no call, hands over to the new binary (`systemctl reload`: the
+//! new process takes the sockets, the old one drains; no SIGTERM, no
+//! restart by systemd), and keeps the evicted pod's record
 //! and the image-GC state; `dpkg -r` stops it all (the socket gone, the
 //! runtime reached directly again); `dpkg --purge` keeps /var/lib/criguard
 //! unless CRIGUARD_PURGE_STATE=yes.
@@ -228,6 +230,7 @@ async fn the_debian_package_installs_upgrades_without_a_failed_call_and_removes(
         async move { (n >= 10).then_some(()) }
     })
     .await;
+    let since = sh("date +%s");
     let t0 = Instant::now();
     let out = sh(&format!("dpkg -i {new} 2>&1"));
     let upgrade = t0.elapsed();
@@ -256,6 +259,18 @@ async fn the_debian_package_installs_upgrades_without_a_failed_call_and_removes(
         sh(&format!("readlink /proc/{second}/exe")).starts_with("/usr/bin/criguard"),
         "the new binary runs"
     );
+    let journal = sh(&format!(
+        "journalctl -u criguard.service --since @{} -o cat --no-pager",
+        since.trim()
+    ));
+    assert!(
+        journal.contains("SIGHUP: the binary was replaced on disk; handing over to it")
+            && journal.contains("handoff: the new process accepts and guards")
+            && !journal.contains("SIGTERM: draining")
+            && !journal.contains("did not hand over"),
+        "the upgrade was a handoff, not a restart:\n{journal}\n{out}"
+    );
+    assert_eq!(show("criguard.service", "NRestarts"), "0", "{journal}");
     // The records survive.
     let after = wait_for(
         Duration::from_secs(30),
