@@ -228,6 +228,51 @@ async fn a_bad_reload_is_refused_and_an_open_connection_keeps_serving() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_to_a_process_that_cannot_load_the_configuration_changes_nothing() {
+    let ctrd = PrivateContainerd::start();
+    let mut served = Served::start(&ctrd, "handoff-bad", GOOD, LOG_ENV).await;
+    let before = served
+        .status_until("the guardian running", |s| s.valid())
+        .await;
+    let mut rt = one_connection(&served.socket).await;
+    rt.version(cri::VersionRequest::default()).await.unwrap();
+
+    served.write_config(BAD);
+    served.hand_over();
+    common::poll_until(
+        std::time::Duration::from_secs(30),
+        "the new process's refusal",
+        || async {
+            let log = served.log();
+            log.contains("handoff: the new process refused to take over")
+                .then_some(())
+        },
+    )
+    .await;
+    let log = served.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("handoff: not taking over") && l.contains("memory.available=lots")),
+        "the successor names the bad value: {log}"
+    );
+    assert!(!log.contains("handoff: the new process accepts"), "{log}");
+    // The running criguard carries on as it was: guarding with its
+    // settings, on its open connections and on new ones.
+    served.assert_running();
+    let s = served.status_until("still guarding", |s| s.valid()).await;
+    assert_eq!(s.settings, before.settings);
+    rt.list_pod_sandbox(cri::ListPodSandboxRequest::default())
+        .await
+        .unwrap();
+    one_connection(&served.socket)
+        .await
+        .version(cri::VersionRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(served.metric("criguard_config_valid", &[]), Some(1.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_threshold_takes_effect_at_the_reload_without_a_restart() {
     let ctrd = PrivateContainerd::start();
     let mut served = Served::start(&ctrd, "reload", GOOD, LOG_ENV).await;

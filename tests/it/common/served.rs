@@ -131,6 +131,12 @@ impl Served {
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
     }
 
+    /// Sends SIGUSR2: a handoff to a new process.
+    pub fn hand_over(&self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR2).unwrap();
+    }
+
     /// What it logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
