@@ -146,7 +146,8 @@ fn the_package_holds_the_binary_units_conffiles_docs_man_pages_and_completions()
         "/etc/criguard/config.toml\n/etc/default/criguard\n"
     );
 
-    // Maintainer scripts: enable and start the socket and the service;
+    // Maintainer scripts: enable and start the socket and the service, hand
+    // over to the new binary on an upgrade;
     // the kubelet only ever named in what they print or say in comments;
     // /var/lib/criguard removed on purge only when asked.
     let postinst = read("postinst");
@@ -154,7 +155,13 @@ fn the_package_holds_the_binary_units_conffiles_docs_man_pages_and_completions()
         postinst.contains("systemctl enable criguard.socket criguard.service"),
         "{postinst}"
     );
-    assert!(postinst.contains("systemctl try-restart criguard.service"));
+    // An upgrade hands over (reload), restarting only a version that
+    // does not.
+    assert!(
+        postinst.contains("systemctl reload criguard.service")
+            && postinst.contains("systemctl restart criguard.service"),
+        "{postinst}"
+    );
     for name in ["postinst", "prerm", "postrm"] {
         for line in read(name).lines() {
             let l = line.trim_start();
