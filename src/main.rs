@@ -32,6 +32,12 @@ fn main() -> ExitCode {
         Command::Pods { admin_socket, json } => client::run(client::pods(admin_socket, json)),
         Command::Rank { admin_socket, json } => client::run(client::rank(admin_socket, json)),
         Command::Usage { admin_socket, json } => client::run(client::usage(admin_socket, json)),
+        Command::Handoff {
+            admin_socket,
+            pid,
+            for_restart,
+            wait,
+        } => client::run(client::handoff(admin_socket, pid, for_restart, wait)),
         Command::Serve(cmd) => serve::main(*cmd, flag_error),
         Command::Generate(cmd) => cli::generate::run(cmd),
         Command::Adopt(cmd) => cli::adopt::run(&cmd),

@@ -43,6 +43,14 @@ pub enum ClientError {
     Decode(#[from] ConvertError),
 }
 
+/// The process serving the admin API on `socket` (0: a criguard too old to
+/// say).
+pub async fn serving_pid(socket: &Path) -> Result<u32, ClientError> {
+    let mut c = connect(socket).await?;
+    let r = c.status(pb::StatusRequest {}).await?.into_inner();
+    Ok(r.pid)
+}
+
 /// A client of the admin API on `socket`, connected.
 pub async fn connect(socket: &Path) -> Result<AdminClient<Channel>, ClientError> {
     // Dialled here first, so that a missing socket is named in the error.

@@ -146,6 +146,7 @@ impl From<&ConfigStatus> for pb::StatusResponse {
             reloads_refused: s.reloads_refused,
             last_reload_error: s.last_reload_error.as_ref().map(Into::into),
             needs_restart: s.needs_restart.clone(),
+            pid: std::process::id(),
         }
     }
 }

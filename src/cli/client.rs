@@ -37,6 +37,42 @@ pub fn run(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode
     }
 }
 
+/// Sends the running criguard `pid` SIGUSR2 (`for_restart`: SIGUSR1) and
+/// waits, at most `wait`, until another process serves `admin_socket`.
+pub async fn handoff(
+    admin_socket: PathBuf,
+    pid: u32,
+    for_restart: bool,
+    wait: std::time::Duration,
+) -> anyhow::Result<()> {
+    use nix::sys::signal::{Signal, kill};
+    let signal = if for_restart {
+        Signal::SIGUSR1
+    } else {
+        Signal::SIGUSR2
+    };
+    let target = i32::try_from(pid)
+        .ok()
+        .filter(|p| *p > 1)
+        .ok_or_else(|| anyhow::anyhow!("--pid {pid}: not a process criguard can signal"))?;
+    kill(nix::unistd::Pid::from_raw(target), signal)
+        .map_err(|e| anyhow::anyhow!("--pid {pid}: {signal}: {e}"))?;
+    let end = tokio::time::Instant::now() + wait;
+    loop {
+        if let Ok(now) = admin::client::serving_pid(&admin_socket).await
+            && now != 0
+            && now != pid
+        {
+            println!("criguard: pid {pid} handed over to pid {now}");
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= end {
+            anyhow::bail!("pid {pid} did not hand over within {wait:?} (its log says why)");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// What `criguard status` checks besides the admin socket: the runtime
 /// and criguard's CRI socket (a CRI Version call on each) and the metrics
 /// endpoint (the API report's writes).

@@ -104,6 +104,25 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Hand a running criguard's sockets to a new process started from the
+    /// binary at its path (SIGUSR2), and wait until the new one serves: an
+    /// upgrade or a restart the kubelet never notices.
+    Handoff {
+        /// criguard's admin socket.
+        #[arg(long, default_value = DEFAULT_ADMIN)]
+        admin_socket: PathBuf,
+        /// The running criguard's PID (systemd's MAINPID).
+        #[arg(long)]
+        pid: u32,
+        /// For the unit's ExecStop= during `systemctl restart` (SIGUSR1):
+        /// systemd is not told the new PID; the process it starts next
+        /// adopts the new one.
+        #[arg(long)]
+        for_restart: bool,
+        /// How long to wait for the new process to serve.
+        #[arg(long, default_value = "60s", value_parser = parse_seconds)]
+        wait: std::time::Duration,
+    },
     /// Point the kubelet at criguard (its --container-runtime-endpoint
     /// flag or containerRuntimeEndpoint), with a backup, once criguard
     /// answers; restart it. --undo restores the backup; --dry-run prints the change.

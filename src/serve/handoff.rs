@@ -5,6 +5,10 @@
 //! SIGUSR2 always hands over; SIGHUP (`systemctl reload`) hands over when
 //! the binary criguard was started from has been replaced on disk (a
 //! package upgrade) and otherwise reloads the configuration in place.
+//! Either tells systemd the successor's PID. SIGUSR1 hands over for a
+//! `systemctl restart` (the unit's `ExecStop=` sends it): systemd is told
+//! nothing, its stop waits for this process, and the process systemd then
+//! starts adopts the successor ([`adopt`]).
 
 use std::path::PathBuf;
 use std::process::Child;
@@ -54,12 +58,19 @@ impl Binary {
 pub struct Prepared {
     child: Child,
     control: Control,
+    /// Whether systemd is told the successor's PID once it serves.
+    tell_systemd: bool,
 }
 
 /// Starts `exe` as the successor with `sockets` and waits until it is
 /// prepared. `None` (logged) when it refused or did not answer: the
 /// running process carries on as it was.
-pub async fn prepare(exe: PathBuf, sockets: &Sockets, guarding: bool) -> Option<Prepared> {
+pub async fn prepare(
+    exe: PathBuf,
+    sockets: &Sockets,
+    guarding: bool,
+    tell_systemd: bool,
+) -> Option<Prepared> {
     let started = handoff::spawn(&exe, sockets, guarding);
     let (child, control) = match started {
         Ok(s) => s,
@@ -70,7 +81,11 @@ pub async fn prepare(exe: PathBuf, sockets: &Sockets, guarding: bool) -> Option<
     };
     tracing::info!(exe = %exe.display(), pid = child.id(), "handoff: new process started; waiting for it to load its configuration");
     let waited = tokio::task::spawn_blocking(move || {
-        let mut p = Prepared { child, control };
+        let mut p = Prepared {
+            child,
+            control,
+            tell_systemd,
+        };
         let answer = p.control.recv(Some(SUCCESSOR_WAIT));
         (p, answer)
     })
@@ -110,6 +125,7 @@ impl Prepared {
             .send(&Msg::Go)
             .and_then(|()| self.control.recv(Some(SUCCESSOR_WAIT)));
         match answer {
+            Ok(Some(Msg::Ready)) if !self.tell_systemd => Some(pid),
             Ok(Some(Msg::Ready)) => {
                 match sdnotify::notify(&format!("MAINPID={pid}")) {
                     Ok(true) => tracing::info!(pid, "handoff: systemd told the new main PID"),
@@ -133,6 +149,7 @@ impl Prepared {
 /// more) and its state written: hands over to `prepared`, or to a copy of
 /// the running binary if that fails; `true` once a successor serves.
 pub fn complete(prepared: Prepared, sockets: &Sockets) -> bool {
+    let tell_systemd = prepared.tell_systemd;
     if let Some(pid) = prepared.go() {
         tracing::info!(
             pid,
@@ -145,7 +162,11 @@ pub fn complete(prepared: Prepared, sockets: &Sockets) -> bool {
         .ok()
         .and_then(|(child, mut control)| {
             let answer = control.recv(Some(SUCCESSOR_WAIT));
-            let mut p = Prepared { child, control };
+            let mut p = Prepared {
+                child,
+                control,
+                tell_systemd,
+            };
             if matches!(answer, Ok(Some(Msg::Prepared))) {
                 p.go()
             } else {
@@ -207,5 +228,50 @@ pub fn announce_ready(control: Option<&mut Control>) {
                 tracing::warn!(%err, "cannot tell systemd criguard is ready");
             }
         }
+    }
+}
+
+/// Under systemd, a criguard already serving `admin_socket` from this
+/// unit's own cgroup is the successor a `systemctl restart` handed over
+/// to: systemd is told it is the main process and ready, and this process
+/// ends there. `true` when it adopted one.
+pub fn adopt(admin_socket: &std::path::Path) -> bool {
+    // A process started by a handoff is the successor itself.
+    let successor = std::env::var_os(handoff::ENV).is_some();
+    if successor || std::env::var_os("NOTIFY_SOCKET").is_none() || !admin_socket.exists() {
+        return false;
+    }
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return false;
+    };
+    let asked = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            criguard::admin::client::serving_pid(admin_socket),
+        )
+        .await
+    });
+    let Ok(Ok(pid)) = asked else {
+        return false;
+    };
+    let cgroup = |p: &str| std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok();
+    let ours = cgroup("self");
+    if pid == 0 || pid == std::process::id() || ours.is_none() || cgroup(&pid.to_string()) != ours {
+        return false;
+    }
+    match sdnotify::notify(&format!("MAINPID={pid}\nREADY=1")) {
+        Ok(true) => {
+            tracing::info!(
+                pid,
+                "handoff: the criguard a restart handed over to serves; systemd told it is the main process"
+            );
+            // systemd reads the message before it sees this process end.
+            std::thread::sleep(Duration::from_millis(200));
+            true
+        }
+        _ => false,
     }
 }

@@ -86,9 +86,10 @@ fn ignore_early_signals() {
     // A SIGHUP (`systemctl reload`) before serve's own handler is
     // installed must not end criguard (its default action); the
     // configuration read next is then already the one the reload asked
-    // for. A SIGUSR2 (a handoff) likewise.
+    // for. A SIGUSR1 or SIGUSR2 (a handoff) likewise.
     for sig in [
         nix::sys::signal::Signal::SIGHUP,
+        nix::sys::signal::Signal::SIGUSR1,
         nix::sys::signal::Signal::SIGUSR2,
     ] {
         // SAFETY: setting a signal's disposition to SIG_IGN runs no code of ours.
@@ -124,6 +125,9 @@ fn essentials(cmd: &ServeCmd) -> anyhow::Result<(Given, RuntimeEndpoint)> {
 /// failure to start. A bad guardian setting does not stop it: it fails open.
 pub fn main(cmd: ServeCmd, flag_error: Option<ConfigError>) -> ExitCode {
     ignore_early_signals();
+    if handoff::adopt(&cmd.admin_socket) {
+        return ExitCode::SUCCESS;
+    }
     // The relay essentials, refused before anything starts with the exit
     // code systemd does not restart on.
     let ((activated, mut inherited), endpoint) = match essentials(&cmd) {
@@ -300,8 +304,9 @@ struct App {
     /// A flag refused at start: it stays until a restart.
     flag_error: Option<ConfigError>,
     hangup: tokio::signal::unix::Signal,
-    /// SIGUSR2: hand over to the binary on disk.
-    usr2: tokio::signal::unix::Signal,
+    /// SIGUSR2 and SIGUSR1: hand over to the binary on disk (SIGUSR1: for
+    /// a `systemctl restart`).
+    usr: (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
     /// The CRI and admin sockets; their files are removed however serve ends.
     listeners: servers::Listeners,
     metrics_listener: Option<tokio::net::TcpListener>,
@@ -348,7 +353,7 @@ struct Running {
     /// The admin, sync, events, metrics, complaint and notice loops.
     tasks: Vec<tokio::task::JoinHandle<()>>,
     sockets: servers::OwnedSockets,
-    usr2: tokio::signal::unix::Signal,
+    usr: (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
     handoff: Option<criguard::handoff::Sockets>,
     binary: handoff::Binary,
 }
@@ -366,7 +371,10 @@ impl App {
         use tokio::signal::unix::{SignalKind, signal};
         // First of all: a SIGHUP's or SIGUSR2's default action would end criguard.
         let hangup = signal(SignalKind::hangup()).context("install the SIGHUP handler")?;
-        let usr2 = signal(SignalKind::user_defined2()).context("install the SIGUSR2 handler")?;
+        let usr = (
+            signal(SignalKind::user_defined2()).context("install the SIGUSR2 handler")?,
+            signal(SignalKind::user_defined1()).context("install the SIGUSR1 handler")?,
+        );
         let (given, metrics_listener, flag_error, predecessor) = match inherited {
             Some(i) => {
                 let metrics = i
@@ -405,7 +413,7 @@ impl App {
             loaded,
             flag_error,
             hangup,
-            usr2,
+            usr,
             listeners,
             metrics_listener,
             handoff,
@@ -475,7 +483,7 @@ impl App {
             stop: p.stop,
             tasks,
             sockets: self.listeners.owned,
-            usr2: self.usr2,
+            usr: self.usr,
             handoff: self.handoff,
             binary: handoff::Binary::at_start(),
         })
@@ -577,6 +585,7 @@ impl Running {
         let shutdown = shutdown_signal();
         tokio::pin!(shutdown);
         loop {
+            let mut tell_systemd = true;
             let exe = tokio::select! {
                 () = &mut shutdown => return None,
                 _ = self.hangup.recv() => match self.binary.replaced() {
@@ -591,8 +600,13 @@ impl Running {
                         continue;
                     }
                 },
-                _ = self.usr2.recv() => {
+                _ = self.usr.0.recv() => {
                     tracing::info!("SIGUSR2: handing over to a new process");
+                    self.binary.on_disk()
+                }
+                _ = self.usr.1.recv() => {
+                    tracing::info!("SIGUSR1: handing over to a new process for a restart");
+                    tell_systemd = false;
                     self.binary.on_disk()
                 }
             };
@@ -600,7 +614,11 @@ impl Running {
                 tracing::error!("handoff unavailable (the sockets could not be kept); carrying on");
                 continue;
             };
-            if let Some(p) = handoff::prepare(exe, sockets, self.guard.running()).await {
+            // A restart asked for takes the configuration as it is (failing
+            // open on a bad one, as any start); an upgrade or SIGUSR2 is
+            // refused by a successor that cannot load it.
+            let refuse_bad = self.guard.running() && tell_systemd;
+            if let Some(p) = handoff::prepare(exe, sockets, refuse_bad, tell_systemd).await {
                 return Some(p);
             }
         }

@@ -209,3 +209,138 @@ fn handoffs_under_a_kubelet_like_load_with_long_calls_fail_no_call() {
     );
     assert!(drain > gap, "drain p50 {drain} ms, gap max {gap} ms");
 }
+
+/// The running criguard's pid as its admin socket says.
+fn serving_pid(admin: &Path) -> u32 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(criguard::admin::client::serving_pid(admin))
+        .unwrap()
+}
+
+#[test]
+fn a_restart_hands_over_and_the_next_start_adopts_the_new_process() {
+    use std::os::unix::net::UnixDatagram;
+    let ctrd = PrivateContainerd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = format!("unix://{}", ctrd.socket.to_str().unwrap());
+    let (admin, socket) = (dir.path().join("admin.sock"), dir.path().join("cri.sock"));
+    let mut serve = serve_args(&admin, &dir.path().join("state"), &socket, &endpoint);
+    let bin = serve.remove(0);
+    // systemd's notify socket, as a Type=notify unit gets it.
+    let notify_path = dir.path().join("notify");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let recv = || {
+        let mut buf = [0u8; 256];
+        let n = notify.recv(&mut buf).expect("a notify message");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let mut first = Command::new(&bin)
+        .args(&serve)
+        .env("NOTIFY_SOCKET", &notify_path)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert_eq!(
+        recv(),
+        "READY=1",
+        "criguard says it is ready once it accepts"
+    );
+    let old = first.id();
+    assert_eq!(serving_pid(&admin), old);
+
+    // ExecStop during `systemctl restart`: hand over, systemd not told.
+    let out = Command::new(&bin)
+        .args([
+            "handoff",
+            "--for-restart",
+            "--pid",
+            &old.to_string(),
+            "--admin-socket",
+        ])
+        .arg(&admin)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let succ = serving_pid(&admin);
+    assert_ne!(succ, old);
+    // Not a child of this test's: ended by its pid however the test ends.
+    let _end = EndPid(succ);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("to pid {succ}")));
+    // The old process drains and exits 0 (systemd's SIGTERM finds it
+    // draining); the CRI socket answers throughout.
+    assert!(first.wait().unwrap().success());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = common::containerd::Clients::new(&socket);
+        c.rt.version(k8s_cri::v1::VersionRequest::default())
+            .await
+            .expect("the new process answers");
+    });
+
+    // The start after the stop: it finds the new process in its own
+    // cgroup, tells systemd it is the main process and ready, and ends.
+    let next = Command::new(&bin)
+        .args(&serve)
+        .env("NOTIFY_SOCKET", &notify_path)
+        .env("CRIGUARD_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(
+        next.status.success(),
+        "{}",
+        String::from_utf8_lossy(&next.stderr)
+    );
+    assert_eq!(recv(), format!("MAINPID={succ}\nREADY=1"));
+    assert_eq!(serving_pid(&admin), succ, "still the same process serving");
+    // containerd restarted under the new process (`systemctl restart
+    // containerd` restarts criguard first, through its BindsTo=): calls
+    // through it are served again once containerd is back.
+    ctrd.kill_daemon();
+    ctrd.restart_daemon();
+    rt.block_on(async {
+        let mut c = common::containerd::Clients::new(&socket);
+        let call =
+            c.rt.list_pod_sandbox(k8s_cri::v1::ListPodSandboxRequest::default());
+        tokio::time::timeout(std::time::Duration::from_secs(30), call)
+            .await
+            .expect("ListPodSandbox answered within 30 s after containerd's restart")
+            .expect("ListPodSandbox through the new process");
+    });
+    drop(_end);
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{succ}/stat")).map_or(true, |s| s.contains(") Z "))
+    };
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !gone() {
+        assert!(
+            std::time::Instant::now() < end,
+            "pid {succ} still runs 60 s after SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Sends SIGTERM to a process by its pid when dropped.
+struct EndPid(u32);
+
+impl Drop for EndPid {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0 as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+}

@@ -284,3 +284,116 @@ pub async fn remove_all(rt: &RuntimeServiceClient<Channel>, sandboxes: Vec<Strin
     });
     futures::future::join_all(runs).await;
 }
+
+/// The PIDs of the processes named `comm`, from /proc (the guest has no
+/// procps), space-separated; empty when there is none.
+pub fn processes(comm: &str) -> String {
+    sh(&format!(
+        "for f in /proc/[0-9]*/comm; do [ \"$(cat $f 2>/dev/null)\" = {comm} ] && basename $(dirname $f); done; true"
+    ))
+    .split_whitespace()
+    .collect::<Vec<_>>()
+    .join(" ")
+}
+
+/// A CRI client calling through `socket` in the background while a test
+/// restarts or upgrades criguard: ListPodSandbox on one long connection
+/// and Version on a new connection per call, every 20 ms.
+///
+/// A call refused by the server's GOAWAY (NO_ERROR) before it was taken
+/// up, one whose request could not be written because the old process had
+/// closed that connection (a broken pipe), or one hyper cancelled unsent
+/// because the connection closed first (its Canceled, "connection
+/// closed") never reached criguard: grpc-go, the kubelet's client,
+/// retries such a call transparently on a new connection; so does this
+/// client, once, and counts it. Any other error, or a failed retry, is a
+/// failed call.
+pub struct Calling {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    calls: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    retried: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<Vec<String>>,
+}
+
+impl Calling {
+    /// Starts calling through `socket`.
+    pub fn start(socket: &'static str) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let stop = Arc::new(AtomicBool::new(false));
+        let (calls, retried) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (s, c, r) = (stop.clone(), calls.clone(), retried.clone());
+        let task = tokio::spawn(async move {
+            let refused = |e: &tonic::Status| {
+                let t = format!("{e:?}");
+                (t.contains("GoAway") && t.contains("NO_ERROR"))
+                    || t.contains("BrokenPipe")
+                    || t.contains("Error(Canceled, \"connection closed\")")
+            };
+            let list = |c: &Clients| {
+                let mut rt = c.rt.clone();
+                async move {
+                    rt.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+                        .await
+                        .map(|_| ())
+                }
+            };
+            let version = |c: &Clients| {
+                let mut rt = c.rt.clone();
+                async move { rt.version(cri::VersionRequest::default()).await.map(|_| ()) }
+            };
+            let mut long = Clients::new(Path::new(socket));
+            let mut errors = Vec::new();
+            while !s.load(Ordering::SeqCst) {
+                let mut a = list(&long).await;
+                if a.as_ref().is_err_and(refused) {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    long = Clients::new(Path::new(socket));
+                    a = list(&long).await;
+                }
+                let fresh = Clients::new(Path::new(socket));
+                let mut b = version(&fresh).await;
+                if b.as_ref().is_err_and(refused) {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    b = version(&Clients::new(Path::new(socket))).await;
+                }
+                for res in [a, b] {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    if let Err(e) = res {
+                        errors.push(e.to_string());
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            errors
+        });
+        Self {
+            stop,
+            calls,
+            retried,
+            task,
+        }
+    }
+
+    /// Waits (at most 30 s) until `n` more calls were made.
+    pub async fn until_more(&self, n: u64, what: &str) {
+        let at = self.calls.load(std::sync::atomic::Ordering::SeqCst);
+        crate::common::poll_until(Duration::from_secs(30), what, || {
+            let now = self.calls.load(std::sync::atomic::Ordering::SeqCst);
+            async move { (now >= at + n).then_some(()) }
+        })
+        .await;
+    }
+
+    /// Stops calling: the calls made, those retried once, the failures.
+    pub async fn stop(self) -> (u64, u64, Vec<String>) {
+        use std::sync::atomic::Ordering;
+        self.stop.store(true, Ordering::SeqCst);
+        let errors = self.task.await.unwrap();
+        (
+            self.calls.load(Ordering::SeqCst),
+            self.retried.load(Ordering::SeqCst),
+            errors,
+        )
+    }
+}

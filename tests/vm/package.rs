@@ -14,8 +14,6 @@
 //! unless CRIGUARD_PURGE_STATE=yes.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::common::containerd::Clients;
@@ -158,78 +156,9 @@ async fn the_debian_package_installs_upgrades_without_a_failed_call_and_removes(
     }
     let images_before = std::fs::read_to_string(format!("{STATE}/image-gc.json")).unwrap();
 
-    // The upgrade while a client calls: one long connection and a new one
-    // per call, ListPodSandbox and Version, every 20 ms.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (calls, failures) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    // A call refused by the server's GOAWAY (NO_ERROR) before it was taken
-    // up, one whose request could not be written because the old process
-    // had closed that connection (a broken pipe), or one hyper cancelled
-    // unsent because the connection closed first (its Canceled, "connection
-    // closed": a new connection that got the old process's SETTINGS and
-    // GOAWAY before hyper handed the request over) never reached criguard:
-    // grpc-go, the kubelet's client, retries such a call transparently on a
-    // new connection; so does this client, once, and counts it. Any other
-    // error, or a failed retry, fails the test.
-    let retried = Arc::new(AtomicU64::new(0));
-    let client = {
-        let (stop, calls, failures, retried) = (
-            stop.clone(),
-            calls.clone(),
-            failures.clone(),
-            retried.clone(),
-        );
-        tokio::spawn(async move {
-            let refused = |e: &tonic::Status| {
-                let t = format!("{e:?}");
-                (t.contains("GoAway") && t.contains("NO_ERROR"))
-                    || t.contains("BrokenPipe")
-                    || t.contains("Error(Canceled, \"connection closed\")")
-            };
-            let list = |c: &Clients| {
-                let mut rt = c.rt.clone();
-                async move {
-                    rt.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-                        .await
-                        .map(|_| ())
-                }
-            };
-            let version = |c: &Clients| {
-                let mut rt = c.rt.clone();
-                async move { rt.version(cri::VersionRequest::default()).await.map(|_| ()) }
-            };
-            let mut long = Clients::new(Path::new(SOCKET));
-            let mut errors = Vec::new();
-            while !stop.load(Ordering::SeqCst) {
-                let mut a = list(&long).await;
-                if a.as_ref().is_err_and(refused) {
-                    retried.fetch_add(1, Ordering::SeqCst);
-                    long = Clients::new(Path::new(SOCKET));
-                    a = list(&long).await;
-                }
-                let fresh = Clients::new(Path::new(SOCKET));
-                let mut b = version(&fresh).await;
-                if b.as_ref().is_err_and(refused) {
-                    retried.fetch_add(1, Ordering::SeqCst);
-                    b = version(&Clients::new(Path::new(SOCKET))).await;
-                }
-                for r in [a, b] {
-                    calls.fetch_add(1, Ordering::SeqCst);
-                    if let Err(e) = r {
-                        failures.fetch_add(1, Ordering::SeqCst);
-                        errors.push(e.to_string());
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            errors
-        })
-    };
-    crate::common::poll_until(Duration::from_secs(30), "calls before the upgrade", || {
-        let n = calls.load(Ordering::SeqCst);
-        async move { (n >= 10).then_some(()) }
-    })
-    .await;
+    // The upgrade while a client calls (guest::Calling).
+    let calling = guest::Calling::start(SOCKET);
+    calling.until_more(10, "calls before the upgrade").await;
     let since = sh("date +%s");
     let t0 = Instant::now();
     let out = sh(&format!("dpkg -i {new} 2>&1"));
@@ -238,14 +167,8 @@ async fn the_debian_package_installs_upgrades_without_a_failed_call_and_removes(
         let p = main_pid("criguard.service");
         (active("criguard.service") && p != 0 && p != first).then_some(p)
     });
-    let at = calls.load(Ordering::SeqCst);
-    crate::common::poll_until(Duration::from_secs(30), "calls after the upgrade", || {
-        let n = calls.load(Ordering::SeqCst);
-        async move { (n >= at + 10).then_some(()) }
-    })
-    .await;
-    stop.store(true, Ordering::SeqCst);
-    let errors = client.await.unwrap();
+    calling.until_more(10, "calls after the upgrade").await;
+    let (calls, retried, errors) = calling.stop().await;
     assert!(
         errors.is_empty(),
         "calls failed during the upgrade: {errors:?}\n{out}"
@@ -293,9 +216,9 @@ async fn the_debian_package_installs_upgrades_without_a_failed_call_and_removes(
     guest::report(&format!(
         "package: upgraded in {} ms while calling: {} calls, {} failed, {} refused by GOAWAY before being taken up and retried; records kept",
         upgrade.as_millis(),
-        calls.load(Ordering::SeqCst),
-        failures.load(Ordering::SeqCst),
-        retried.load(Ordering::SeqCst)
+        calls,
+        errors.len(),
+        retried
     ));
 
     // Remove: the pod's sandbox first (as a node drained), then the package:
@@ -305,7 +228,7 @@ async fn the_debian_package_installs_upgrades_without_a_failed_call_and_removes(
     sh("dpkg -r criguard");
     assert!(!active("criguard.service") && !active("criguard.socket"));
     assert!(!Path::new(SOCKET).exists(), "the socket is gone");
-    assert_eq!(sh("pgrep -x criguard || true").trim(), "");
+    assert_eq!(guest::processes("criguard"), "");
     direct
         .rt
         .version(cri::VersionRequest::default())

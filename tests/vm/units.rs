@@ -9,7 +9,11 @@
 //! rebuilt; a bad configuration does not stop criguard: it fails open
 //! (relays every call, names the key and value in the journal and in
 //! `criguard status`), and `systemctl reload criguard` with the file fixed
-//! starts the guardian in the same process;
+//! starts the guardian in the same process; `systemctl restart criguard`
+//! under calls hands over (the unit's `ExecStop=`: the new process serves
+//! while the old one drains, the next start adopts it as the main process):
+//! no call fails, systemd counts no crash, the journal shows the handoff
+//! and no drain on SIGTERM;
 //! `hack/install.sh --uninstall` takes it all away again.
 
 use std::path::Path;
@@ -38,6 +42,20 @@ async fn list_through_socket() -> Vec<String> {
         .expect("the call through criguard.socket was not answered within 60 s")
         .expect("the call through criguard.socket failed");
     reply.into_inner().items.into_iter().map(|s| s.id).collect()
+}
+
+/// Waits (at most 60 s) until criguard.service is active with a main
+/// process other than `before` that serves the admin socket (a restart's
+/// start adopts the process handed over to: the unit's MainPID passes by
+/// the starting process first).
+async fn serving_main(before: u32, what: &str) -> u32 {
+    crate::common::poll_until(Duration::from_secs(60), what, || async move {
+        let p = main_pid("criguard.service");
+        let serving = criguard::admin::client::serving_pid(Path::new(ADMIN)).await;
+        (active("criguard.service") && p != 0 && p != before && serving.ok() == Some(p))
+            .then_some(p)
+    })
+    .await
 }
 
 async fn model_has(sandbox: &str) -> bool {
@@ -106,17 +124,11 @@ async fn units_run_under_systemd() {
     ));
 
     // containerd restarts: criguard goes down with it and comes back by
-    // itself (no call needed), with the model rebuilt from containerd.
+    // itself (no call needed; its restart job hands over, see below), with
+    // the model rebuilt from containerd.
     sh("systemctl restart containerd.service");
     let t0 = Instant::now();
-    let third = wait_for(
-        Duration::from_secs(60),
-        "criguard running again after containerd's restart",
-        || {
-            let p = main_pid("criguard.service");
-            (active("criguard.service") && p != 0 && p != second).then_some(p)
-        },
-    );
+    let third = serving_main(second, "criguard running again after containerd's restart").await;
     // Its model comes back from containerd: at start when containerd's CRI
     // already answers, else at the next sync (10 s).
     crate::common::poll_until(Duration::from_secs(30), "the model rebuilt", || {
@@ -125,6 +137,20 @@ async fn units_run_under_systemd() {
     })
     .await;
     let back = t0.elapsed();
+    let mut c = Clients::new(Path::new(SOCKET));
+    let call =
+        c.rt.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None });
+    if tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .is_err()
+    {
+        panic!(
+            "no answer through the socket after containerd's restart:\n{}",
+            sh(
+                "grep criguard.sock /proc/net/unix; p=$(systemctl show -p MainPID --value criguard.service); echo main $p; ls -l /proc/$p/fd; for t in /proc/$p/task/*; do echo $t $(cat $t/comm) $(cat $t/wchan) $(cut -d' ' -f3 $t/stat); done; ls -l /proc/1/fd | grep socket | tail -30"
+            )
+        );
+    }
     assert!(list_through_socket().await.contains(&sandbox));
     assert_eq!(main_pid("criguard.service"), third);
     guest::report(&format!(
@@ -142,14 +168,13 @@ async fn units_run_under_systemd() {
     std::fs::write(CONFIG, bad).unwrap();
     let (code, _, _) = sh_status("systemctl restart criguard.service");
     assert_eq!(code, 0, "systemctl restart with a bad configuration");
-    let failing_open = wait_for(Duration::from_secs(30), "criguard failing open", || {
-        let p = main_pid("criguard.service");
+    let open_pid = serving_main(third, "criguard restarted").await;
+    let status = wait_for(Duration::from_secs(30), "criguard failing open", || {
         let (code, out, _) = sh_status(&format!(
             "/usr/local/bin/criguard status --admin-socket {ADMIN}"
         ));
-        (active("criguard.service") && p != 0 && p != third && code == 2).then_some((p, out))
+        (code == 2).then_some(out)
     });
-    let (open_pid, status) = failing_open;
     assert!(
         status.contains("INVALID") && status.contains("memory.available=lots"),
         "criguard status names the key and the value: {status}"
@@ -194,6 +219,8 @@ async fn units_run_under_systemd() {
         "units: bad config -> criguard kept running and relaying (failing open), journal: {line}; fixed and reloaded in the same process"
     ));
 
+    restarts_hand_over().await;
+
     // Put things back, leave the pod gone, and uninstall: the units go
     // and containerd no longer brings criguard back.
     assert!(active("criguard.service"));
@@ -205,4 +232,51 @@ async fn units_run_under_systemd() {
     ));
     assert!(!active("criguard.service") && !active("criguard.socket"));
     assert!(!Path::new("/usr/local/bin/criguard").exists());
+}
+
+/// `systemctl restart criguard` three times under calls: each a handoff.
+async fn restarts_hand_over() {
+    const RESTARTS: usize = 3;
+    let since = sh("date +%s");
+    let calling = guest::Calling::start(SOCKET);
+    calling.until_more(10, "calls before the restarts").await;
+    let mut took = Vec::new();
+    for i in 0..RESTARTS {
+        let before = main_pid("criguard.service");
+        let t0 = Instant::now();
+        let (code, _, err) = sh_status("systemctl restart criguard.service");
+        assert_eq!(code, 0, "systemctl restart {i}: {err}");
+        took.push(t0.elapsed().as_millis());
+        serving_main(before, "a new main process").await;
+        calling.until_more(10, "calls after a restart").await;
+    }
+    let (calls, retried, errors) = calling.stop().await;
+    let journal = sh(&format!(
+        "journalctl -u criguard.service --since @{} -o cat --no-pager",
+        since.trim()
+    ));
+    assert!(
+        errors.is_empty(),
+        "calls failed across the restarts: {errors:?}\n{journal}"
+    );
+    let count = |s: &str| journal.matches(s).count();
+    assert_eq!(
+        (
+            count("SIGUSR1: handing over to a new process for a restart"),
+            count("handoff: the criguard a restart handed over to serves"),
+            count("SIGTERM: draining"),
+        ),
+        (RESTARTS, RESTARTS, 0),
+        "{journal}"
+    );
+    assert_eq!(show("criguard.service", "NRestarts"), "0", "{journal}");
+    // A plain stop still stops, and a start serves again.
+    sh("systemctl stop criguard.service");
+    assert!(!active("criguard.service"));
+    assert_eq!(guest::processes("criguard"), "", "nothing of criguard left");
+    sh("systemctl start criguard.service");
+    assert!(active("criguard.service"));
+    guest::report(&format!(
+        "units: {RESTARTS} systemctl restarts handed over: {calls} calls, 0 failed, {retried} refused by GOAWAY before being taken up and retried; systemctl restart took {took:?} ms"
+    ));
 }
