@@ -24,7 +24,7 @@
 //! connection is refused at any moment.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -71,8 +71,8 @@ pub struct Inherited {
 }
 
 /// Takes the descriptors named in [`ENV`], if set, and removes the
-/// variable. Each must be a socket of the right kind; an error names the
-/// one that is not. Call it before any thread starts (it edits the
+/// variable. Each must be an open socket; an error names the one that is
+/// not. Call it before any thread starts (it edits the
 /// environment).
 pub fn inherited() -> Result<Option<Inherited>, String> {
     let Ok(text) = std::env::var(ENV) else {
@@ -157,7 +157,7 @@ fn dup_high(fd: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
 /// The binary to start as the successor: the file at the path this
 /// process was started from (a new binary there is the upgrade).
 pub fn exe_on_disk() -> std::io::Result<PathBuf> {
-    let link = std::fs::read_link("/proc/self/exe")?;
+    let link = std::fs::read_link(SELF_EXE)?;
     let text = link.to_string_lossy();
     Ok(PathBuf::from(
         text.strip_suffix(" (deleted)").unwrap_or(&text).to_owned(),
@@ -178,7 +178,7 @@ pub fn file_id(path: &Path) -> Option<(u64, u64)> {
 /// node); returns the child and the control socket to it.
 pub fn spawn(exe: &Path, sockets: &Sockets, guarding: bool) -> std::io::Result<(Child, Control)> {
     let (ours, theirs) = UnixStream::pair()?;
-    let theirs = dup_high(theirs.as_fd_ref())?;
+    let theirs = dup_high(theirs.as_fd())?;
     let mut from: Vec<RawFd> = vec![
         sockets.cri.as_raw_fd(),
         sockets.admin.as_raw_fd(),
@@ -216,16 +216,6 @@ pub fn spawn(exe: &Path, sockets: &Sockets, guarding: bool) -> std::io::Result<(
     let child = cmd.spawn()?;
     drop(theirs);
     Ok((child, Control::new(ours)))
-}
-
-trait AsFdRef {
-    fn as_fd_ref(&self) -> BorrowedFd<'_>;
-}
-
-impl AsFdRef for UnixStream {
-    fn as_fd_ref(&self) -> BorrowedFd<'_> {
-        std::os::fd::AsFd::as_fd(self)
-    }
 }
 
 /// A message on the control socket.

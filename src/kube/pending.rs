@@ -22,9 +22,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-#[cfg(test)]
-use std::time::UNIX_EPOCH;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::lock::Locked;
 use serde::{Deserialize, Serialize};
@@ -68,6 +66,11 @@ impl PendingPod {
             last_write: None,
             reasserts: Reasserts::default(),
         }
+    }
+
+    /// When the report started (the eviction's time in the status).
+    pub fn since(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.since_unix_ms)
     }
 
     /// Where its window starts: the first status write, or the report's

@@ -19,7 +19,7 @@
 //! wall clock).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Pod};
@@ -69,7 +69,7 @@ async fn write_then_hold(
 ) {
     inner.pending.upsert(pending.clone());
     let e = pending.eviction.clone();
-    let since = UNIX_EPOCH + Duration::from_millis(pending.since_unix_ms);
+    let since = pending.since();
     let api: Api<Pod> = Api::namespaced(inner.client.clone(), &e.namespace);
     let Some(rv) = first_status(&inner, &api, &e, first, since).await else {
         inner.pending.remove(&e.uid);
@@ -347,7 +347,7 @@ impl<'a> Hold<'a> {
         };
         tracing::info!(%pod, uid = %e.uid, ?how, ?wait, "evicted pod's status undone (the kubelet's status manager); writing it again");
         tokio::time::sleep(wait).await;
-        let since = UNIX_EPOCH + Duration::from_millis(self.p.since_unix_ms);
+        let since = self.p.since();
         match write_status(inner, &self.api, &e, since).await {
             Ok(rv) => {
                 inner.metrics.pod(PodOutcome::Reasserted);

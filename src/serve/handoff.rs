@@ -71,29 +71,37 @@ pub async fn prepare(
     guarding: bool,
     tell_systemd: bool,
 ) -> Option<Prepared> {
-    let started = handoff::spawn(&exe, sockets, guarding);
-    let (child, control) = match started {
-        Ok(s) => s,
-        Err(err) => {
-            tracing::error!(exe = %exe.display(), %err, "handoff: cannot start the new process; carrying on");
-            return None;
+    let (child, control) = start(&exe, sockets, guarding)?;
+    tokio::task::spawn_blocking(move || await_prepared(child, control, tell_systemd))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Starts `exe` with `sockets` (logged either way).
+fn start(exe: &std::path::Path, sockets: &Sockets, guarding: bool) -> Option<(Child, Control)> {
+    match handoff::spawn(exe, sockets, guarding) {
+        Ok((child, control)) => {
+            tracing::info!(exe = %exe.display(), pid = child.id(), "handoff: new process started; waiting for it to load its configuration");
+            Some((child, control))
         }
+        Err(err) => {
+            tracing::error!(exe = %exe.display(), %err, "handoff: cannot start the new process");
+            None
+        }
+    }
+}
+
+/// Waits (blocking, at most [`SUCCESSOR_WAIT`]) until the started
+/// successor is prepared; one that refused or did not answer is stopped
+/// and `None` returned (logged).
+fn await_prepared(child: Child, control: Control, tell_systemd: bool) -> Option<Prepared> {
+    let mut p = Prepared {
+        child,
+        control,
+        tell_systemd,
     };
-    tracing::info!(exe = %exe.display(), pid = child.id(), "handoff: new process started; waiting for it to load its configuration");
-    let waited = tokio::task::spawn_blocking(move || {
-        let mut p = Prepared {
-            child,
-            control,
-            tell_systemd,
-        };
-        let answer = p.control.recv(Some(SUCCESSOR_WAIT));
-        (p, answer)
-    })
-    .await;
-    let Ok((mut p, answer)) = waited else {
-        return None;
-    };
-    match answer {
+    match p.control.recv(Some(SUCCESSOR_WAIT)) {
         Ok(Some(Msg::Prepared)) => Some(p),
         Ok(Some(Msg::Refused(why))) => {
             tracing::error!(pid = p.child.id(), %why, "handoff: the new process refused to take over; carrying on with this one");
@@ -158,22 +166,9 @@ pub fn complete(prepared: Prepared, sockets: &Sockets) -> bool {
         return true;
     }
     tracing::warn!("handoff: starting the running binary again instead");
-    let retry = handoff::spawn(std::path::Path::new(handoff::SELF_EXE), sockets, false)
-        .ok()
-        .and_then(|(child, mut control)| {
-            let answer = control.recv(Some(SUCCESSOR_WAIT));
-            let mut p = Prepared {
-                child,
-                control,
-                tell_systemd,
-            };
-            if matches!(answer, Ok(Some(Msg::Prepared))) {
-                p.go()
-            } else {
-                p.end();
-                None
-            }
-        });
+    let retry = start(std::path::Path::new(handoff::SELF_EXE), sockets, false)
+        .and_then(|(child, control)| await_prepared(child, control, tell_systemd))
+        .and_then(Prepared::go);
     match retry {
         Some(pid) => {
             tracing::info!(pid, "handoff: the running binary took over; draining");

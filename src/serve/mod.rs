@@ -81,7 +81,8 @@ use crate::cli::settings::Guardian;
 /// changes it, for tests.
 pub const COMPLAINT_PERIOD: Duration = Duration::from_secs(60);
 
-/// Ignores SIGHUP and SIGUSR2 until serve's own handlers are installed.
+/// Ignores SIGHUP, SIGUSR1 and SIGUSR2 until serve's own handlers are
+/// installed.
 fn ignore_early_signals() {
     // A SIGHUP (`systemctl reload`) before serve's own handler is
     // installed must not end criguard (its default action); the
@@ -369,7 +370,8 @@ impl App {
         metrics_address: Option<std::net::SocketAddr>,
     ) -> anyhow::Result<Self> {
         use tokio::signal::unix::{SignalKind, signal};
-        // First of all: a SIGHUP's or SIGUSR2's default action would end criguard.
+        // First of all: the default action of SIGHUP, SIGUSR1 or SIGUSR2 would
+        // end criguard.
         let hangup = signal(SignalKind::hangup()).context("install the SIGHUP handler")?;
         let usr = (
             signal(SignalKind::user_defined2()).context("install the SIGUSR2 handler")?,
@@ -579,8 +581,9 @@ impl Parts {
 
 impl Running {
     /// Relays until SIGTERM or SIGINT (`None`) or until a successor is
-    /// prepared to take over (SIGUSR2, or SIGHUP with the binary replaced
-    /// on disk); reloads the configuration at any other SIGHUP.
+    /// prepared to take over (SIGUSR2, SIGUSR1 for a restart, or SIGHUP
+    /// with the binary replaced on disk); reloads the configuration at any
+    /// other SIGHUP.
     async fn until_stopped(&mut self) -> Option<handoff::Prepared> {
         let shutdown = shutdown_signal();
         tokio::pin!(shutdown);
