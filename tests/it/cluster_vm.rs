@@ -953,16 +953,7 @@ fn upgrades_under_churn(
                 .join("\n")
         ),
     );
-    let now = std::panic::catch_unwind(|| ready_since(c));
-    check(
-        now.as_deref().ok() == Some(ready),
-        format!("the node's Ready changed (since {ready})"),
-    );
-    let after = containers(c);
-    check(
-        &after == before,
-        format!("the running pods' containers: before {before:?}, now {after:?}"),
-    );
+    failed.extend(node_undisturbed(c, ready, before));
     failed
 }
 
@@ -1057,8 +1048,55 @@ fn restarts_under_churn(
         report.nrestarts == 0,
         format!("criguard crashed: NRestarts {}", report.nrestarts),
     );
-    // The node stayed Ready (churn checked it at every poll), no pod was
-    // restarted, and the node controller saw nothing either.
+    for f in node_undisturbed(c, ready, before) {
+        check(false, f);
+    }
+    // containerd's own answers (NotFound, Unknown "already in removing
+    // state": the kubelet's races with itself) come in either window. A
+    // call that failed on its way is one direct to containerd would not
+    // have failed: either the kubelet gave up waiting for the restarting
+    // criguard to answer its new connection (its 5 s connect timeout,
+    // "error reading server preface"), or criguard dropped it (refused,
+    // reset, cut in flight).
+    check(
+        dropped.len() <= baseline.transport_errors().1.len(),
+        format!(
+            "CRI calls criguard's restarts dropped:\n{}",
+            dropped.join("\n")
+        ),
+    );
+    // Each restart hands over (the unit's ExecStop=): the socket is never
+    // left without a process accepting, so the kubelet never gives up
+    // waiting for one, however slow the guest.
+    check(
+        gave_up.is_empty(),
+        format!(
+            "the kubelet gave up waiting for criguard's socket across the restarts:\n{}",
+            gave_up.join("\n")
+        ),
+    );
+    check(
+        report.handoffs == restarts() as u64,
+        format!("{} restarts handed over of {}", report.handoffs, restarts()),
+    );
+    failed
+}
+
+/// What a restart or upgrade must leave of the node: Ready since `ready`
+/// (churn checked it at every poll), the running pods' containers as
+/// `before` (none restarted), and no NodeNotReady event from the node
+/// controller. Every check that failed, described.
+fn node_undisturbed(
+    c: &Cluster,
+    ready: &str,
+    before: &BTreeMap<String, Vec<(String, u64)>>,
+) -> Vec<String> {
+    let mut failed = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            failed.push(what);
+        }
+    };
     let now = std::panic::catch_unwind(|| ready_since(c));
     check(
         now.as_deref().ok() == Some(ready),
@@ -1090,34 +1128,6 @@ fn restarts_under_churn(
     check(
         since_ready.is_empty(),
         format!("NodeNotReady events since {ready}: {since_ready:#?}"),
-    );
-    // containerd's own answers (NotFound, Unknown "already in removing
-    // state": the kubelet's races with itself) come in either window. A
-    // call that failed on its way is one direct to containerd would not
-    // have failed: either the kubelet gave up waiting for the restarting
-    // criguard to answer its new connection (its 5 s connect timeout,
-    // "error reading server preface"), or criguard dropped it (refused,
-    // reset, cut in flight).
-    check(
-        dropped.len() <= baseline.transport_errors().1.len(),
-        format!(
-            "CRI calls criguard's restarts dropped:\n{}",
-            dropped.join("\n")
-        ),
-    );
-    // Each restart hands over (the unit's ExecStop=): the socket is never
-    // left without a process accepting, so the kubelet never gives up
-    // waiting for one, however slow the guest.
-    check(
-        gave_up.is_empty(),
-        format!(
-            "the kubelet gave up waiting for criguard's socket across the restarts:\n{}",
-            gave_up.join("\n")
-        ),
-    );
-    check(
-        report.handoffs == restarts() as u64,
-        format!("{} restarts handed over of {}", report.handoffs, restarts()),
     );
     failed
 }

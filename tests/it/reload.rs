@@ -176,17 +176,30 @@ async fn one_connection(socket: &Path) -> RuntimeServiceClient<tonic::transport:
     RuntimeServiceClient::new(channel)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bad_reload_is_refused_and_an_open_connection_keeps_serving() {
-    let ctrd = PrivateContainerd::start();
-    let mut served = Served::start(&ctrd, "reload", GOOD, LOG_ENV).await;
+/// criguard guarding with [`GOOD`], its status then, and one connection
+/// that has made a call; its file then replaced by [`BAD`].
+async fn guarding_with_a_bad_file(
+    ctrd: &PrivateContainerd,
+    name: &str,
+) -> (
+    Served,
+    criguard::admin::ConfigStatus,
+    RuntimeServiceClient<tonic::transport::Channel>,
+) {
+    let served = Served::start(ctrd, name, GOOD, LOG_ENV).await;
     let before = served
         .status_until("the guardian running", |s| s.valid())
         .await;
     let mut rt = one_connection(&served.socket).await;
     rt.version(cri::VersionRequest::default()).await.unwrap();
-
     served.write_config(BAD);
+    (served, before, rt)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_reload_is_refused_and_an_open_connection_keeps_serving() {
+    let ctrd = PrivateContainerd::start();
+    let (mut served, before, mut rt) = guarding_with_a_bad_file(&ctrd, "reload").await;
     served.hangup();
     let s = served
         .status_until("the reload refused", |s| s.reloads_refused == 1)
@@ -230,14 +243,7 @@ async fn a_bad_reload_is_refused_and_an_open_connection_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_to_a_process_that_cannot_load_the_configuration_changes_nothing() {
     let ctrd = PrivateContainerd::start();
-    let mut served = Served::start(&ctrd, "handoff-bad", GOOD, LOG_ENV).await;
-    let before = served
-        .status_until("the guardian running", |s| s.valid())
-        .await;
-    let mut rt = one_connection(&served.socket).await;
-    rt.version(cri::VersionRequest::default()).await.unwrap();
-
-    served.write_config(BAD);
+    let (mut served, before, mut rt) = guarding_with_a_bad_file(&ctrd, "handoff-bad").await;
     served.hand_over();
     common::poll_until(
         std::time::Duration::from_secs(30),
