@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 use crate::config::{EvictionConfig, Signal, Threshold};
 use crate::kube::PodEviction;
 use crate::lock::RwLocked;
-use crate::model::{NodeModel, Pod, SandboxState};
+use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
 use crate::policy::local_storage::{self, Exceeded};
 use crate::policy::reclaim::{InFlight, NodeAction, PodUse, node_actions, pending, plan_victims};
 use crate::policy::thresholds::{Condition, EvictionState, Observations, deficit};
@@ -70,6 +70,7 @@ use super::pressure::PressureMemory;
 use super::seams::{Clock, NodeReclaim, PodKiller, Rank, Reporter, Signals};
 use super::status::{Eviction, NodeStatus};
 use super::store::{self, EvictedStore};
+use super::unfinished::unfinished;
 
 /// The collaborators every manager needs (the optional ones, node-level
 /// reclaim and the API report, come with the builders).
@@ -103,6 +104,8 @@ pub struct EvictionManager {
     report: Option<Arc<dyn Reporter>>,
     pressure: PressureMemory,
     reloads: Option<tokio::sync::watch::Receiver<Arc<Reloadable>>>,
+    /// Sandboxes of evicted pods this process has asked the runtime to stop.
+    stops_taken: BTreeSet<String>,
 }
 
 /// What a configuration reload changes in a running manager: everything
@@ -149,6 +152,7 @@ impl EvictionManager {
             report: None,
             pressure: PressureMemory::default(),
             reloads: None,
+            stops_taken: BTreeSet::new(),
         }
     }
 
@@ -401,6 +405,7 @@ impl EvictionManager {
 
     /// One round; returns the evictions it made.
     pub async fn round(&mut self) -> Vec<Eviction> {
+        self.finish_stops().await;
         let mut made = Vec::new();
         let mut tried = BTreeSet::new();
         let mut reclaimed = BTreeSet::new();
@@ -656,6 +661,7 @@ impl EvictionManager {
             .set_sandbox_state(&pod.sandbox_id, SandboxState::NotReady);
         self.save_pressure(Some(e)).await;
         self.status.write_locked().record_eviction(e.clone());
+        self.stops_taken.insert(pod.sandbox_id.clone());
         self.stop(pod, grace_s, since).await;
         if let Some(saving) = saving
             && tokio::time::timeout(store::STATE_WRITE_DEADLINE, saving)
@@ -678,6 +684,45 @@ impl EvictionManager {
             // with the containers. The kubelet would do this when it
             // deletes the evicted pod; it does not know of this eviction.
             self.killer.remove_containers(pod).await;
+        }
+    }
+
+    /// Stops the sandboxes of pods evicted before this process that it has
+    /// not stopped yet ([`unfinished`]): a restart or a handoff between an
+    /// eviction's record and its completed StopPodSandbox leaves them to it.
+    /// Their processes are killed first when the eviction gave no grace.
+    async fn finish_stops(&mut self) {
+        if self.dry_run {
+            return;
+        }
+        let ids = {
+            // Lock order: the status, then the model (nothing holds the
+            // model's lock while it takes the status's).
+            let st = self.status.read_locked();
+            unfinished(&self.model.read_locked(), &st.evicted, &self.stops_taken)
+        };
+        for id in ids {
+            self.stops_taken.insert(id.clone());
+            let Some(pod) = self.model.read_locked().pod(&id) else {
+                continue;
+            };
+            let grace_s = (self.status.read_locked().evictions.iter())
+                .rfind(|e| e.uid == pod.uid)
+                .map_or(0, |e| e.grace_s);
+            let running = pod.state == SandboxState::Ready
+                || (pod.containers.values()).any(|c| c.state == ContainerState::Running);
+            if running {
+                tracing::warn!(
+                    pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, sandbox = %id, grace_s,
+                    "a pod evicted by an earlier criguard process still runs: stopping it now"
+                );
+                if grace_s == 0 {
+                    self.killer.kill_now(&pod);
+                }
+            } else {
+                tracing::debug!(sandbox = %id, "sandbox of a pod evicted by an earlier process: StopPodSandbox once more, in case its stop never completed");
+            }
+            self.stop(&pod, grace_s, None).await;
         }
     }
 

@@ -5,7 +5,8 @@
 //! - [`seams`]: the manager's collaborators as traits (observing signals,
 //!   ranking, node-level reclaim, stopping a pod, reporting, the clock),
 //!   with [`collectors`] and [`killer`] the real node-level reclaim and pod
-//!   killer ([`stop_retry`] retries a stop the runtime did not answer);
+//!   killer ([`stop_retry`] retries a stop the runtime did not answer,
+//!   [`unfinished`] takes up the stops an earlier process left);
 //! - [`message`]: the kubelet's eviction message;
 //! - [`metrics`]: what the manager and admission count;
 //! - [`pressure`]: the pressure memory kept across restarts;
@@ -29,6 +30,7 @@ pub mod seams;
 pub mod status;
 mod stop_retry;
 pub mod store;
+mod unfinished;
 
 pub use manager::{EvictionManager, Reloadable, Seams};
 pub use message::eviction_message;

@@ -538,6 +538,11 @@ impl NodeModel {
         self.sandboxes.get(id)
     }
 
+    /// Every sandbox, ordered by id, without deriving its pod.
+    pub fn sandbox_infos(&self) -> impl Iterator<Item = &SandboxInfo> {
+        self.sandboxes.values()
+    }
+
     /// One pod with everything derived.
     pub fn pod(&self, sandbox_id: &str) -> Option<Pod> {
         let s = self.sandboxes.get(sandbox_id)?;

@@ -11,6 +11,13 @@
 //!   is NotReady in containerd.
 //! - **killed** (containerd SIGKILLed, started again 10 s later): the same,
 //!   with calls failing at once instead of timing out.
+//! - **killed across a criguard restart**: as killed, and criguard itself is
+//!   SIGKILLed and started again while containerd is down, so the stop it
+//!   was retrying dies with it: the new process finds the evicted pod's
+//!   sandbox once containerd is back and stops it.
+//!
+//! In each, containerd's own log shows the StopPodSandbox of the evicted
+//! pod's sandbox after the runtime came back.
 
 use crate::common;
 
@@ -98,6 +105,7 @@ async fn sandbox_state(ctrd: &PrivateContainerd, id: &str) -> Option<i32> {
 enum Fault {
     Frozen,
     Killed,
+    KilledAcrossRestart,
 }
 
 async fn pressure_with_runtime_gone(fault: Fault) {
@@ -110,7 +118,7 @@ async fn pressure_with_runtime_gone(fault: Fault) {
         "--eviction-pressure-transition-period=3s",
         metrics.as_str(),
     ];
-    let guard = sc.criguard(state.path(), &args).await;
+    let mut guard = sc.criguard(state.path(), &args).await;
     let hog = sc.hog("hog", 60, 200);
     let (sandbox, container) = sc.run(&guard, &hog).await;
     let pid = containerd_pid(&sc.ctrd);
@@ -123,7 +131,7 @@ async fn pressure_with_runtime_gone(fault: Fault) {
             signal(pid, libc::SIGSTOP);
             Some(Thaw(pid))
         }
-        Fault::Killed => {
+        Fault::Killed | Fault::KilledAcrossRestart => {
             sc.ctrd.kill_daemon();
             None
         }
@@ -161,6 +169,11 @@ async fn pressure_with_runtime_gone(fault: Fault) {
     eprintln!("criguard pods answered in {:?}", at.elapsed());
     let pod = pods.iter().find(|p| p.sandbox_id == sandbox).unwrap();
     assert_eq!(pod.state, criguard::model::SandboxState::NotReady);
+    if let Fault::KilledAcrossRestart = fault {
+        // The stop being retried dies with this process.
+        guard.signal_and_wait(libc::SIGKILL);
+        guard = sc.criguard(state.path(), &args).await;
+    }
 
     // A call through criguard ends as it does straight to containerd.
     let d = Duration::from_secs(2);
@@ -175,13 +188,15 @@ async fn pressure_with_runtime_gone(fault: Fault) {
     // Back: the runtime is told, and the sandbox is stopped.
     let hold = match fault {
         Fault::Frozen => Duration::from_secs(20),
-        Fault::Killed => Duration::from_secs(10),
+        Fault::Killed | Fault::KilledAcrossRestart => Duration::from_secs(10),
     };
     tokio::time::sleep(hold.saturating_sub(fault_at.elapsed())).await;
+    let log = sc.ctrd.dir.join("containerd.log");
+    let log_from = std::fs::metadata(&log).map_or(0, |m| m.len() as usize);
     let back = Instant::now();
     match fault {
         Fault::Frozen => drop(_thaw),
-        Fault::Killed => sc.ctrd.restart_daemon(),
+        Fault::Killed | Fault::KilledAcrossRestart => sc.ctrd.restart_daemon(),
     }
     let ready = cri::PodSandboxState::SandboxReady as i32;
     poll_until(
@@ -194,8 +209,21 @@ async fn pressure_with_runtime_gone(fault: Fault) {
         },
     )
     .await;
+    // containerd's own record of the stop, from after it came back.
+    poll_until(
+        Duration::from_secs(60),
+        "containerd logs the evicted pod's StopPodSandbox",
+        || async {
+            let text = std::fs::read(&log).unwrap_or_default();
+            String::from_utf8_lossy(text.get(log_from..).unwrap_or_default())
+                .lines()
+                .any(|l| l.contains("StopPodSandbox for") && l.contains(&sandbox))
+                .then_some(())
+        },
+    )
+    .await;
     eprintln!(
-        "sandbox NotReady in containerd {:?} after it came back",
+        "sandbox NotReady and stopped in containerd {:?} after it came back",
         back.elapsed()
     );
     assert_eq!(guard.evictions().await.len(), 1, "evicted once");
@@ -210,4 +238,9 @@ async fn containerd_frozen_the_pod_is_killed_and_the_eviction_published_before_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn containerd_killed_the_pod_is_killed_and_stopped_once_it_is_back() {
     pressure_with_runtime_gone(Fault::Killed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_left_by_a_killed_criguard_is_taken_up_by_the_next_process() {
+    pressure_with_runtime_gone(Fault::KilledAcrossRestart).await;
 }

@@ -295,6 +295,17 @@ fn manager(
     config: EvictionConfig,
     dry_run: bool,
 ) -> (EvictionManager, Arc<RwLock<NodeStatus>>) {
+    let model = Arc::new(RwLock::new(NodeModel::new(CAPACITY as i64)));
+    manager_on(node, config, dry_run, model)
+}
+
+/// [`manager`] with the node model `model`.
+fn manager_on(
+    node: &Arc<Node>,
+    config: EvictionConfig,
+    dry_run: bool,
+    model: Arc<RwLock<NodeModel>>,
+) -> (EvictionManager, Arc<RwLock<NodeStatus>>) {
     let status = Arc::new(RwLock::new(NodeStatus::default()));
     let seams = Seams {
         signals: node.clone(),
@@ -302,7 +313,6 @@ fn manager(
         killer: node.clone(),
         clock: node.clone(),
     };
-    let model = Arc::new(RwLock::new(NodeModel::new(CAPACITY as i64)));
     let m = EvictionManager::new(config, seams, model, status.clone(), dry_run)
         .with_node_reclaim(node.clone())
         .with_report(node.clone());
@@ -558,6 +568,34 @@ async fn a_stop_the_runtime_does_not_answer_is_retried_and_the_round_goes_on() {
         ["report big", "kill big", "stop big grace 0", "retry sb-big"]
     );
     assert_eq!(status.read().unwrap().evictions.len(), 1);
+}
+
+#[tokio::test]
+async fn a_pod_evicted_by_an_earlier_process_is_stopped_once_by_this_one() {
+    let node = Node::new(&[(Memory, 4 * GI)]);
+    node.add("hog", QosClass::BestEffort, Memory, 600 * MI);
+    node.add("web", QosClass::BestEffort, Memory, 100 * MI);
+    let model = Arc::new(RwLock::new(NodeModel::new(CAPACITY as i64)));
+    for name in ["hog", "web"] {
+        model
+            .write()
+            .unwrap()
+            .upsert_sandbox(crate::model::SandboxInfo {
+                id: format!("sb-{name}"),
+                uid: format!("uid-{name}"),
+                name: name.into(),
+                namespace: "default".into(),
+                state: Some(SandboxState::Ready),
+                ..Default::default()
+            });
+    }
+    let (mut m, status) = manager_on(&node, config(vec![hard(Memory, GI)], vec![]), false, model);
+    // What the earlier process saved: the hog evicted, its stop not seen through.
+    (status.write().unwrap().evicted).insert("uid-hog", "default/hog", "m", EPOCH_MS);
+    assert!(m.round().await.is_empty(), "no pressure: nothing evicted");
+    assert_eq!(node.log(), ["kill hog", "stop hog grace 0"]);
+    m.round().await;
+    assert_eq!(node.log().len(), 2, "stopped once: {:?}", node.log());
 }
 
 #[tokio::test]
