@@ -21,12 +21,13 @@
 #       MS: systemctl restart's start to both answering; SYSTEMCTL_MS: how
 #       long systemctl restart itself took, the old process's stop mostly).
 #   criguard-restarts.sh upgrade N [FIRST]
-#       N times what a package upgrade does: the binary replaced by a new
-#       file (cp, then mv over /usr/bin/criguard, as dpkg does) and
-#       systemctl reload, which hands over to it; then wait until systemd's
-#       MainPID is the new process and it answers as above. One line per
-#       upgrade: "upgrade I PID MS RELOAD_MS" (RELOAD_MS: how long
-#       systemctl reload took).
+#       N package upgrades, old -> new: the installed package
+#       (/var/tmp/criguard-deb/*.deb, hack/deb.sh's) rebuilt with the
+#       version VERSION+upI and installed with dpkg -i, whose postinst
+#       reloads the service (systemctl reload hands over to the binary dpkg
+#       put in place) and waits for the new MainPID; then wait until it
+#       answers as above. One line per upgrade: "upgrade I PID MS DPKG_MS"
+#       (DPKG_MS: how long dpkg -i took, the postinst's wait included).
 #   criguard-restarts.sh on-pressure TIMEOUT
 #       Wait (at most TIMEOUT s) until criguard's metrics show its memory
 #       signal under the threshold (criguard_signal_available <
@@ -90,16 +91,36 @@ restart_one() {
     echo "restart $1 $pid $(($(now_ms) - t0)) $((t1 - t0))"
 }
 
-# upgrade_one I: the binary replaced and systemctl reload; prints
-# "upgrade I PID MS RELOAD_MS".
+DEB_DIR=/var/tmp/criguard-deb
+STAGE=/var/tmp/criguard-upgrade
+
+# stage_package: the installed package, unpacked in $STAGE once; prints its
+# version.
+stage_package() {
+    local base
+    if [[ ! -f "$STAGE/DEBIAN/control" ]]; then
+        base="$(ls "$DEB_DIR"/criguard_*.deb 2>/dev/null | head -n1)"
+        [[ -n "$base" ]] || die "no package in $DEB_DIR"
+        rm -rf "$STAGE" && dpkg-deb -R "$base" "$STAGE" || die "unpack $base"
+        sed -n 's/^Version: //p' "$STAGE/DEBIAN/control" >"$STAGE.version"
+    fi
+    cat "$STAGE.version"
+}
+
+# upgrade_one I: the package rebuilt as version +upI and installed; prints
+# "upgrade I PID MS DPKG_MS".
 upgrade_one() {
-    local t0 t1 pid old bin
-    bin="$(command -v criguard)"
+    local t0 t1 pid old version deb
+    version="$(stage_package)+up$1"
+    sed -i "s/^Version: .*/Version: $version/" "$STAGE/DEBIAN/control"
+    deb="/var/tmp/criguard_$version.deb"
+    dpkg-deb -Znone -b "$STAGE" "$deb" >/dev/null || die "build $deb"
     old="$(systemctl show -p MainPID --value criguard.service)"
     t0="$(now_ms)"
-    cp -p "$bin" "$bin.upgrade" && mv -f "$bin.upgrade" "$bin" || die "replace $bin (upgrade $1)"
-    systemctl reload criguard.service || die "systemctl reload criguard (upgrade $1) failed"
+    dpkg -i --force-confold --force-confdef "$deb" >/dev/null || die "dpkg -i $deb (upgrade $1) failed"
     t1="$(now_ms)"
+    rm -f "$deb"
+    [[ "$(dpkg-query -W -f '${Version}' criguard)" == "$version" ]] || die "upgrade $1: criguard $version not installed"
     local end=$((SECONDS + 60))
     while :; do
         pid="$(systemctl show -p MainPID --value criguard.service)"

@@ -38,7 +38,8 @@
 //!   lasts; the kubelet, whose threshold (48Mi) is a backstop below
 //!   criguard's, neither reclaims nor evicts nor sets DiskPressure; the
 //!   space comes back, the evicted pod never runs again, and once the
-//!   transition period is over the taint goes and the replacement runs.
+//!   transition period is over the taint goes and the replacement runs;
+//! - criguard restarted at each step of an eviction ([`restart_points`]).
 //!
 //! On failure the test prints every component's log and the cluster's
 //! state. It needs root and the binaries of `hack/k8s/build.sh`.
@@ -56,6 +57,8 @@ use cluster_support::{
     condition, fresh_dir, hog_yaml, phase, pod_yaml, poll, poll_every, poll_evicted, tainted, uid,
 };
 use serde_json::Value;
+
+mod restart_points;
 
 /// Namespace of the test's pods.
 const NS: &str = "criguard-test";

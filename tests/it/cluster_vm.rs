@@ -39,9 +39,10 @@
 //!   restarts: each restart hands over (the unit's `ExecStop=`), no call
 //!   dropped by criguard (refused, reset, cut in flight) and none failed
 //!   because the kubelet gave up waiting for the socket;
-//! - criguard upgraded as many times as restarted (the binary replaced,
-//!   `systemctl reload`: a handoff) under the same churn, with the same
-//!   checks and no start by systemd at all;
+//! - criguard's package upgraded as many times as restarted (`dpkg -i` of
+//!   the package rebuilt as a newer version each time: its postinst reloads
+//!   the service, a handoff to the binary dpkg put in place) under the same
+//!   churn, with the same checks and no start by systemd at all;
 //! - criguard restarted during the memory pressure (as soon as its metrics
 //!   show the signal under the threshold, the eviction under way) and again
 //!   right after the eviction, within the transition period: the hog is
@@ -867,8 +868,8 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
     );
 }
 
-/// criguard upgraded [`restarts()`] times as a package upgrade does it (the
-/// binary replaced, `systemctl reload`: a handoff) while pods churn: no
+/// criguard's package upgraded [`restarts()`] times (`dpkg -i` of a newer
+/// version; its postinst's `systemctl reload` hands over) while pods churn: no
 /// call of the kubelet's fails on its way (none gave up on the socket, none
 /// dropped beyond the `baseline` window's), systemd starts nothing and
 /// counts no failure, MainPID is a new process each time, the node stays
