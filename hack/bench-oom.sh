@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The race against the OOM killer (issue #24): a grower of our own touches
+# The race against the OOM killer: a grower of our own touches
 # memory at a fixed rate in one BestEffort pod beside steady Guaranteed,
 # Burstable (one above its request) and BestEffort pods, until something
 # frees it; at 5 rates from 8 MiB/s to the fastest the grower can touch

@@ -63,7 +63,7 @@ else
         "go, grpc-go, socat, python3-venv, docker-registry, openssl, ip, curl, CNI plugins, bindfs, mkfs.ext4 present" >&2
 fi
 
-# promtool (deploy/: `promtool test rules` and `check metrics`, tests/deploy.rs)
+# promtool (deploy/: `promtool test rules` and `check metrics`, tests/it/deploy.rs)
 # comes with Debian's prometheus package, whose postinst would also enable and
 # start a Prometheus server listening on every interface (:9090) through its
 # init script or unit. Installed with starting denied (policy-rc.d 101), then

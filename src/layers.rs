@@ -14,6 +14,7 @@
 //! circles are listed in [`KNOWN_FILE_CIRCLES`], and shrink the same way.
 
 mod lengths;
+mod paths;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -43,8 +44,8 @@ fn layers(design: &str) -> BTreeMap<String, usize> {
     out
 }
 
-/// The top-level module a file under `src/` belongs to (`src/a/b.rs` and
-/// `src/a.rs` are `a`); `None` for the crate roots.
+/// The top-level module a file under `src/` belongs to (`a/b.rs` and
+/// `a.rs` under `src/` are `a`); `None` for the crate roots.
 fn module_of(src: &Path, file: &Path) -> Option<String> {
     let rel = file.strip_prefix(src).ok()?;
     let first = rel.components().next()?.as_os_str().to_str()?;

@@ -1,4 +1,4 @@
-//! The relay's bounds, each probe of issue #22 re-run against a real
+//! The relay's bounds, each probe re-run against a real
 //! containerd with criguard as its own process: header blocks, held
 //! bodies, criguard's own answers to a client that never reads, floods
 //! passed to the runtime, the connection limit and fd exhaustion. Each

@@ -1,6 +1,6 @@
 //! `criguard generate`: the man pages and shell completions, rendered from
 //! the clap definition of the command line itself so that they never drift
-//! from it. Hidden: packaging (packaging/deb.sh) runs it, operators read
+//! from it. Hidden: packaging (`hack/deb.sh`) runs it, operators read
 //! its output with `man criguard` and their shell's completion.
 
 use std::path::{Path, PathBuf};

@@ -8,8 +8,8 @@
 //!   metrics`, and every metric named in every dashboard query and in every
 //!   alert rule is in it. The few families that only appear after an event
 //!   this test does not cause (a kernel OOM kill, an API report, image GC, a
-//!   refused connection: tests/oom.rs, tests/kube.rs, tests/image_gc.rs and
-//!   tests/bounds.rs scrape those) are listed in [`NOT_CAUSED_HERE`], and
+//!   refused connection: tests/it/oom.rs, tests/it/kube.rs, tests/it/image_gc.rs
+//!   and tests/bounds.rs scrape those) are listed in [`NOT_CAUSED_HERE`], and
 //!   must then be registered by that name in criguard's source.
 
 use crate::common;

@@ -1,11 +1,10 @@
-//! criguard's integration tests, one binary: each module was once a binary
-//! of its own (`tests/NAME.rs`), and each linked criguard, tokio, tonic and
-//! containerd-client again. Run one module with a filter on its path:
+//! criguard's integration tests, one binary, so that criguard, tokio, tonic
+//! and containerd-client are linked once. Run one module with a filter on its path:
 //! `cargo test --test it -- eviction::` (a substring: `eviction::` also
 //! matches `disk_eviction::` and `pid_eviction::`; `--exact` or a longer
 //! path narrows it). `hack/test.sh` lists its groups as such filters.
 //!
-//! The modules now share one process, which used to keep them apart:
+//! The modules share one process, so each keeps to its own:
 //! - Descriptors: [`fds`] opens 400 sockets from this process; it raises
 //!   the soft `RLIMIT_NOFILE` to the hard limit first
 //!   ([`common::raise_nofile`]).

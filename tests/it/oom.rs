@@ -326,14 +326,10 @@ fn assert_recorded(
 /// Checks that the kernel's first victim was `first`, and that `next`
 /// ended, if it did, only in a second kernel kill. One OOM can end in two
 /// kills on a loaded host: the kernel kills again when the grower's next
-/// charge fails before the first victim's memory is uncharged (seen once
-/// in CI rehearsal 14 on containerd 2: Y 205 MiB, then X, in the same
-/// second, although X needed 30 MiB more). The order is the kernel's own,
-/// from its log (`kernel`): exit times cannot give it, since a first victim
-/// with much memory can finish exiting after a smaller second one (CI
-/// rehearsal 22: Y's exit came 9 ms after X's, while at X's kill Y's
-/// process was already gone from the memcg's task list). Without the log,
-/// exit times are the fallback.
+/// charge fails before the first victim's memory is uncharged. The order is
+/// the kernel's own, from its log (`kernel`): exit times cannot give it,
+/// since a first victim with much memory can finish exiting after a
+/// smaller second one. Without the log, exit times are the fallback.
 fn first_victim(
     first: &cri::ContainerStatus,
     next: &cri::ContainerStatus,

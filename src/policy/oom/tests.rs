@@ -50,7 +50,7 @@ fn low_scores_stay_and_no_victim_restores_nothing_needed() {
 fn nothing_ranked_restores_every_score_even_a_besteffort_1000() {
     // A BestEffort static pod (critical: never ranked) alone on the
     // node: with no first victim there is nothing to bound it below,
-    // so it keeps the kubelet's 1000 (it used to be lowered to 998).
+    // so it keeps the kubelet's 1000.
     let cs = [c("static-be", 1000, 3 * MI), c("guaranteed", -997, MI)];
     assert_eq!(dynamic_scores(None, &cs, 256 * MI), HashMap::new());
     // The same container with a victim elsewhere is bounded.
