@@ -213,11 +213,10 @@ impl KubeReport {
     /// it within the bound.
     ///
     /// The taint goes first because the pod's Failed status is what makes
-    /// its ReplicaSet create a replacement at once: written the other way
-    /// round (the taint 40–120 ms after the status, as the cluster tier's
-    /// audit log showed), the scheduler bound the replacement to the
-    /// tainted node in 4 of 7 runs, where criguard's admission then refused
-    /// its sandbox until the pressure had passed.
+    /// its ReplicaSet create a replacement at once: with the taint later,
+    /// the scheduler can bind the replacement to the tainted node, where
+    /// criguard's admission then refuses its sandbox until the pressure
+    /// has passed.
     pub async fn pod_evicted(&self, e: PodEviction) {
         let deadline = tokio::time::Instant::now() + self.inner.bound;
         let pod = format!("{}/{}", e.namespace, e.name);

@@ -14,15 +14,14 @@
 //!   the kubelet's: they come from the cache. A cache still saying
 //!   `Running` (criguard's write came before the pod worker's next sync)
 //!   is written back over criguard's `Failed` a few hundred milliseconds
-//!   later — the revert seen with kubelet 1.26 (0.13–0.4 s).
+//!   later.
 //! - The pod worker's `generateAPIPodStatus` never leaves a terminal phase
 //!   the API shows: with the API at `Failed` and the runtime's containers
 //!   dead it computes `Failed` itself. It keeps reason and message only
 //!   when the phase it computes equals the cached phase (then the cached
 //!   ones, or the API's when the cached ones are empty). Its first `Failed`,
 //!   computed while the cache still says `Running`, therefore carries no
-//!   reason and no message, and its patch blanks criguard's (seen for
-//!   0.14–1 s). From then on the cache says `Failed`, so the next status
+//!   reason and no message, and its patch blanks criguard's. From then on the cache says `Failed`, so the next status
 //!   it generates takes reason and message from the API: whatever criguard
 //!   wrote last stays.
 //!
