@@ -19,6 +19,9 @@ macro_rules! label_values {
         }
 
         impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$v,)+];
+
             /// The label value.
             pub fn as_str(self) -> &'static str {
                 match self {

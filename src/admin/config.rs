@@ -4,13 +4,39 @@
 //! `serve` publishes a [`ConfigStatus`] on a watch channel whenever this
 //! changes; the server answers from the latest value.
 
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::client::{ClientError, connect};
 use super::pb;
-use crate::config::{ConfigError, Threshold};
+use crate::config::{Amount, ConfigError, Signal, Threshold};
+
+/// Where a running criguard serves and what it forwards to.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Serving {
+    /// The runtime's CRI endpoint (`unix:///…`).
+    pub runtime_endpoint: String,
+    /// criguard's CRI socket, the kubelet's endpoint.
+    pub cri_socket: String,
+    /// The metrics endpoint (empty: none).
+    pub metrics_address: String,
+    /// The API report's kubeconfig (`in-cluster` for the pod's service
+    /// account; empty: no API report).
+    pub kubeconfig: String,
+}
+
+/// The Kubernetes API report's writes since criguard started (each
+/// attempt counts).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApiWrites {
+    /// Writes that succeeded.
+    pub ok: u64,
+    /// Failed writes by kind (`pod_status`, `event`, …).
+    pub failed: BTreeMap<String, u64>,
+}
 
 /// The configuration's state.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -34,9 +60,14 @@ pub struct ConfigStatus {
     pub last_reload_error: Option<ConfigError>,
     /// Settings that differ from the running ones but need a restart.
     pub needs_restart: Vec<String>,
-    /// The thresholds in effect, for `Rank` (not served).
+    /// The thresholds in effect, hard then soft (served typed; not in
+    /// `--json`, whose settings text names them).
     #[serde(skip)]
     pub thresholds: Vec<Threshold>,
+    /// Where it serves and what it forwards to.
+    pub serving: Serving,
+    /// The API report's writes (`None`: no API report), read when asked.
+    pub api_report: Option<ApiWrites>,
 }
 
 impl ConfigStatus {
@@ -147,8 +178,47 @@ impl From<&ConfigStatus> for pb::StatusResponse {
             last_reload_error: s.last_reload_error.as_ref().map(Into::into),
             needs_restart: s.needs_restart.clone(),
             pid: std::process::id(),
+            serving: Some(pb::Serving {
+                runtime_endpoint: s.serving.runtime_endpoint.clone(),
+                cri_socket: s.serving.cri_socket.clone(),
+                metrics_address: s.serving.metrics_address.clone(),
+                kubeconfig: s.serving.kubeconfig.clone(),
+            }),
+            thresholds: s.thresholds.iter().map(Into::into).collect(),
+            api_report: s.api_report.as_ref().map(|w| pb::ApiReport {
+                writes_ok: w.ok,
+                writes_failed: w.failed.clone().into_iter().collect(),
+            }),
         }
     }
+}
+
+impl From<&Threshold> for pb::Threshold {
+    fn from(t: &Threshold) -> Self {
+        use pb::threshold::Amount as A;
+        Self {
+            signal: t.signal.name().to_owned(),
+            amount: Some(match t.amount {
+                Amount::Quantity(q) => A::Quantity(q),
+                Amount::Percentage(p) => A::Percentage(p),
+            }),
+            grace_period_ms: t.grace_period.map(|g| g.as_millis() as u64),
+        }
+    }
+}
+
+/// A threshold as served; `None` for a signal or amount this criguard
+/// does not know (a newer server's).
+fn threshold(t: pb::Threshold) -> Option<Threshold> {
+    use pb::threshold::Amount as A;
+    let amount = match t.amount? {
+        A::Quantity(q) => Amount::Quantity(q),
+        A::Percentage(p) => Amount::Percentage(p),
+    };
+    Some(Threshold {
+        grace_period: t.grace_period_ms.map(Duration::from_millis),
+        ..Threshold::hard(Signal::parse(&t.signal)?, amount)
+    })
 }
 
 impl From<pb::StatusResponse> for ConfigStatus {
@@ -171,7 +241,20 @@ impl From<pb::StatusResponse> for ConfigStatus {
             reloads_refused: r.reloads_refused,
             last_reload_error: r.last_reload_error.map(Into::into),
             needs_restart: r.needs_restart,
-            thresholds: Vec::new(),
+            thresholds: r.thresholds.into_iter().filter_map(threshold).collect(),
+            serving: r
+                .serving
+                .map(|s| Serving {
+                    runtime_endpoint: s.runtime_endpoint,
+                    cri_socket: s.cri_socket,
+                    metrics_address: s.metrics_address,
+                    kubeconfig: s.kubeconfig,
+                })
+                .unwrap_or_default(),
+            api_report: r.api_report.map(|a| ApiWrites {
+                ok: a.writes_ok,
+                failed: a.writes_failed.into_iter().collect(),
+            }),
         }
     }
 }
@@ -192,6 +275,35 @@ mod tests {
             value: value.into(),
             rule: "bad".into(),
         }
+    }
+
+    #[test]
+    fn thresholds_serving_and_api_writes_survive_the_wire_typed() {
+        let soft = Threshold {
+            grace_period: Some(Duration::from_secs(90)),
+            ..Threshold::hard(Signal::NodefsAvailable, Amount::Percentage(15.0))
+        };
+        let hard = Threshold::hard(Signal::MemoryAvailable, Amount::Quantity(100 << 20));
+        let s = ConfigStatus {
+            thresholds: vec![hard, soft],
+            serving: Serving {
+                runtime_endpoint: "unix:///run/k3s/containerd/containerd.sock".into(),
+                cri_socket: "/tmp/demo/criguard.sock".into(),
+                metrics_address: "127.0.0.1:19809".into(),
+                kubeconfig: "in-cluster".into(),
+            },
+            api_report: Some(ApiWrites {
+                ok: 7,
+                failed: BTreeMap::from([("node_taints".to_owned(), 2)]),
+            }),
+            ..Default::default()
+        };
+        let back = ConfigStatus::from(pb::StatusResponse::from(&s));
+        assert_eq!(back, s);
+        // A newer server's signal is left out, not misread.
+        let mut wire = pb::StatusResponse::from(&s);
+        wire.thresholds[0].signal = "future.available".into();
+        assert_eq!(ConfigStatus::from(wire).thresholds, s.thresholds[1..]);
     }
 
     #[test]

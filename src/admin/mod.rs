@@ -16,7 +16,7 @@
 //! | `Usage` | per-pod disk and process usage, read now (model synced first) |
 //! | `Conditions` | node conditions, the last observations and when they were read |
 //! | `WatchEvictions` | each eviction as it is made (a server stream), the earlier ones first on request |
-//! | `Status` | the configuration: valid or failing open (and why), the settings in effect, reloads |
+//! | `Status` | the configuration: valid or failing open (and why), the settings and thresholds in effect, reloads; the sockets served, the runtime forwarded to, the API report's writes |
 //!
 //! The messages stay at the edge: [`convert`] is the one place that maps
 //! them to criguard's own types; [`server`] answers from those types and
@@ -39,7 +39,7 @@ pub use client::{
     ClientError, EvictionsReport, get_conditions, get_evictions, get_evictions_report,
     get_oom_kills, get_pods, get_rank, get_rank_report, get_usage, watch_evictions,
 };
-pub use config::{ConfigStatus, get_status};
+pub use config::{ApiWrites, ConfigStatus, Serving, get_status};
 pub use convert::{ConditionsReport, ConvertError, Observed};
 pub use server::{AdminState, serve};
-pub use table::{eviction_line, evictions_text, rank_table, usage_table};
+pub use table::{rank_table, usage_table};

@@ -60,6 +60,8 @@ pub struct AdminState {
     /// The configuration's state, as `serve` last published it (the
     /// thresholds `Rank` uses among it).
     pub config: watch::Receiver<ConfigStatus>,
+    /// The API report's counters, read for `Status`.
+    pub kube: crate::kube::metrics::KubeMetrics,
 }
 
 /// The signals `Rank` orders pods for: one memory signal, pid, and each
@@ -178,7 +180,16 @@ impl Admin for Service {
         &self,
         _: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
-        Ok(Response::new((&*self.state.config.borrow()).into()))
+        let mut s = self.state.config.borrow().clone();
+        if !s.serving.kubeconfig.is_empty() {
+            let (ok, failed) = self.state.kube.write_counts();
+            let failed = failed.into_iter().map(|(k, n)| (k.to_owned(), n));
+            s.api_report = Some(super::config::ApiWrites {
+                ok,
+                failed: failed.collect(),
+            });
+        }
+        Ok(Response::new((&s).into()))
     }
 
     type WatchEvictionsStream = EvictionStream;

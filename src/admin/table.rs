@@ -2,9 +2,7 @@
 //! `evictions`, `rank`, `usage`); `--json` prints the same data as JSON
 //! instead.
 
-use super::client::EvictionsReport;
 use crate::config::Signal;
-use crate::eviction::Eviction;
 use crate::reclaim::rank::RankEntry;
 use crate::signals::usage::NodeUsage;
 
@@ -89,37 +87,5 @@ pub fn usage_table(u: &NodeUsage) -> String {
         )),
         u.read_us
     );
-    out
-}
-
-/// One eviction as a line for people.
-pub fn eviction_line(e: &Eviction) -> String {
-    let dry = if e.dry_run { " (dry run)" } else { "" };
-    format!(
-        "{} {} [{}]{dry}: {}",
-        e.at_unix_ms, e.pod, e.threshold, e.message
-    )
-}
-
-/// `criguard evictions` for people: the evictions, then the kernel OOM kills.
-pub fn evictions_text(r: &EvictionsReport) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    for e in &r.evictions {
-        let _ = writeln!(out, "{}", eviction_line(e));
-    }
-    for k in &r.kernel_oom_kills {
-        let first = k.first_ranked.as_deref().unwrap_or("none");
-        let matched = if k.matched_rank {
-            "criguard's first-ranked pod"
-        } else {
-            "not criguard's first-ranked pod"
-        };
-        let _ = writeln!(
-            out,
-            "{} {} [kernel OOM kill] container {} ({:?}), {} process(es): {matched} (first ranked: {first})",
-            k.at_unix_ms, k.pod, k.container, k.qos, k.kills
-        );
-    }
     out
 }

@@ -74,19 +74,16 @@ pub async fn handoff(
 }
 
 /// What `criguard status` checks besides the admin socket: the runtime
-/// and criguard's CRI socket (a CRI Version call on each) and the metrics
-/// endpoint (the API report's writes).
+/// and criguard's CRI socket, a CRI Version call on each; by default the
+/// ones the running criguard says it forwards to and serves.
 #[derive(clap::Args, Debug, Clone)]
 pub struct StatusChecks {
-    /// The runtime criguard forwards to.
-    #[arg(long, default_value = "unix:///run/containerd/containerd.sock")]
-    pub runtime_endpoint: String,
-    /// criguard's CRI socket (the kubelet's endpoint).
-    #[arg(long, default_value = "/run/criguard/criguard.sock")]
-    pub cri_socket: String,
-    /// criguard's metrics endpoint (`none`: not read).
-    #[arg(long, default_value = "127.0.0.1:9809")]
-    pub metrics_address: String,
+    /// The runtime to check [default: the one criguard forwards to].
+    #[arg(long)]
+    pub runtime_endpoint: Option<String>,
+    /// criguard's CRI socket to check [default: the one criguard serves].
+    #[arg(long)]
+    pub cri_socket: Option<String>,
 }
 
 /// How many evictions and kernel OOM kills `criguard status` shows.
@@ -117,37 +114,22 @@ async fn version_check(endpoint: &str) -> display::Reach {
     }
 }
 
-/// GET /metrics on `address`, within [`CHECK_TIMEOUT`]; the body.
-async fn scrape(address: &str) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let fetch = async {
-        let mut s = tokio::net::TcpStream::connect(address).await?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: criguard\r\n\r\n")
-            .await?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await?;
-        anyhow::Ok(out)
-    };
-    let out = tokio::time::timeout(CHECK_TIMEOUT, fetch).await??;
-    out.split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .ok_or_else(|| anyhow::anyhow!("not an HTTP answer"))
-}
-
-/// The Kubernetes API report's state: off without a kubeconfig, else the
-/// writes counted in the metrics.
-async fn api_check(settings: &str, metrics_address: &str) -> display::Reach {
+/// The Kubernetes API report's state, as criguard counts its writes.
+fn api_reach(s: &admin::ConfigStatus) -> display::Reach {
     use display::Reach;
-    if settings.contains("kubeconfig: none") {
-        return Reach::Off("off (no kubeconfig)".into());
-    }
-    if metrics_address == "none" {
-        return Reach::Off("configured; metrics not read (--metrics-address none)".into());
-    }
-    match scrape(metrics_address).await {
-        Ok(text) => display::api_from_metrics(&text)
-            .unwrap_or_else(|| Reach::Off("configured; no write yet".into())),
-        Err(e) => Reach::Failed(format!("metrics at {metrics_address} not read: {e}")),
+    match &s.api_report {
+        None => Reach::Off("off (no kubeconfig)".into()),
+        Some(w) if w.ok == 0 && w.failed.is_empty() => {
+            Reach::Off("configured; no write yet".into())
+        }
+        Some(w) if w.failed.is_empty() => Reach::Answered {
+            what: format!("{} writes, none failed", w.ok),
+            ms: 0,
+        },
+        Some(w) => {
+            let kinds: Vec<String> = w.failed.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            Reach::Failed(format!("{} writes ok, failed: {}", w.ok, kinds.join(", ")))
+        }
     }
 }
 
@@ -169,32 +151,18 @@ pub fn status(admin_socket: PathBuf, json: bool, checks: StatusChecks) -> ExitCo
         print!("{head}");
         let conditions = admin::get_conditions(&admin_socket).await;
         let evictions = admin::get_evictions_report(&admin_socket).await;
+        let runtime =
+            (checks.runtime_endpoint.clone()).unwrap_or_else(|| s.serving.runtime_endpoint.clone());
+        let cri = (checks.cri_socket.clone()).unwrap_or_else(|| s.serving.cri_socket.clone());
         let connections = display::Connections {
-            runtime: (
-                checks.runtime_endpoint.clone(),
-                version_check(&checks.runtime_endpoint).await,
-            ),
-            cri: (
-                checks.cri_socket.clone(),
-                version_check(&checks.cri_socket).await,
-            ),
-            api: api_check(&s.settings, &checks.metrics_address).await,
+            runtime: (runtime.clone(), version_check(&runtime).await),
+            cri: (cri.clone(), version_check(&cri).await),
+            api: api_reach(&s),
         };
         match (conditions, evictions) {
             (Ok(c), Ok(e)) => print!(
                 "{}",
-                display::status_overview(
-                    &[
-                        display::hard_thresholds(&s.settings),
-                        display::soft_thresholds(&s.settings)
-                    ]
-                    .concat(),
-                    &c,
-                    &e,
-                    STATUS_LAST,
-                    &connections,
-                    when
-                )
+                display::status_overview(&s.thresholds, &c, &e, STATUS_LAST, &connections, when)
             ),
             (Err(e), _) | (_, Err(e)) => println!("\nconditions and evictions not read: {e}"),
         }

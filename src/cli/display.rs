@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 use criguard::admin::{ConditionsReport, EvictionsReport};
-use criguard::config::{Amount, Signal, Threshold};
+use criguard::config::{Signal, Threshold};
 use criguard::eviction::Eviction;
 use criguard::model::Pod;
 use criguard::reclaim::oom_kills::OomKill;
@@ -221,50 +221,6 @@ fn amount(signal: Signal, v: i64) -> String {
     }
 }
 
-/// The hard thresholds named on the settings' `evictionHard:` line
-/// (`memory.available<100Mi, nodefs.available<10%`), which is how the admin
-/// API serves them; an entry that does not parse is left out.
-pub fn hard_thresholds(settings: &str) -> Vec<Threshold> {
-    settings_thresholds(settings, "evictionHard: ")
-}
-
-/// The soft thresholds named on the settings' `evictionSoft:` line
-/// (`memory.available<300Mi for 1m30s`), each with its grace period; an
-/// entry that does not parse, or has no grace period, is left out (a
-/// minimum reclaim, `, reclaiming 50Mi more`, is not read).
-pub fn soft_thresholds(settings: &str) -> Vec<Threshold> {
-    settings_thresholds(settings, "evictionSoft: ")
-        .into_iter()
-        .filter(|t| t.grace_period.is_some())
-        .collect()
-}
-
-/// The entries of the settings' line that starts with `key`: `SIGNAL<AMOUNT`
-/// with an optional ` for DURATION` (the grace period).
-fn settings_thresholds(settings: &str, key: &str) -> Vec<Threshold> {
-    let Some(line) = settings.lines().find_map(|l| l.strip_prefix(key)) else {
-        return Vec::new();
-    };
-    line.split(',')
-        .filter_map(|e| {
-            let (name, rest) = e.trim().split_once('<')?;
-            let signal = Signal::parse(name)?;
-            let (value, grace) = match rest.split_once(" for ") {
-                Some((v, g)) => (v, Some(criguard::quantity::parse_duration(g).ok()?)),
-                None => (rest, None),
-            };
-            let amount = match value.strip_suffix('%') {
-                Some(_) => Amount::Percentage(criguard::quantity::parse_percentage(value).ok()?),
-                None => Amount::Quantity(criguard::quantity::parse_quantity(value).ok()?),
-            };
-            Some(Threshold {
-                grace_period: grace,
-                ..Threshold::hard(signal, amount)
-            })
-        })
-        .collect()
-}
-
 /// Whether a connection answered, for the status screen.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reach {
@@ -455,58 +411,11 @@ fn connections_lines(out: &mut String, connections: &Connections) {
     let _ = writeln!(out, "  Kubernetes API: {}", connections.api.text());
 }
 
-/// The API report's state from a metrics scrape (exposition text): the
-/// writes by outcome, and the kind of the failed ones; `None` when the
-/// scrape has no API write at all.
-pub fn api_from_metrics(text: &str) -> Option<Reach> {
-    let mut ok = 0f64;
-    let mut failed: BTreeMap<String, f64> = BTreeMap::new();
-    let mut any = false;
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("criguard_kube_writes_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let v: f64 = value.trim().parse().unwrap_or(0.0);
-        any = true;
-        let label = |k: &str| {
-            labels.split(',').find_map(|kv| {
-                let (name, val) = kv.split_once('=')?;
-                (name == k).then(|| val.trim_matches('"').to_owned())
-            })
-        };
-        match label("outcome").as_deref() {
-            Some("ok") => ok += v,
-            Some("failed") if v > 0.0 => {
-                *failed
-                    .entry(label("write").unwrap_or_default())
-                    .or_default() += v
-            }
-            _ => {}
-        }
-    }
-    if !any {
-        return None;
-    }
-    if failed.is_empty() {
-        return Some(Reach::Answered {
-            what: format!("{ok} writes, none failed"),
-            ms: 0,
-        });
-    }
-    let kinds: Vec<String> = failed.iter().map(|(k, n)| format!("{k} {n}")).collect();
-    Some(Reach::Failed(format!(
-        "{ok} writes ok, failed: {}",
-        kinds.join(", ")
-    )))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use criguard::admin::Observed;
+    use criguard::config::Amount;
     use criguard::policy::thresholds::Condition;
 
     fn utc(ms: u64) -> Option<LocalTime> {
@@ -767,87 +676,6 @@ mod tests {
         assert_eq!(
             line("imagefs.available"),
             ["imagefs.available", "-", "-", "20%", "(1m0s)", "-"]
-        );
-    }
-
-    #[test]
-    fn soft_thresholds_and_their_grace_are_read_from_the_settings_line() {
-        // The settings as the admin API serves them: criguard's own
-        // description of its configuration.
-        let grace = |s| Some(std::time::Duration::from_secs(s));
-        let soft = vec![
-            Threshold {
-                grace_period: grace(90),
-                ..Threshold::hard(Signal::MemoryAvailable, Amount::Quantity(300 << 20))
-            },
-            Threshold {
-                grace_period: grace(120),
-                ..Threshold::hard(Signal::NodefsAvailable, Amount::Percentage(15.0))
-            },
-        ];
-        let mut with_reclaim = soft.clone();
-        with_reclaim[0].min_reclaim = Some(Amount::Quantity(50 << 20));
-        let settings = criguard::config::EvictionConfig {
-            hard: vec![Threshold::hard(
-                Signal::MemoryAvailable,
-                Amount::Quantity(100 << 20),
-            )],
-            soft: with_reclaim,
-            max_pod_grace_period: None,
-            pressure_transition_period: std::time::Duration::from_secs(300),
-            housekeeping_interval: std::time::Duration::from_secs(10),
-        }
-        .describe();
-        assert!(
-            settings.contains(
-                "evictionSoft: memory.available<300Mi for 1m30s, reclaiming 50Mi more, nodefs.available<15% for 2m0s\n"
-            ),
-            "{settings}"
-        );
-        assert_eq!(soft_thresholds(&settings), soft);
-        assert_eq!(
-            hard_thresholds(&settings),
-            vec![Threshold::hard(
-                Signal::MemoryAvailable,
-                Amount::Quantity(100 << 20)
-            )]
-        );
-        assert!(soft_thresholds("evictionSoft: (none)\n").is_empty());
-    }
-
-    #[test]
-    fn hard_thresholds_are_read_from_the_settings_line() {
-        let t = hard_thresholds(
-            "dryRun: false\nevictionHard: imagefs.available<15%, memory.available<100Mi\nevictionSoft: (none)\n",
-        );
-        assert_eq!(
-            t,
-            vec![
-                Threshold::hard(Signal::ImagefsAvailable, Amount::Percentage(15.0)),
-                Threshold::hard(Signal::MemoryAvailable, Amount::Quantity(100 << 20)),
-            ]
-        );
-        assert!(hard_thresholds("evictionHard: (none)\n").is_empty());
-    }
-
-    #[test]
-    fn api_writes_are_summed_from_the_scrape() {
-        assert_eq!(api_from_metrics("criguard_config_valid 1\n"), None);
-        let ok = "criguard_kube_writes_total{write=\"event\",outcome=\"ok\"} 3\n\
-                  criguard_kube_writes_total{write=\"pod_status\",outcome=\"failed\"} 0\n";
-        assert_eq!(
-            api_from_metrics(ok),
-            Some(Reach::Answered {
-                what: "3 writes, none failed".into(),
-                ms: 0
-            })
-        );
-        let bad = format!(
-            "{ok}criguard_kube_writes_total{{write=\"node_taints\",outcome=\"failed\"}} 2\n"
-        );
-        assert_eq!(
-            api_from_metrics(&bad),
-            Some(Reach::Failed("3 writes ok, failed: node_taints 2".into()))
         );
     }
 }

@@ -126,6 +126,29 @@ pub struct KubeMetrics {
 }
 
 impl KubeMetrics {
+    /// The API writes so far: how many succeeded, and the failed ones by
+    /// kind (kinds with none left out).
+    pub fn write_counts(&self) -> (u64, std::collections::BTreeMap<&'static str, u64>) {
+        let mut ok = 0;
+        let mut failed = std::collections::BTreeMap::new();
+        for &write in KubeWrite::ALL {
+            for &outcome in WriteOutcome::ALL {
+                let labels = KubeWriteLabels { write, outcome };
+                let Some(n) = self.writes.get(&labels).map(|c| c.get()) else {
+                    continue;
+                };
+                match outcome {
+                    WriteOutcome::Ok => ok += n,
+                    WriteOutcome::Failed if n > 0 => {
+                        failed.insert(write.as_str(), n);
+                    }
+                    WriteOutcome::Failed => {}
+                }
+            }
+        }
+        (ok, failed)
+    }
+
     /// Registers every metric of the group.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(

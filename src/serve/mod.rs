@@ -57,6 +57,7 @@ use std::time::Duration;
 use anyhow::Context;
 use criguard::admin::ConfigStatus;
 use criguard::config::ConfigError;
+use criguard::config::kube::ApiSource;
 use criguard::config::metrics::{ReloadLabels, ReloadOutcome};
 use criguard::eviction::NodeStatus;
 use criguard::eviction::store::EvictedStore;
@@ -410,6 +411,8 @@ impl App {
         let handoff = keep_for_handoff(&listeners, metrics_listener.as_ref());
         tighten_state_dir(&cmd.state_dir);
         let parts = Parts::build(&cmd, endpoint, sources);
+        let serving = serving(&parts.upstream, &listeners, metrics_listener.as_ref(), &cmd);
+        parts.config.send_modify(|c| c.serving = serving);
         Ok(Self {
             cmd,
             loaded,
@@ -541,6 +544,7 @@ impl Parts {
             ranker: Ranker::new(node.clone(), sources.clone(), Some(parts.usage.clone())),
             oom_kills: oom_kills.clone(),
             config: config_rx,
+            kube: metrics.kube.clone(),
         };
         let cgroup_root = &cmd.node.cgroup_root;
         let events =
@@ -686,6 +690,26 @@ async fn bind_metrics(
     })
 }
 
+/// Where this criguard serves and what it forwards to, for `Status`: the
+/// CRI socket's own path (systemd's or a predecessor's socket included).
+fn serving(
+    upstream: &Upstream,
+    listeners: &servers::Listeners,
+    metrics: Option<&tokio::net::TcpListener>,
+    cmd: &ServeCmd,
+) -> criguard::admin::Serving {
+    let cri = listeners.cri.local_addr().ok();
+    let cri = cri.as_ref().and_then(|a| a.as_pathname());
+    criguard::admin::Serving {
+        runtime_endpoint: upstream.endpoint().to_string(),
+        cri_socket: cri.unwrap_or(&cmd.listen).display().to_string(),
+        metrics_address: (metrics.and_then(|m| m.local_addr().ok()))
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
+        kubeconfig: String::new(),
+    }
+}
+
 /// The configuration's state before anything is loaded: the version and
 /// the file.
 fn initial_config(cmd: &ServeCmd) -> ConfigStatus {
@@ -807,6 +831,15 @@ fn publish(
             let e = &g.settings.eviction;
             let thresholds = e.hard.iter().chain(&e.soft).cloned().collect();
             s.running(g.describe(), thresholds, needs_restart.to_vec(), reloaded);
+            // The API report starts with the process: a reload cannot
+            // change its kubeconfig (`needs_restart` says so).
+            if !reloaded {
+                s.serving.kubeconfig = match g.settings.kube.as_ref().map(|k| &k.source) {
+                    Some(ApiSource::Kubeconfig(p)) => p.display().to_string(),
+                    Some(ApiSource::InCluster) => "in-cluster".into(),
+                    None => String::new(),
+                };
+            }
         }
         Err(e) => s.failing_open(e.clone()),
     });

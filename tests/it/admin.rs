@@ -53,6 +53,7 @@ impl Served {
             },
         );
         let state = AdminState {
+            kube: Default::default(),
             model: model.clone(),
             upstream,
             status: status.clone(),

@@ -564,6 +564,27 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
         writes("node_taints", "ok") >= Some(2.0),
         "set, then removed"
     );
+    // `criguard status` reads the same counts typed from the admin API,
+    // with the sockets this criguard serves.
+    let status = criguard::admin::get_status(&guard.admin).await.unwrap();
+    let api = status.api_report.expect("an API report with a kubeconfig");
+    let ok_kinds = ["pod_status", "event", "node_conditions", "node_taints"];
+    let ok_sum: f64 = ok_kinds.iter().filter_map(|k| writes(k, "ok")).sum();
+    assert_eq!(api.ok as f64, ok_sum, "{api:?}");
+    assert_eq!(
+        api.failed,
+        [("node_taints".to_owned(), 1)].into(),
+        "{api:?}"
+    );
+    assert_eq!(
+        status.serving.cri_socket,
+        guard.socket.display().to_string()
+    );
+    assert!(
+        !status.serving.kubeconfig.is_empty(),
+        "{:?}",
+        status.serving
+    );
     let requests = t.requests();
     assert_user_agent(&requests);
     assert_no_403(&requests);
