@@ -2,8 +2,8 @@
 //! `<state-dir>/kube-pods.json` so a restarted criguard carries on with
 //! them where the last one stopped: a status not yet written is written; a
 //! status written is watched (and written again when undone) until the
-//! kubelet's own status is terminal with criguard's reason
-//! ([`super::reassert::settles`]), with the writes again already made, the
+//! kubelet's own status is terminal with criguard's reason (see
+//! [`super::reassert`]), with the writes again already made, the
 //! first undo's time, the last write's time and resourceVersion carried
 //! over.
 //!

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use super::metrics::{KubeWrite, PodOutcome};
 use super::pending::PendingPod;
-use super::reassert::{Next, QUIET, Seen, Undo, judge, settles, terminal};
+use super::reassert::{Next, QUIET, Seen, Undo, judge, terminal};
 use super::{Inner, PodEviction, backoff as new_backoff, body, bounded, code_of};
 use crate::clock::unix_ms;
 
@@ -188,8 +188,6 @@ enum WatchEnd {
     Undone(Undo),
     /// The pod was deleted or replaced.
     Gone,
-    /// The kubelet's own status is terminal with criguard's reason.
-    Settled,
     /// The deadline passed.
     Deadline,
     /// The watch broke or the server ended it; go on from this
@@ -198,8 +196,8 @@ enum WatchEnd {
 }
 
 /// Keeps criguard's status on an evicted pod until the kubelet's own
-/// status is terminal with it ([`settles`], or [`QUIET`] on a terminated
-/// pod after criguard's last write), writing it again whenever it is
+/// status is terminal with it ([`QUIET`] on a terminated pod after
+/// criguard's last write), writing it again whenever it is
 /// undone, deleting the pod past the bound. Its state is saved with the
 /// report at each change.
 struct Hold<'a> {
@@ -287,11 +285,9 @@ impl<'a> Hold<'a> {
     /// What pod `p` as seen now means: `None` to watch on.
     fn look(&mut self, p: &Pod) -> Option<WatchEnd> {
         let e = &self.p.eviction;
-        let ours = self.p.last_write.as_ref().map(|(_, rv)| rv.as_str());
         match judge(p, &e.uid, &e.message) {
             Seen::Gone => Some(WatchEnd::Gone),
             Seen::Undone(how) => Some(WatchEnd::Undone(how)),
-            Seen::Ours if settles(p, &e.uid, &e.message, ours) => Some(WatchEnd::Settled),
             Seen::Ours => {
                 self.terminal = terminal(p);
                 None
@@ -305,7 +301,6 @@ impl<'a> Hold<'a> {
         match end {
             WatchEnd::Undone(how) => self.undone(how).await.ok_or(DELETED),
             WatchEnd::Gone => Err("pod gone"),
-            WatchEnd::Settled => Err("the kubelet's status is Failed, Evicted"),
             WatchEnd::Deadline if self.terminal && Instant::now() < self.end => {
                 Err("criguard's status stood unchanged on the terminated pod")
             }
@@ -367,7 +362,7 @@ impl<'a> Hold<'a> {
     }
 
     /// Watches the pod from `rv` until its status is undone, it is gone,
-    /// the kubelet settles, the deadline passes, or the watch breaks.
+    /// the deadline passes, or the watch breaks.
     async fn watch(&mut self, mut rv: String) -> WatchEnd {
         let deadline = self.deadline();
         let left = deadline

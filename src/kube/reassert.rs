@@ -37,14 +37,17 @@
 //! # When the report is over
 //!
 //! Not after a fixed time: once the kubelet's own status for the pod is
-//! terminal with criguard's reason ([`settles`]). The pod is `Failed`,
-//! Evicted, with criguard's message and condition, every container
-//! terminated (the pod worker is done with it), and either a write that
-//! is not criguard's shows it so (the kubelet wrote it: its cache holds
-//! criguard's reason) or it has stayed so for [`QUIET`] after criguard's
-//! last write (three of the status manager's 10 s reconciles found
-//! nothing to change). The counts and times here are wall-clock and saved
-//! with the report, so a restart goes on where the last process stopped.
+//! terminal with criguard's reason. The pod is `Failed`, Evicted, with
+//! criguard's message and condition, every container terminated
+//! ([`terminal`]: the pod worker is done with it), and it has stayed so for
+//! [`QUIET`] after criguard's last write: three of the status manager's
+//! 10 s reconciles, each of which writes the kubelet's cached status back
+//! when it differs, found nothing to change. A write by someone else that
+//! shows criguard's status is no word from the kubelet: it can be an
+//! earlier criguard process's, delayed in a stalled API server and landing
+//! after a restart, while the kubelet's cache still says `Running`. The
+//! counts and times here are wall-clock and saved with the report, so a
+//! restart goes on where the last process stopped.
 
 use std::time::{Duration, SystemTime};
 
@@ -127,15 +130,6 @@ pub fn terminal(p: &Pod) -> bool {
     s.phase.as_deref() == Some("Failed")
         && s.container_statuses.iter().flatten().all(done)
         && s.init_container_statuses.iter().flatten().all(done)
-}
-
-/// Whether pod `p`, as seen now, ends the report: criguard's status on a
-/// terminated pod, written by someone else than criguard (its resourceVersion
-/// is not `ours`, the one criguard's last write left).
-pub fn settles(p: &Pod, uid: &str, message: &str, ours: Option<&str>) -> bool {
-    judge(p, uid, message) == Seen::Ours
-        && terminal(p)
-        && p.metadata.resource_version.as_deref() != ours
 }
 
 /// What to do about an undone status.
@@ -238,13 +232,8 @@ mod tests {
         );
     }
 
-    fn with_rv(mut p: Pod, rv: &str) -> Pod {
-        p.metadata.resource_version = Some(rv.into());
-        p
-    }
-
     #[test]
-    fn the_report_settles_on_the_kubelets_own_terminal_status_only() {
+    fn a_pod_is_terminal_once_every_container_is() {
         let ours = |containers: serde_json::Value| {
             pod(
                 json!({"phase": "Failed", "reason": "Evicted", "message": MSG,
@@ -260,32 +249,10 @@ mod tests {
             !terminal(&ours(running.clone())),
             "a container still running"
         );
-        // The kubelet's write (another resourceVersion) on a terminated pod.
-        assert!(settles(
-            &with_rv(ours(dead.clone()), "12"),
-            "u1",
-            MSG,
-            Some("11")
-        ));
-        // criguard's own write is no word from the kubelet.
-        assert!(!settles(
-            &with_rv(ours(dead.clone()), "11"),
-            "u1",
-            MSG,
-            Some("11")
-        ));
-        assert!(!settles(
-            &with_rv(ours(running), "12"),
-            "u1",
-            MSG,
-            Some("11")
-        ));
         let blank =
             pod(json!({"phase": "Failed", "conditions": target(), "containerStatuses": dead}));
-        assert!(
-            !settles(&with_rv(blank, "12"), "u1", MSG, Some("11")),
-            "reason blanked"
-        );
+        assert!(terminal(&blank), "terminal says nothing of the reason");
+        assert_ne!(judge(&blank, "u1", MSG), Seen::Ours, "reason blanked");
     }
 
     #[test]
