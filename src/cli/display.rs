@@ -13,7 +13,7 @@ use criguard::eviction::Eviction;
 use criguard::model::Pod;
 use criguard::reclaim::oom_kills::OomKill;
 
-/// A broken-down local time, as `localtime_r` gives it.
+/// A broken-down local time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalTime {
     /// Year, e.g. 2026.
@@ -33,32 +33,19 @@ pub struct LocalTime {
 }
 
 /// `ms` (since the epoch) in this machine's time zone (`TZ`, else
-/// /etc/localtime); `None` if the C library cannot convert it.
+/// /etc/localtime, else UTC); `None` past the range of dates.
 pub fn local_time(ms: u64) -> Option<LocalTime> {
-    let t = libc::time_t::try_from(ms / 1000).ok()?;
-    // SAFETY: tm is plain data; localtime_r writes it and keeps no pointer.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers to a time_t and a tm for the call's duration.
-    let r = unsafe { libc::localtime_r(&t, &mut tm) };
-    if r.is_null() {
-        return None;
-    }
-    let zone = if tm.tm_zone.is_null() {
-        String::new()
-    } else {
-        // SAFETY: tm_zone points to a NUL-terminated string of the C
-        // library's that lives as long as the process's time zone data.
-        unsafe { std::ffi::CStr::from_ptr(tm.tm_zone) }
-            .to_string_lossy()
-            .into_owned()
-    };
+    let at = jiff::Timestamp::from_millisecond(i64::try_from(ms).ok()?).ok()?;
+    let tz = jiff::tz::TimeZone::system();
+    let zone = tz.to_offset_info(at).abbreviation().to_owned();
+    let t = at.to_zoned(tz);
     Some(LocalTime {
-        year: tm.tm_year + 1900,
-        month: (tm.tm_mon + 1) as u32,
-        day: tm.tm_mday as u32,
-        hour: tm.tm_hour as u32,
-        minute: tm.tm_min as u32,
-        second: tm.tm_sec as u32,
+        year: i32::from(t.year()),
+        month: t.month() as u32,
+        day: t.day() as u32,
+        hour: t.hour() as u32,
+        minute: t.minute() as u32,
+        second: t.second() as u32,
         zone,
     })
 }
