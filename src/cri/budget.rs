@@ -179,7 +179,7 @@ pub struct RefusedLabels {
     pub reason: &'static str,
 }
 
-/// Relayed connections open now (stand-in connections included).
+/// Relayed connections open now (those answered unavailable included).
 pub static CONNECTIONS: LazyLock<Gauge> = LazyLock::new(Gauge::default);
 /// Client connections refused, by reason.
 pub static REFUSED: LazyLock<Family<RefusedLabels, Counter>> = LazyLock::new(Family::default);

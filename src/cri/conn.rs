@@ -91,8 +91,8 @@ struct Block {
 /// The parsing state of the bytes one peer sends.
 #[derive(Debug)]
 struct Side {
-    /// Bytes of the client preface still to pass (client side only).
-    preface: usize,
+    /// The client preface still to pass (client side only).
+    preface: frame::Preface,
     block: Option<Block>,
     reader: Reader,
     /// The largest frame accepted from this peer: the largest
@@ -101,7 +101,7 @@ struct Side {
 }
 
 impl Side {
-    fn new(preface: usize) -> Self {
+    fn new(preface: frame::Preface) -> Self {
         Self {
             preface,
             block: None,
@@ -182,8 +182,8 @@ impl Conn {
         let to_server = ToServer::new();
         Self {
             proxy,
-            client: Side::new(frame::PREFACE.len()),
-            server: Side::new(0),
+            client: Side::new(frame::Preface::expected()),
+            server: Side::new(frame::Preface::none()),
             streams: HashMap::new(),
             answered: BTreeSet::new(),
             to_server,
@@ -256,12 +256,10 @@ impl Conn {
             input.clear();
             return;
         }
-        if self.client.preface > 0 {
-            let n = self.client.preface.min(input.len());
-            let preface = input.split_to(n).freeze();
-            self.to_server.forward(&mut io.to_server, preface, 0);
-            self.client.preface -= n;
-            if self.client.preface > 0 {
+        if let Some(preface) = self.client.preface.take(input) {
+            self.to_server
+                .forward(&mut io.to_server, preface.freeze(), 0);
+            if !self.client.preface.passed() {
                 return;
             }
         }
@@ -278,7 +276,7 @@ impl Conn {
                     }
                 }
             }
-            let Some((head, f)) = next_frame(input, self.client.max_frame) else {
+            let Some((head, f)) = frame::next_frame(input, self.client.max_frame) else {
                 return;
             };
             let Some(f) = f else {
@@ -307,7 +305,7 @@ impl Conn {
             input.clear();
             return;
         }
-        while let Some((head, f)) = next_frame(input, self.server.max_frame) {
+        while let Some((head, f)) = frame::next_frame(input, self.server.max_frame) {
             let Some(f) = f else {
                 tracing::warn!(
                     len = head.len,
@@ -927,25 +925,6 @@ fn is_block(kind: u8) -> bool {
         kind,
         kind::HEADERS | kind::CONTINUATION | kind::PUSH_PROMISE
     )
-}
-
-/// Takes the next whole frame off `input`: `None` when none is complete,
-/// `Some((head, None))` when it is larger than `max` allows.
-fn next_frame(input: &mut BytesMut, max: u32) -> Option<(Head, Option<BytesMut>)> {
-    if input.len() < frame::HEADER_LEN {
-        return None;
-    }
-    let head = Head::parse(input);
-    if head.len > max {
-        input.clear();
-        return Some((head, None));
-    }
-    let total = frame::HEADER_LEN + head.len as usize;
-    if input.len() < total {
-        input.reserve(total - input.len());
-        return None;
-    }
-    Some((head, Some(input.split_to(total))))
 }
 
 /// Adds a frame's fragment to the block in progress; true when the block

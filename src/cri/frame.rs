@@ -149,6 +149,59 @@ pub fn rst_stream(stream: u32, code: u32) -> Bytes {
     build(kind::RST_STREAM, 0, stream, &code.to_be_bytes())
 }
 
+/// The client connection preface still to come on a connection (the
+/// client's side only: the server sends none).
+#[derive(Debug)]
+pub struct Preface(usize);
+
+impl Preface {
+    /// The whole preface still to come.
+    pub fn expected() -> Self {
+        Self(PREFACE.len())
+    }
+
+    /// None to come (the server's side).
+    pub fn none() -> Self {
+        Self(0)
+    }
+
+    /// Takes off `input` what it holds of the preface still to come (`None`
+    /// once the preface has passed); frames follow once [`Self::passed`].
+    pub fn take(&mut self, input: &mut BytesMut) -> Option<BytesMut> {
+        if self.0 == 0 {
+            return None;
+        }
+        let n = self.0.min(input.len());
+        self.0 -= n;
+        Some(input.split_to(n))
+    }
+
+    /// Whether the preface has passed.
+    pub fn passed(&self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// Takes the next whole frame off `input`: `None` when none is complete,
+/// `Some((head, None))` when it is larger than `max` allows (`input` is
+/// cleared then: the connection cannot go on).
+pub fn next_frame(input: &mut BytesMut, max: u32) -> Option<(Head, Option<BytesMut>)> {
+    if input.len() < HEADER_LEN {
+        return None;
+    }
+    let head = Head::parse(input);
+    if head.len > max {
+        input.clear();
+        return Some((head, None));
+    }
+    let total = HEADER_LEN + head.len as usize;
+    if input.len() < total {
+        input.reserve(total - input.len());
+        return None;
+    }
+    Some((head, Some(input.split_to(total))))
+}
+
 /// GOAWAY naming the last stream processed, with `code`.
 pub fn goaway(last_stream: u32, code: u32) -> Bytes {
     let mut p = [0u8; 8];

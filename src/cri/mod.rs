@@ -6,7 +6,7 @@
 //! header blocks of any size the runtime takes) and changes nothing but
 //! the observed requests it patches or refuses. See `conn` for the frame
 //! handling, `held` for observed calls and flow control, `pump` for the
-//! I/O loop, `standin` for a runtime that is down and `budget` for what
+//! I/O loop, `unavailable` answering calls while the runtime is down (or a connection is refused) and `budget` for what
 //! the relay may hold.
 
 pub mod budget;
@@ -25,7 +25,7 @@ pub mod out;
 pub mod proxy;
 pub mod pump;
 pub mod server;
-pub mod standin;
+pub mod unavailable;
 
 pub use proxy::Proxy;
 pub use server::serve;

@@ -2,12 +2,12 @@
 //!
 //! Each accepted connection gets its own connection to the runtime and a
 //! thread of its own that relays between them ([`super::pump`]); when the
-//! runtime cannot be dialled the connection is served by the stand-in
-//! ([`super::standin`]). On shutdown the listener closes, every
+//! runtime cannot be dialled the connection is served by the unavailable responder
+//! ([`super::unavailable`]). On shutdown the listener closes, every
 //! connection gets GOAWAY, calls in flight finish for at most `drain`, and
 //! what is left is dropped.
 //!
-//! [`ProxyThread`] runs the accepting, the stand-in and each connection's
+//! [`ProxyThread`] runs the accepting, the unavailable responder and each connection's
 //! signals on a thread and a single-threaded runtime of its own, and each
 //! relayed connection runs on its own thread, so nothing else criguard does
 //! (filesystem walks, statvfs of a hung mount, cgroup reads, state files)
@@ -15,7 +15,7 @@
 //! the model's lock briefly to observe a call.
 //!
 //! At most [`Proxy::max_connections`] connections are served at once
-//! (relayed or stand-in). A client past the limit, or one that arrives
+//! (relayed or answered unavailable). A client past the limit, or one that arrives
 //! while criguard is out of file descriptors, is refused as what it is:
 //! its first call is answered `UNAVAILABLE` naming the reason (`criguard:
 //! connection limit N reached`, `criguard: out of file descriptors`), a
@@ -35,7 +35,7 @@ use tokio::task::JoinSet;
 use super::budget::{self, CONNECTIONS, REFUSED, RefusedLabels};
 use super::conn::Conn;
 use super::proxy::Proxy;
-use super::{pump, standin};
+use super::{pump, unavailable};
 use crate::accept::Acceptor;
 use crate::lograte::LogRate;
 
@@ -204,11 +204,11 @@ async fn connection(
             if let Some(skipped) = DOWN_LOG.allow(Instant::now()) {
                 tracing::warn!(%err, not_logged = skipped, "runtime unreachable; answering calls UNAVAILABLE");
             }
-            return standin::serve(client, proxy, err, drain).await;
+            return unavailable::serve(client, proxy, err, drain).await;
         }
     };
     Refusal::Fds.report();
-    standin::refuse(client, proxy, Refusal::Fds.message(), drain).await;
+    unavailable::refuse(client, proxy, Refusal::Fds.message(), drain).await;
 }
 
 /// How long a dial that finds the runtime's accept queue full is retried.
@@ -243,7 +243,7 @@ async fn refuse(
     _permit: OwnedSemaphorePermit,
 ) {
     why.report();
-    standin::refuse(client, proxy, why.message(), drain).await;
+    unavailable::refuse(client, proxy, why.message(), drain).await;
 }
 
 /// The proxy serving on a thread of its own.

@@ -230,7 +230,7 @@ async fn runtime_down_fails_fast_unavailable_then_reconnects() {
     let _upstream = RecordingUpstream::start(&upstream_sock, |_| ok_reply(rawgrpc::frame(b"up")));
     poll_until(
         Duration::from_secs(10),
-        "criguard to end the stand-in connection",
+        "criguard to end the connection it answered unavailable",
         || {
             let mut client = client.clone();
             async move { client.ready().await.is_err().then_some(()) }

@@ -31,14 +31,14 @@ use tokio::sync::watch;
 
 use super::budget::SMALL_BLOCK;
 use super::conn::MAX_HEADER_LIST;
-use super::frame::{self, Head, error, flag, kind};
+use super::frame::{self, error, flag, kind};
 use super::headers::{self, Reader};
 use super::methods;
 use super::out::{Out, write_some};
 use super::proxy::Proxy;
 use super::pump::HIGH_WATER;
 
-/// How often an idle stand-in connection checks for the runtime.
+/// How often an idle connection answered unavailable checks for the runtime.
 pub const PROBE: Duration = Duration::from_millis(250);
 /// How long a refused connection waits for its first call.
 pub const REFUSE_WAIT: Duration = Duration::from_secs(5);
@@ -59,7 +59,7 @@ struct Parsed {
 
 /// The parsing state of the client's bytes.
 struct Client {
-    preface: usize,
+    preface: frame::Preface,
     block: Vec<u8>,
     /// Bytes of the block in progress, kept or not.
     block_len: usize,
@@ -71,7 +71,7 @@ struct Client {
 impl Client {
     fn new() -> Self {
         Self {
-            preface: frame::PREFACE.len(),
+            preface: frame::Preface::expected(),
             block: Vec::new(),
             block_len: 0,
             block_stream: 0,
@@ -84,26 +84,15 @@ impl Client {
 impl Client {
     fn parse(&mut self, input: &mut BytesMut, out: &mut Out) -> Parsed {
         let mut parsed = Parsed::default();
-        if self.preface > 0 {
-            let n = self.preface.min(input.len());
-            let _ = input.split_to(n);
-            self.preface -= n;
-            if self.preface > 0 {
-                return parsed;
-            }
+        if self.preface.take(input).is_some() && !self.preface.passed() {
+            return parsed;
         }
-        while input.len() >= frame::HEADER_LEN {
-            let head = Head::parse(input);
-            if head.len > frame::DEFAULT_MAX_FRAME {
+        while let Some((head, f)) = frame::next_frame(input, frame::DEFAULT_MAX_FRAME) {
+            let Some(f) = f else {
                 out.push(frame::goaway(self.last_stream, error::FRAME_SIZE_ERROR));
                 parsed.end = true;
                 return parsed;
-            }
-            let total = frame::HEADER_LEN + head.len as usize;
-            if input.len() < total {
-                return parsed;
-            }
-            let f = input.split_to(total);
+            };
             let payload = &f[frame::HEADER_LEN..];
             match head.kind {
                 kind::SETTINGS if !head.has(flag::ACK) => {
@@ -189,7 +178,7 @@ enum Mode {
 /// is ending.
 const FINAL_FLUSH: Duration = Duration::from_secs(1);
 
-/// What the stand-in says on one connection, and how far it got.
+/// What the responder says on one connection, and how far it got.
 struct Answers {
     proxy: Proxy,
     msg: String,
