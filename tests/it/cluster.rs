@@ -58,7 +58,7 @@ use cluster_support::{
 };
 use serde_json::Value;
 
-mod restart_points;
+pub(crate) mod restart_points;
 
 /// Namespace of the test's pods.
 const NS: &str = "criguard-test";

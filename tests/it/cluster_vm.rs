@@ -1509,3 +1509,60 @@ fn the_restart_scripts_output_is_read() {
     );
     assert_eq!(removal_ms(""), None);
 }
+
+impl crate::cluster::restart_points::RestartNode for VmNode {
+    fn name(&self) -> &str {
+        NODE
+    }
+
+    fn namespace(&self) -> &str {
+        NS
+    }
+
+    fn transition_s(&self) -> u64 {
+        (TRANSITION_MS / 1000) as u64
+    }
+
+    fn hog_pod(&self, name: &str) -> String {
+        // 10 MiB a second from the start: under TCG the crossing comes
+        // tens of seconds after the pod runs, room for the restart before it.
+        crate::cluster::restart_points::hog_pod(name, NS, NODE, "1")
+    }
+
+    fn restart(&self) -> u128 {
+        let out = self.guest(&format!("{RESTART_SCRIPT} restart 1"));
+        let r = parse_restarts(&out);
+        assert_eq!(r.len(), 1, "{RESTART_SCRIPT} restart 1: {out}");
+        u128::from(r[0].ms)
+    }
+
+    fn evictions_of(&self, uid: &str) -> Vec<criguard::eviction::Eviction> {
+        let report = self.evictions();
+        report
+            .evictions
+            .into_iter()
+            .filter(|e| e.uid == uid)
+            .collect()
+    }
+
+    fn pending_reports(&self) -> String {
+        self.guest("cat /var/lib/criguard/kube-pods.json 2>/dev/null || true")
+    }
+}
+
+/// criguard restarted as an operator does on the VM node (`systemctl
+/// restart`: a handoff) at each step of an eviction, as the host node's
+/// [`crate::cluster::restart_points`] runs do: the kubelet's end state
+/// every time, one eviction, the taint set and removed once. Opt-in: a
+/// run of the four points takes about 10 minutes under TCG.
+#[test]
+#[ignore = "opt-in (about 10 minutes under TCG): cargo test --test it -- --ignored cluster_vm::restart_points"]
+fn restart_points_on_the_vm_node() {
+    // SAFETY: geteuid has no preconditions.
+    assert!(unsafe { libc::geteuid() } == 0, "the VM node needs root");
+    let mut c = Cluster::up(fresh_dir("cgp"), &[], "cluster-vm");
+    c.keep_files_on_failure = false;
+    let vm = VmNode::up(&c, "criguard");
+    c.kubectl(&["create", "namespace", NS]);
+    crate::cluster::restart_points::run_points(&c, &vm, "VM node");
+}

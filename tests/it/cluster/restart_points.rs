@@ -9,6 +9,9 @@
 //! once and removed once, after the transition period.
 //!
 //! `CRIGUARD_RESTART_POINT_RUNS` (default 1) runs each point that many times.
+//! The runs take a [`RestartNode`]: the host node here (criguard SIGKILLed
+//! and started again), the VM node in `cluster_vm` (`systemctl restart`, a
+//! handoff).
 
 use std::fmt;
 use std::path::Path;
@@ -21,10 +24,68 @@ use super::{
 };
 use crate::common::cluster::{BUSYBOX, phase, poll, tainted, uid};
 
-/// The transition period the cluster runs with, s.
+/// The host node's transition period, s.
 const TRANSITION_S: u64 = 15;
 /// The memory taint criguard sets.
 const TAINT: &str = "criguard.io/memory-pressure";
+
+/// A node whose criguard the runs restart.
+pub trait RestartNode {
+    /// The node's name in the API.
+    fn name(&self) -> &str;
+    /// The namespace of the runs' pods.
+    fn namespace(&self) -> &str;
+    /// criguard's pressure transition period there, s.
+    fn transition_s(&self) -> u64;
+    /// A BestEffort pod `name` that grows until criguard evicts it.
+    fn hog_pod(&self, name: &str) -> String;
+    /// Restarts criguard as this node's operator would; how long until it
+    /// answered again, ms.
+    fn restart(&self) -> u128;
+    /// criguard's eviction records of pod `uid`.
+    fn evictions_of(&self, uid: &str) -> Vec<criguard::eviction::Eviction>;
+    /// criguard's `kube-pods.json` (the reports not over), as text.
+    fn pending_reports(&self) -> String;
+}
+
+/// The host node `node-a` of a cluster.
+struct HostNode<'a>(&'a Cluster);
+
+impl RestartNode for HostNode<'_> {
+    fn name(&self) -> &str {
+        "node-a"
+    }
+
+    fn namespace(&self) -> &str {
+        NS
+    }
+
+    fn transition_s(&self) -> u64 {
+        TRANSITION_S
+    }
+
+    fn hog_pod(&self, name: &str) -> String {
+        hog_pod(name, NS, self.name(), "0.5")
+    }
+
+    fn restart(&self) -> u128 {
+        self.0.restart_criguard(self.name()).as_millis()
+    }
+
+    fn evictions_of(&self, uid: &str) -> Vec<criguard::eviction::Eviction> {
+        let report = self.0.evictions(self.name());
+        report
+            .evictions
+            .into_iter()
+            .filter(|e| e.uid == uid)
+            .collect()
+    }
+
+    fn pending_reports(&self) -> String {
+        let path = (self.0.node_dir(self.name())).join("criguard-state/kube-pods.json");
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+}
 
 /// Where in an eviction criguard is restarted.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -73,6 +134,8 @@ struct Outcome {
     taint_writes: usize,
     /// The taint's removal after the eviction record, ms.
     taint_gone_ms: i64,
+    /// The transition period, ms.
+    transition_ms: i64,
     /// How long the restart took (SIGKILL to both sockets answering), ms.
     restart_ms: u128,
     /// The restart after the eviction record, ms (negative: before it).
@@ -90,7 +153,7 @@ impl Outcome {
             && self.kubelet_message
             && self.evictions == 1
             && self.taint_writes == 2
-            && self.taint_gone_ms >= (TRANSITION_S as i64 - 2) * 1000
+            && self.taint_gone_ms >= self.transition_ms - 2000
             && match self.point {
                 Point::BeforeKill => self.restart_after_eviction_ms < 0,
                 _ => self.restart_after_eviction_ms >= 0,
@@ -100,12 +163,13 @@ impl Outcome {
     }
 }
 
-/// A BestEffort pod `name` on `node` that grows by 10 MiB every 0.5 s.
-fn hog_pod(name: &str, node: &str) -> String {
+/// A BestEffort pod `name` in `ns` on `node` that grows by 10 MiB every
+/// `step` (a `sleep` argument, s).
+pub fn hog_pod(name: &str, ns: &str, node: &str, step: &str) -> String {
     format!(
         r#"apiVersion: v1
 kind: Pod
-metadata: {{name: {name}, namespace: {NS}, labels: {{app: restart-point}}}}
+metadata: {{name: {name}, namespace: {ns}, labels: {{app: restart-point}}}}
 spec:
   nodeSelector: {{kubernetes.io/hostname: {node}}}
   hostNetwork: true
@@ -115,7 +179,7 @@ spec:
   - name: hog
     image: {BUSYBOX}
     imagePullPolicy: Never
-    command: ["awk", "BEGIN {{ for (i = 0; ; i++) {{ m[i] = sprintf(\"%10485760s\", i); system(\"sleep 0.5\") }} }}"]
+    command: ["awk", "BEGIN {{ for (i = 0; ; i++) {{ m[i] = sprintf(\"%10485760s\", i); system(\"sleep {step}\") }} }}"]
 "#
     )
 }
@@ -148,20 +212,10 @@ impl Drop for Frozen {
     }
 }
 
-/// criguard's eviction records of pod `uid` on `node`.
-fn evictions_of(c: &Cluster, node: &str, uid: &str) -> Vec<criguard::eviction::Eviction> {
-    let report = c.evictions(node);
-    report
-        .evictions
-        .into_iter()
-        .filter(|e| e.uid == uid)
-        .collect()
-}
-
 /// The pod's status in the API, polled until Failed with reason Evicted.
-fn evicted_in_api(c: &Cluster, name: &str, deadline: Duration) -> Value {
+fn evicted_in_api(c: &Cluster, ns: &str, name: &str, deadline: Duration) -> Value {
     poll(deadline, "the pod Failed/Evicted in the API", || {
-        let p = c.json(&["-n", NS, "get", "pod", name]);
+        let p = c.json(&["-n", ns, "get", "pod", name]);
         (phase(&p) == "Failed" && p["status"]["reason"] == "Evicted").then_some(p)
     })
 }
@@ -188,83 +242,80 @@ fn criguard_patches(audit: &Path, from_ms: i64, what: impl Fn(&Value) -> bool) -
 
 /// Restarts `node`'s criguard: how long it took and when it ended (ms
 /// since the epoch).
-fn restart(c: &Cluster, node: &str) -> (u128, i64) {
-    let took = c.restart_criguard(node);
-    (took.as_millis(), unix_ms_now())
+fn restart(node: &dyn RestartNode) -> (u128, i64) {
+    let took = node.restart();
+    (took, unix_ms_now())
 }
 
 /// Runs `point` once on `node` (run `run`): the hog applied, criguard
 /// restarted at the point, the end state read once the taint is gone and
 /// the report settled.
-fn one_run(c: &Cluster, node: &str, point: Point, run: usize) -> Outcome {
-    let name = format!("hog-{point}-{run}");
+fn one_run(c: &Cluster, node: &dyn RestartNode, point: Point, run: usize) -> Outcome {
+    let (ns, name) = (node.namespace(), format!("hog-{point}-{run}"));
+    let transition_s = node.transition_s();
     let run_start = unix_ms_now();
-    c.apply(&hog_pod(&name, node));
-    let pod = poll(Duration::from_secs(60), "the hog Running", || {
-        let p = c.json(&["-n", NS, "get", "pod", &name]);
+    c.apply(&node.hog_pod(&name));
+    let pod = poll(Duration::from_secs(300), "the hog Running", || {
+        let p = c.json(&["-n", ns, "get", "pod", &name]);
         (phase(&p) == "Running").then_some(p)
     });
     let hog_uid = uid(&pod).to_owned();
     let (restart_ms, restarted_at) = match point {
         Point::BeforeKill => {
             assert!(
-                evictions_of(c, node, &hog_uid).is_empty(),
+                node.evictions_of(&hog_uid).is_empty(),
                 "{point}: evicted before the restart"
             );
-            restart(c, node)
+            restart(node)
         }
         Point::KillToWrite => {
             let frozen = Frozen::api_server(c);
             poll(
                 Duration::from_secs(90),
                 "the hog evicted, API frozen",
-                || (!evictions_of(c, node, &hog_uid).is_empty()).then_some(()),
+                || (!node.evictions_of(&hog_uid).is_empty()).then_some(()),
             );
-            let r = restart(c, node);
+            let r = restart(node);
             drop(frozen);
             r
         }
         Point::Reasserting => {
-            evicted_in_api(c, &name, Duration::from_secs(90));
-            restart(c, node)
+            evicted_in_api(c, ns, &name, Duration::from_secs(180));
+            restart(node)
         }
         Point::Transition => {
-            evicted_in_api(c, &name, Duration::from_secs(90));
-            let at = evictions_of(c, node, &hog_uid)[0].at_unix_ms as i64;
-            let mid = at + TRANSITION_S as i64 * 1000 / 2;
+            evicted_in_api(c, ns, &name, Duration::from_secs(180));
+            let at = node.evictions_of(&hog_uid)[0].at_unix_ms as i64;
+            let mid = at + transition_s as i64 * 1000 / 2;
             std::thread::sleep(Duration::from_millis((mid - unix_ms_now()).max(0) as u64));
-            let n = c.json(&["get", "node", node]);
+            let n = c.json(&["get", "node", node.name()]);
             assert!(tainted(&n, TAINT), "{point}: the taint before the restart");
-            restart(c, node)
+            restart(node)
         }
     };
     let records = poll(
         Duration::from_secs(90),
         "criguard's eviction record",
         || {
-            let e = evictions_of(c, node, &hog_uid);
+            let e = node.evictions_of(&hog_uid);
             (!e.is_empty()).then_some(e)
         },
     );
     let evicted_at = records[0].at_unix_ms as i64;
     poll(
-        Duration::from_secs(TRANSITION_S + 90),
+        Duration::from_secs(transition_s + 90),
         "the taint removed",
-        || (!tainted(&c.json(&["get", "node", node]), TAINT)).then_some(()),
+        || (!tainted(&c.json(&["get", "node", node.name()]), TAINT)).then_some(()),
     );
     // The report settles once the kubelet's own status is terminal with
     // criguard's reason and has stood: the pod leaves kube-pods.json.
-    let pending = c.node_dir(node).join("criguard-state/kube-pods.json");
     poll(
         Duration::from_secs(180),
         "criguard's report settled",
-        || {
-            let text = std::fs::read_to_string(&pending).unwrap_or_default();
-            (!text.contains(&hog_uid)).then_some(())
-        },
+        || (!node.pending_reports().contains(&hog_uid)).then_some(()),
     );
     let settled_s = (unix_ms_now() - evicted_at) as f64 / 1000.0;
-    let p = c.json(&["-n", NS, "get", "pod", &name]);
+    let p = c.json(&["-n", ns, "get", "pod", &name]);
     let end = format!(
         "{}/{}",
         phase(&p),
@@ -285,10 +336,10 @@ fn one_run(c: &Cluster, node: &str, point: Point, run: usize) -> Outcome {
     let taint_gone_ms = writes
         .last()
         .map_or(-1, |&t| day_diff(t, ms_of_day(evicted_at as u64)));
-    let evictions = evictions_of(c, node, &hog_uid).len();
+    let evictions = node.evictions_of(&hog_uid).len();
     c.kubectl(&[
         "-n",
-        NS,
+        ns,
         "delete",
         "pod",
         &name,
@@ -303,6 +354,7 @@ fn one_run(c: &Cluster, node: &str, point: Point, run: usize) -> Outcome {
         evictions,
         taint_writes: writes.len(),
         taint_gone_ms,
+        transition_ms: transition_s as i64 * 1000,
         restart_ms,
         restart_after_eviction_ms: restarted_at - evicted_at,
         settled_s,
@@ -327,22 +379,18 @@ fn one_run(c: &Cluster, node: &str, point: Point, run: usize) -> Outcome {
     o
 }
 
-#[test]
-fn a_restart_at_any_step_of_an_eviction_ends_in_the_kubelets_end_state() {
+/// Each point `CRIGUARD_RESTART_POINT_RUNS` times (default 1) on `node`,
+/// a summary printed after `label`; panics naming the runs that did not
+/// end as the kubelet's eviction.
+pub fn run_points(c: &Cluster, node: &dyn RestartNode, label: &str) {
     let runs: usize = std::env::var("CRIGUARD_RESTART_POINT_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let transition = format!("{TRANSITION_S}s");
-    let c = cluster_up(&[("CRIGUARD_CLUSTER_TRANSITION", transition.as_str())]);
-    let node = "node-a";
-    c.apply(&format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}}}\n"
-    ));
     let started = Instant::now();
     let outcomes: Vec<Outcome> = (0..runs)
         .flat_map(|run| Point::ALL.map(|point| (run, point)))
-        .map(|(run, point)| one_run(&c, node, point, run))
+        .map(|(run, point)| one_run(c, node, point, run))
         .collect();
     for point in Point::ALL {
         let of: Vec<&Outcome> = outcomes.iter().filter(|o| o.point == point).collect();
@@ -350,14 +398,14 @@ fn a_restart_at_any_step_of_an_eviction_ends_in_the_kubelets_end_state() {
         let mut restarts: Vec<u128> = of.iter().map(|o| o.restart_ms).collect();
         restarts.sort_unstable();
         println!(
-            "restart-points: {point}: {good}/{} runs ended Failed/Evicted with the kubelet's message, one eviction, the taint removed once; restart p50 {} ms, max {} ms",
+            "restart-points ({label}): {point}: {good}/{} runs ended Failed/Evicted with the kubelet's message, one eviction, the taint removed once; restart p50 {} ms, max {} ms",
             of.len(),
             restarts[restarts.len() / 2],
             restarts[restarts.len() - 1]
         );
     }
     println!(
-        "restart-points: {} runs in {:.0} s",
+        "restart-points ({label}): {} runs in {:.0} s",
         outcomes.len(),
         started.elapsed().as_secs_f64()
     );
@@ -368,4 +416,14 @@ fn a_restart_at_any_step_of_an_eviction_ends_in_the_kubelets_end_state() {
         failed.is_empty(),
         "runs that did not end as the kubelet's eviction: {failed:?}"
     );
+}
+
+#[test]
+fn a_restart_at_any_step_of_an_eviction_ends_in_the_kubelets_end_state() {
+    let transition = format!("{TRANSITION_S}s");
+    let c = cluster_up(&[("CRIGUARD_CLUSTER_TRANSITION", transition.as_str())]);
+    c.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}}}\n"
+    ));
+    run_points(&c, &HostNode(&c), "host node");
 }
