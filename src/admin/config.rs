@@ -110,8 +110,14 @@ impl ConfigStatus {
         self.error.is_none()
     }
 
-    /// What `criguard status` prints.
+    /// What `criguard status` prints: [`Self::head`], then the settings.
     pub fn text(&self) -> String {
+        self.head() + &self.settings
+    }
+
+    /// The version, the file, whether the configuration is valid (or why
+    /// not), the reloads and what needs a restart; one per line.
+    pub fn head(&self) -> String {
         let mut out = format!("criguard {}\n", self.version);
         let file = if self.config_file.is_empty() {
             "(none)"
@@ -140,7 +146,6 @@ impl ConfigStatus {
         for n in &self.needs_restart {
             out.push_str(&format!("needs a restart to take effect: {n}\n"));
         }
-        out.push_str(&self.settings);
         out
     }
 }

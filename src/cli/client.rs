@@ -146,9 +146,7 @@ pub fn status(admin_socket: PathBuf, json: bool, checks: StatusChecks) -> ExitCo
             println!("{}", serde_json::to_string_pretty(&s)?);
             return Ok(());
         }
-        let text = s.text();
-        let head = text.strip_suffix(&s.settings).unwrap_or(&text);
-        print!("{head}");
+        print!("{}", s.head());
         let conditions = admin::get_conditions(&admin_socket).await;
         let evictions = admin::get_evictions_report(&admin_socket).await;
         let runtime =
