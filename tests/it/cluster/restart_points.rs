@@ -285,7 +285,17 @@ fn one_run(c: &Cluster, node: &dyn RestartNode, point: Point, run: usize) -> Out
         }
         Point::Transition => {
             evicted_in_api(c, ns, &name, Duration::from_secs(180));
-            let at = node.evictions_of(&hog_uid)[0].at_unix_ms as i64;
+            // The API can show the status a moment before criguard's
+            // record: it is written before the pod is killed and recorded.
+            let at = poll(
+                Duration::from_secs(30),
+                "criguard's eviction record",
+                || {
+                    node.evictions_of(&hog_uid)
+                        .first()
+                        .map(|e| e.at_unix_ms as i64)
+                },
+            );
             let mid = at + transition_s as i64 * 1000 / 2;
             std::thread::sleep(Duration::from_millis((mid - unix_ms_now()).max(0) as u64));
             let n = c.json(&["get", "node", node.name()]);
