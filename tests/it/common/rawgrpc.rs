@@ -243,6 +243,12 @@ impl RecordingUpstream {
                 tokio::spawn(async move {
                     let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                         .auto_date_header(false)
+                        // Each call criguard refuses reaches the runtime as
+                        // HEADERS then RST_STREAM; h2's rapid-reset guard (20
+                        // reset before accepted, then GOAWAY) trips on a
+                        // refusal flood when this server lags under load.
+                        // (tests/bounds.rs floods a real containerd alike.)
+                        .max_pending_accept_reset_streams(usize::MAX)
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
                 });
