@@ -53,8 +53,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cluster_support::{
-    BUSYBOX, Cluster, assert_evicted, assert_one_memory_eviction, assert_pressure_marked,
-    condition, fresh_dir, hog_yaml, phase, pod_yaml, poll, poll_every, poll_evicted, tainted, uid,
+    BUSYBOX, CRIGUARD_USER, Cluster, assert_evicted, assert_one_memory_eviction,
+    assert_pressure_marked, condition, criguard_patched, fresh_dir, hog_yaml, phase, pod_yaml,
+    poll, poll_every, poll_evicted, tainted, uid,
 };
 use serde_json::Value;
 
@@ -62,8 +63,6 @@ pub(crate) mod restart_points;
 
 /// Namespace of the test's pods.
 const NS: &str = "criguard-test";
-/// criguard's ServiceAccount, as the audit log names it.
-const CRIGUARD_USER: &str = "system:serviceaccount:kube-system:criguard";
 /// The pressure transition period, ms: `hack/cluster.sh`'s default
 /// `CRIGUARD_CLUSTER_TRANSITION` (30s), which the test leaves as is.
 const TRANSITION_MS: i64 = 30_000;
@@ -1009,11 +1008,9 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
     let node_writes = |sub: Option<&str>| -> Vec<i64> {
         ours.iter()
             .filter(|e| {
-                e["verb"] == "patch"
-                    && e["stage"] == "ResponseComplete"
+                criguard_patched(e)
                     && e["objectRef"]["resource"] == "nodes"
                     && e["objectRef"]["subresource"].as_str() == sub
-                    && e["responseStatus"]["code"] == 200
             })
             .filter_map(|e| audit_ms(e["stageTimestamp"].as_str()?))
             .collect()

@@ -72,8 +72,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cluster_support::{
-    Cluster, assert_evicted, assert_one_memory_eviction, condition, fresh_dir, hog_yaml, phase,
-    pod_yaml, poll_evicted, repo, tainted, uid,
+    Cluster, assert_evicted, assert_one_memory_eviction, condition, criguard_patched, fresh_dir,
+    hog_yaml, phase, pod_yaml, poll_evicted, repo, tainted, uid,
 };
 use serde_json::Value;
 
@@ -117,8 +117,6 @@ const LATE_MS: i64 = 15_000;
 /// a restart whose socket stays unanswered longer fails the calls queued
 /// meanwhile with Unavailable ("error reading server preface").
 const KUBELET_CONNECT_TIMEOUT_MS: u64 = 5_000;
-/// criguard's ServiceAccount, as the audit log names it.
-const CRIGUARD_USER: &str = "system:serviceaccount:kube-system:criguard";
 /// The kubelet's configuration file in the guest (hack/vm/cluster-node.sh).
 const KUBELET_CONFIG: &str = "/etc/kubernetes/kubelet.yaml";
 /// criguard's CRI socket, as the kubelet dials it.
@@ -1303,13 +1301,10 @@ fn taint_writes(c: &Cluster) -> usize {
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|e| {
-            e["user"]["username"] == CRIGUARD_USER
-                && e["verb"] == "patch"
-                && e["stage"] == "ResponseComplete"
+            criguard_patched(e)
                 && e["objectRef"]["resource"] == "nodes"
                 && e["objectRef"]["name"] == NODE
                 && e["objectRef"]["subresource"].is_null()
-                && e["responseStatus"]["code"] == 200
         })
         .count()
 }
@@ -1539,13 +1534,8 @@ impl crate::cluster::restart_points::RestartNode for VmNode {
         u128::from(r[0].ms)
     }
 
-    fn evictions_of(&self, uid: &str) -> Vec<criguard::eviction::Eviction> {
-        let report = self.evictions();
-        report
-            .evictions
-            .into_iter()
-            .filter(|e| e.uid == uid)
-            .collect()
+    fn evictions(&self) -> criguard::admin::EvictionsReport {
+        VmNode::evictions(self)
     }
 
     fn pending_reports(&self) -> String {

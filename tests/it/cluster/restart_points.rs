@@ -19,10 +19,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{
-    CRIGUARD_USER, Cluster, HostNodes, NS, audit_ms, cluster_up, day_diff, ms_of_day, unix_ms_now,
-};
-use crate::common::cluster::{BUSYBOX, phase, poll, tainted, uid};
+use super::{Cluster, HostNodes, NS, audit_ms, cluster_up, day_diff, ms_of_day, unix_ms_now};
+use crate::common::cluster::{BUSYBOX, criguard_patched, phase, poll, tainted, uid};
 
 /// The host node's transition period, s.
 const TRANSITION_S: u64 = 15;
@@ -42,8 +40,17 @@ pub trait RestartNode {
     /// Restarts criguard as this node's operator would; how long until it
     /// answered again, ms.
     fn restart(&self) -> u128;
+    /// criguard's evictions, as `criguard evictions --json` prints them.
+    fn evictions(&self) -> criguard::admin::EvictionsReport;
     /// criguard's eviction records of pod `uid`.
-    fn evictions_of(&self, uid: &str) -> Vec<criguard::eviction::Eviction>;
+    fn evictions_of(&self, uid: &str) -> Vec<criguard::eviction::Eviction> {
+        let report = self.evictions();
+        report
+            .evictions
+            .into_iter()
+            .filter(|e| e.uid == uid)
+            .collect()
+    }
     /// criguard's `kube-pods.json` (the reports not over), as text.
     fn pending_reports(&self) -> String;
 }
@@ -72,13 +79,8 @@ impl RestartNode for HostNode<'_> {
         self.0.restart_criguard(self.name()).as_millis()
     }
 
-    fn evictions_of(&self, uid: &str) -> Vec<criguard::eviction::Eviction> {
-        let report = self.0.evictions(self.name());
-        report
-            .evictions
-            .into_iter()
-            .filter(|e| e.uid == uid)
-            .collect()
+    fn evictions(&self) -> criguard::admin::EvictionsReport {
+        HostNodes::evictions(self.0, self.name())
     }
 
     fn pending_reports(&self) -> String {
@@ -228,13 +230,7 @@ fn criguard_patches(audit: &Path, from_ms: i64, what: impl Fn(&Value) -> bool) -
         .unwrap_or_default()
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| {
-            e["user"]["username"] == CRIGUARD_USER
-                && e["verb"] == "patch"
-                && e["stage"] == "ResponseComplete"
-                && e["responseStatus"]["code"] == 200
-                && what(&e["objectRef"])
-        })
+        .filter(|e| criguard_patched(e) && what(&e["objectRef"]))
         .filter_map(|e| audit_ms(e["stageTimestamp"].as_str()?))
         .filter(|&t| day_diff(t, from) >= 0)
         .collect()

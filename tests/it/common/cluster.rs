@@ -215,6 +215,18 @@ impl Drop for Cluster {
     }
 }
 
+/// criguard's ServiceAccount, as the audit log names it.
+pub const CRIGUARD_USER: &str = "system:serviceaccount:kube-system:criguard";
+
+/// Whether audit log entry `e` is a patch of criguard's that the API
+/// server completed with 200.
+pub fn criguard_patched(e: &Value) -> bool {
+    e["user"]["username"] == CRIGUARD_USER
+        && e["verb"] == "patch"
+        && e["stage"] == "ResponseComplete"
+        && e["responseStatus"]["code"] == 200
+}
+
 /// The API's view of an evicted pod `p`: reason Evicted and a True
 /// DisruptionTarget condition.
 pub fn assert_evicted(p: &Value) {
