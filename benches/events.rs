@@ -32,9 +32,10 @@ use common::containerd::{CriguardProcess, PrivateContainerd, unique};
 use common::memcg::{Filler, MEMORY, TestCgroup};
 use common::pods::{CgroupRoot, hog, init_pid, mem_total, remove_pods, run_pod, sleeper};
 use criguard::cgroup::fs::{CgroupFs, stat_value};
-use criguard::config::{Amount, EvictionConfig, Signal, Threshold};
+use criguard::config::{Amount, EvictionConfig, Threshold};
 use criguard::signals::node::NodeSources;
 use criguard::signals::notify::{MemoryEvents, Watch};
+use criguard::signals::table::Signal;
 use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 

@@ -21,9 +21,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::containerd::PrivateContainerd;
-use criguard::policy::image_gc::{ImageGcPolicy, bytes_to_free};
-use criguard::reclaim::image_gc::{ImageGc, ImageUses};
-use criguard::reclaim::metrics::ReclaimMetrics;
+use criguard::config::image_gc::ImageGcPolicy;
+use criguard::gc::image_policy::bytes_to_free;
+use criguard::gc::images::{ImageGc, ImageUses};
+use criguard::gc::metrics::GcMetrics;
 use criguard::runtime::{RuntimeEndpoint, Upstream};
 use criguard::signals::node::fs_stats;
 use k8s_cri::v1 as cri;
@@ -97,7 +98,7 @@ async fn run_criguard(ctrd: &PrivateContainerd) -> Outcome {
         root.clone(),
         None,
         ImageUses::default(),
-        ReclaimMetrics::default(),
+        GcMetrics::default(),
     );
     let t = Instant::now();
     let r = gc.round().await;

@@ -96,7 +96,7 @@ async fn run_mode(sc: &Pressure, api: &ApiServer, mode: Mode, trials: usize) -> 
             "MemoryPressure to clear",
             || async {
                 let c = guard.conditions().await;
-                let pressure = criguard::policy::thresholds::Condition::MemoryPressure;
+                let pressure = criguard::signals::table::Condition::MemoryPressure;
                 (!c.conditions.contains(&pressure)).then_some(())
             },
         )

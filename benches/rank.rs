@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use criguard::policy::oom::{ContainerMemory, dynamic_scores};
-use criguard::policy::rank::{PodMemory, rank_memory};
+use criguard::eviction::rank::order::{PodMemory, rank_memory};
+use criguard::oom::scores::{ContainerMemory, dynamic_scores};
 
 const PODS: usize = 250;
 const PER_POD: usize = 4;

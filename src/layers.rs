@@ -26,41 +26,84 @@ const KNOWN: &[(&str, &str, &str)] = &[];
 /// as `module/file`, sorted; why).
 const KNOWN_FILE_CIRCLES: &[(&[&str], &str)] = &[];
 
-/// Top-level modules and their layer (0: lowest), from the table in
-/// `docs/design.md` (rows `| layer | modules | does |`, modules in backticks).
+/// The units of the layer table in `docs/design.md` (rows `| layer | units
+/// | does |`, units in backticks) and their layer (0: lowest). A unit is a
+/// top-level module (`eviction`) or a module below one (`eviction::thresholds`),
+/// which then leaves its parent's unit.
 fn layers(design: &str) -> BTreeMap<String, usize> {
-    let mut out = BTreeMap::new();
-    let rows = design
-        .lines()
-        .skip_while(|l| !l.starts_with("| layer | modules |"))
-        .skip(2)
-        .take_while(|l| l.starts_with('|'));
-    for (layer, row) in rows.enumerate() {
-        let modules = row.split('|').nth(2).unwrap_or_default();
-        for m in modules.split('`').skip(1).step_by(2) {
-            out.insert(m.trim_end_matches('*').to_owned(), layer);
-        }
-    }
-    out
-}
-
-/// The top-level module a file under `src/` belongs to (`a/b.rs` and
-/// `a.rs` under `src/` are `a`); `None` for the crate roots.
-fn module_of(src: &Path, file: &Path) -> Option<String> {
-    let rel = file.strip_prefix(src).ok()?;
-    let first = rel.components().next()?.as_os_str().to_str()?;
-    let name = first.trim_end_matches(".rs");
-    (!matches!(name, "lib" | "main")).then(|| name.to_owned())
-}
-
-/// The top-level modules `text` names through `crate::` or `criguard::`,
-/// comments left out.
-fn uses(text: &str) -> BTreeSet<String> {
-    let code = code_of(text);
-    ["crate::", "criguard::"]
-        .iter()
-        .flat_map(|prefix| names_after(&code, prefix, false))
+    table_rows(design)
+        .into_iter()
+        .enumerate()
+        .flat_map(|(layer, (_, units))| units.into_iter().map(move |u| (u, layer)))
         .collect()
+}
+
+/// The table's rows: each layer's name and its units.
+fn table_rows(design: &str) -> Vec<(String, Vec<String>)> {
+    design
+        .lines()
+        .skip_while(|l| !l.starts_with("| layer | units |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|row| {
+            let mut cells = row.split('|').skip(1);
+            let name = cells.next().unwrap_or_default().trim().to_owned();
+            let units = cells.next().unwrap_or_default();
+            let units = units.split('`').skip(1).step_by(2).map(str::to_owned);
+            (name, units.collect())
+        })
+        .collect()
+}
+
+/// The module path of a file under `src/` (`a/b.rs` and `a/b/mod.rs` are
+/// `[a, b]`); `None` for the crate roots.
+fn module_path(src: &Path, file: &Path) -> Option<Vec<String>> {
+    let rel = file.strip_prefix(src).ok()?;
+    let mut path: Vec<String> = rel
+        .iter()
+        .map(|c| {
+            c.to_str()
+                .unwrap_or_default()
+                .trim_end_matches(".rs")
+                .to_owned()
+        })
+        .collect();
+    if path.last().is_some_and(|l| l == "mod") {
+        path.pop();
+    }
+    let root = path.first()?;
+    (!matches!(root.as_str(), "lib" | "main" | "layers")).then_some(path)
+}
+
+/// The unit a module path belongs to: the longest unit of the table it
+/// starts with, else its top-level module.
+fn unit_of(path: &[String], units: &BTreeMap<String, usize>) -> String {
+    (1..=path.len())
+        .rev()
+        .map(|n| path[..n].join("::"))
+        .find(|u| units.contains_key(u))
+        .unwrap_or_else(|| path.first().cloned().unwrap_or_default())
+}
+
+/// The module paths `text` (the file of module `own`) names through
+/// `crate::`, `criguard::` or `super::`, comments left out; `super::` only
+/// before an inline `mod tests`, where it would name the file itself.
+fn uses(text: &str, own: &[String]) -> Vec<Vec<String>> {
+    let code = code_of(text);
+    let mut out: Vec<Vec<String>> = ["crate::", "criguard::"]
+        .iter()
+        .flat_map(|prefix| paths_after(&code, prefix))
+        .collect();
+    let before_tests = text.split("mod tests {").next().unwrap_or_default();
+    for rel in paths_after(&code_of(before_tests), "super::") {
+        // `super::super::x` climbs once more per `super`.
+        let ups = 1 + rel.iter().take_while(|s| *s == "super").count();
+        let base = &own[..own.len().saturating_sub(ups)];
+        let rest = rel.iter().skip_while(|s| *s == "super").cloned();
+        out.push(base.iter().cloned().chain(rest).collect());
+    }
+    out.retain(|p| !p.is_empty());
+    out
 }
 
 /// `text` without its `//` comments, its lines joined: a `use` group may
@@ -72,46 +115,71 @@ fn code_of(text: &str) -> String {
         .join(" ")
 }
 
-/// The first names of the paths after each `prefix` in `code` (`a` of
-/// `prefix a::b`, and `a`, `b` of `prefix {a::x, b}`), a prefix inside a
-/// longer path left out (after a `:` too when `colon` is set).
-fn names_after(code: &str, prefix: &str, colon: bool) -> Vec<String> {
-    let ident = |s: &str| -> String {
-        s.trim()
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect()
-    };
+/// The paths after each `prefix` in `code`, groups expanded (`prefix
+/// a::{b, c::d}` is `a::b` and `a::c::d`), a prefix inside a longer path
+/// left out.
+fn paths_after(code: &str, prefix: &str) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     for (i, _) in code.match_indices(prefix) {
         let before = code[..i].chars().last();
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || (colon && c == ':')) {
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
             continue;
         }
-        let rest = &code[i + prefix.len()..];
-        let Some(group) = rest.strip_prefix('{') else {
-            out.push(ident(rest));
-            continue;
+        out.extend(expand(&code[i + prefix.len()..]));
+    }
+    out
+}
+
+/// The paths a `use` tree at the start of `rest` names.
+fn expand(rest: &str) -> Vec<Vec<String>> {
+    let mut segments = Vec::new();
+    let mut rest = rest.trim_start();
+    loop {
+        let ident: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if ident.is_empty() {
+            break;
+        }
+        rest = &rest[ident.len()..];
+        if ident != "self" {
+            segments.push(ident);
+        }
+        match rest.trim_start().strip_prefix("::") {
+            Some(r) => rest = r.trim_start(),
+            None => return vec![segments],
+        }
+    }
+    let Some(group) = rest.strip_prefix('{') else {
+        return vec![segments];
+    };
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0usize, 0);
+    for (j, c) in group.char_indices() {
+        let end = match c {
+            '{' => {
+                depth += 1;
+                false
+            }
+            '}' if depth == 0 => true,
+            '}' => {
+                depth -= 1;
+                false
+            }
+            ',' => depth == 0,
+            _ => false,
         };
-        // The group's top-level entries, up to its closing brace.
-        let (mut depth, mut start) = (0usize, 0);
-        for (j, c) in group.char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' if depth == 0 => {
-                    out.push(ident(&group[start..j]));
-                    break;
-                }
-                '}' => depth -= 1,
-                ',' if depth == 0 => {
-                    out.push(ident(&group[start..j]));
-                    start = j + 1;
-                }
-                _ => {}
+        if end {
+            for tail in expand(&group[start..j]) {
+                out.push(segments.iter().cloned().chain(tail).collect());
+            }
+            start = j + 1;
+            if c == '}' {
+                break;
             }
         }
     }
-    out.retain(|n| !n.is_empty());
     out
 }
 
@@ -127,21 +195,27 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Every arrow between two top-level modules: (from, to) → a file showing it.
-fn arrows(src: &Path) -> BTreeMap<(String, String), PathBuf> {
+/// Whether module path `p` names a module of this crate (not `crate::` of
+/// a dependency's macro): its top-level module is a file or folder in `src/`.
+fn in_crate(src: &Path, p: &[String]) -> bool {
+    let top = &p[0];
+    src.join(format!("{top}.rs")).exists() || src.join(top).is_dir()
+}
+
+/// Every arrow between two units: (from, to) → a file showing it.
+fn arrows(src: &Path, units: &BTreeMap<String, usize>) -> BTreeMap<(String, String), PathBuf> {
     let mut files = Vec::new();
     rust_files(src, &mut files);
     let mut out = BTreeMap::new();
     for f in files {
-        let Some(from) = module_of(src, &f) else {
+        let Some(own) = module_path(src, &f) else {
             continue;
         };
-        if from == "layers" {
-            continue;
-        }
+        let from = unit_of(&own, units);
         let text = std::fs::read_to_string(&f).unwrap();
-        for to in uses(&text) {
-            if to != from {
+        for p in uses(&text, &own) {
+            let to = unit_of(&p, units);
+            if to != from && in_crate(src, &p) {
                 out.entry((from.clone(), to)).or_insert_with(|| f.clone());
             }
         }
@@ -150,7 +224,7 @@ fn arrows(src: &Path) -> BTreeMap<(String, String), PathBuf> {
 }
 
 #[test]
-fn no_module_uses_a_higher_layer_and_no_two_modules_use_each_other() {
+fn no_unit_uses_a_higher_layer_and_no_two_units_use_each_other() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let design = std::fs::read_to_string(root.join("docs/design.md")).unwrap();
     let layer = layers(&design);
@@ -159,20 +233,15 @@ fn no_module_uses_a_higher_layer_and_no_two_modules_use_each_other() {
         "the layer table in docs/design.md: {layer:?}"
     );
     let src = root.join("src");
-    let arrows = arrows(&src);
+    let arrows = arrows(&src, &layer);
     let known: BTreeSet<(String, String)> = KNOWN
         .iter()
         .map(|(a, b, _)| (a.to_string(), b.to_string()))
         .collect();
     let mut wrong = Vec::new();
-    let mut modules = BTreeSet::new();
+    let mut seen = BTreeSet::new();
     for ((from, to), file) in &arrows {
-        modules.insert(from.clone());
-        // Only arrows to modules of this crate (not `crate::` of a dependency).
-        if !src.join(format!("{to}.rs")).exists() && !src.join(to).is_dir() {
-            continue;
-        }
-        modules.insert(to.clone());
+        seen.extend([from.clone(), to.clone()]);
         let (Some(a), Some(b)) = (layer.get(from), layer.get(to)) else {
             continue;
         };
@@ -184,10 +253,10 @@ fn no_module_uses_a_higher_layer_and_no_two_modules_use_each_other() {
             wrong.push(format!("{from} → {to} ({what}; {})", file.display()));
         }
     }
-    let unplaced: Vec<_> = modules.iter().filter(|m| !layer.contains_key(*m)).collect();
+    let unplaced: Vec<_> = seen.iter().filter(|m| !layer.contains_key(*m)).collect();
     assert!(
         unplaced.is_empty(),
-        "modules the layer table in docs/design.md does not place: {unplaced:?}"
+        "units the layer table in docs/design.md does not place: {unplaced:?}"
     );
     let stale: Vec<_> = known.iter().filter(|k| !arrows.contains_key(*k)).collect();
     assert!(
@@ -201,16 +270,85 @@ fn no_module_uses_a_higher_layer_and_no_two_modules_use_each_other() {
     );
 }
 
+/// What a pure file must not name: the clock, files, sockets, processes,
+/// threads, the async runtime and the clients of the runtime and the API.
+const IO: &[&str] = &[
+    "std::fs",
+    "std::net",
+    "std::process",
+    "std::thread",
+    "std::os::",
+    "SystemTime::now",
+    "Instant::now",
+    "tokio::",
+    "nix::",
+    "libc::",
+    "tonic::",
+    "hyper::",
+    "containerd_client::",
+    "k8s_openapi::",
+    "crate::clock",
+    "crate::cgroup::fs",
+    "crate::cgroup::kill",
+];
+
 #[test]
-fn uses_finds_paths_and_braces_but_not_comments() {
-    let text = "use crate::model::Pod;\nuse crate::{policy, signals::memory};\n// crate::kube\nlet x = criguard::cri::x();\nuse crate::{\n    cgroup::{fs, path},\n    // crate::metrics\n    lock,\n};\ncrate::clock::now_ms();";
-    let got: Vec<_> = uses(text).into_iter().collect();
-    assert_eq!(
-        got,
-        [
-            "cgroup", "clock", "cri", "lock", "model", "policy", "signals"
-        ]
+fn the_pure_units_name_no_io() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let design = std::fs::read_to_string(root.join("docs/design.md")).unwrap();
+    let units = layers(&design);
+    let pure: BTreeSet<String> = table_rows(&design)
+        .into_iter()
+        .filter(|(name, _)| matches!(name.as_str(), "state" | "pure decisions"))
+        .flat_map(|(_, units)| units)
+        .collect();
+    assert!(pure.contains("model"), "the pure rows: {pure:?}");
+    let src = root.join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut wrong = Vec::new();
+    for f in files {
+        let Some(own) = module_path(&src, &f) else {
+            continue;
+        };
+        if !pure.contains(&unit_of(&own, &units)) || own.last().is_some_and(|l| l == "tests") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let code = code_of(text.split("mod tests {").next().unwrap_or_default());
+        for io in IO.iter().filter(|io| code.contains(**io)) {
+            wrong.push(format!("{} names {io}", f.display()));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "pure units with I/O:\n{}",
+        wrong.join("\n")
     );
+}
+
+#[test]
+fn uses_expands_groups_and_resolves_super_but_skips_comments() {
+    let text = "use crate::model::Pod;\nuse crate::{policy, signals::{table::Signal, node}};\n// crate::kube\nlet x = criguard::cri::x();\nuse super::seams::X;\nuse super::super::lock;\ncrate::clock::now_ms();\nmod tests {\n    use super::*;\n}";
+    let own: Vec<String> = ["eviction", "rank", "order"].map(String::from).into();
+    let got: BTreeSet<String> = uses(text, &own).iter().map(|p| p.join("::")).collect();
+    let want = [
+        "model::Pod",
+        "policy",
+        "signals::table::Signal",
+        "signals::node",
+        "cri::x",
+        "eviction::rank::seams::X",
+        "eviction::lock",
+        "clock::now_ms",
+    ];
+    assert_eq!(got, want.iter().map(|s| s.to_string()).collect());
+    let units = BTreeMap::from([
+        ("eviction".to_owned(), 6),
+        ("eviction::rank::order".to_owned(), 3),
+    ]);
+    assert_eq!(unit_of(&own, &units), "eviction::rank::order");
+    assert_eq!(unit_of(&own[..2], &units), "eviction");
 }
 
 /// The file of module `module` that a path names: `x` of `super::x` (from
@@ -218,14 +356,20 @@ fn uses_finds_paths_and_braces_but_not_comments() {
 /// file (`x.rs`) or a folder (`x/`) of the module.
 fn file_uses(text: &str, module: &str, direct: bool) -> BTreeSet<String> {
     let own = format!("crate::{module}::");
-    let mut out: BTreeSet<String> = names_after(&code_of(text), &own, true)
+    let first = |paths: Vec<Vec<String>>| -> Vec<String> {
+        paths
+            .into_iter()
+            .filter_map(|p| p.into_iter().next())
+            .collect()
+    };
+    let mut out: BTreeSet<String> = first(paths_after(&code_of(text), &own))
         .into_iter()
         .collect();
     // `use super::*` and `super::x` in an inline test module name the file
     // itself, not a sibling: only the code before one counts for `super::`.
     if direct {
         let before_tests = text.split("mod tests {").next().unwrap_or_default();
-        out.extend(names_after(&code_of(before_tests), "super::", true));
+        out.extend(first(paths_after(&code_of(before_tests), "super::")));
     }
     out
 }

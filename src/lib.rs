@@ -6,7 +6,7 @@
 
 /// An enum whose variants are metric label values, each written as its
 /// text: the label types of the modules that count (`kube::metrics`,
-/// `reclaim::metrics`, `config::metrics`). Defined before the modules so
+/// `gc::metrics`, `config::metrics`). Defined before the modules so
 /// that each sees it.
 macro_rules! label_values {
     ($(#[$m:meta])* pub enum $name:ident {
@@ -49,6 +49,7 @@ pub mod clock;
 pub mod config;
 pub mod cri;
 pub mod eviction;
+pub mod gc;
 pub mod handoff;
 pub mod intercept;
 pub mod kube;
@@ -60,13 +61,11 @@ pub mod lock;
 pub mod lograte;
 pub mod metrics;
 pub mod model;
+pub mod oom;
 pub mod pidfd;
-pub mod policy;
 pub mod quantity;
-pub mod reclaim;
 pub mod runtime;
 pub mod sdnotify;
-pub mod signal;
 pub mod signals;
 pub mod statefile;
 #[cfg(any(test, feature = "test-pods"))]

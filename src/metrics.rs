@@ -3,11 +3,11 @@
 //!
 //! Each group is defined where it is counted, with its label types and its
 //! `register` (names and help texts beside the code that counts):
-//! [`CriMetrics`] in `cri::metrics`, [`OomMetrics`] in `reclaim::oom_adjust`,
+//! [`CriMetrics`] in `cri::metrics`, [`OomMetrics`] in `oom::adjust`,
 //! [`EvictionMetrics`] (admission's refusals included) in
-//! `eviction::metrics`, [`ReclaimMetrics`] in `reclaim::metrics`,
+//! `eviction::metrics`, [`GcMetrics`] in `gc::metrics`,
 //! [`KubeMetrics`] in `kube::metrics`, [`TaskEventMetrics`] in
-//! `runtime::track`, [`OomKillMetrics`] in `reclaim::oom_kills`,
+//! `runtime::track`, [`OomKillMetrics`] in `oom::kills`,
 //! [`ConfigMetrics`] in `config::metrics`; the process-wide state-file and
 //! statvfs ones in `statefile` and `signals::probe`. This module only builds
 //! the registry from them (one table, in [`Metrics::new`]) and holds
@@ -29,10 +29,10 @@ use prometheus_client::registry::Registry;
 use crate::config::metrics::ConfigMetrics;
 use crate::cri::metrics::CriMetrics;
 use crate::eviction::metrics::EvictionMetrics;
+use crate::gc::metrics::GcMetrics;
 use crate::kube::metrics::KubeMetrics;
-use crate::reclaim::metrics::ReclaimMetrics;
-use crate::reclaim::oom_adjust::OomMetrics;
-use crate::reclaim::oom_kills::OomKillMetrics;
+use crate::oom::adjust::OomMetrics;
+use crate::oom::kills::OomKillMetrics;
 use crate::runtime::track::TaskEventMetrics;
 
 /// All of criguard's metrics.
@@ -46,7 +46,7 @@ pub struct Metrics {
     /// The eviction manager's and admission's.
     pub eviction: EvictionMetrics,
     /// Image and container GC's.
-    pub reclaim: ReclaimMetrics,
+    pub gc: GcMetrics,
     /// The Kubernetes API report's.
     pub kube: KubeMetrics,
     /// containerd task events'.
@@ -65,7 +65,7 @@ impl Metrics {
             cri: CriMetrics::default(),
             oom: OomMetrics::default(),
             eviction: EvictionMetrics::default(),
-            reclaim: ReclaimMetrics::default(),
+            gc: GcMetrics::default(),
             kube: KubeMetrics::default(),
             events: TaskEventMetrics::default(),
             oom_kills: OomKillMetrics::default(),
@@ -83,7 +83,7 @@ impl Metrics {
         self.cri.register(r);
         self.oom.register(r);
         self.eviction.register(r);
-        self.reclaim.register(r);
+        self.gc.register(r);
         self.kube.register(r);
         self.events.register(r);
         self.oom_kills.register(r);
@@ -111,10 +111,10 @@ impl Default for Metrics {
 mod tests {
     use super::*;
     use crate::eviction::metrics::{ConditionLabels, EvictionLabels, RefusalLabels};
+    use crate::gc::metrics::Action;
     use crate::kube::metrics::{KubeWrite, PodOutcome};
-    use crate::model::QosClass;
-    use crate::reclaim::metrics::Action;
-    use crate::signal::{Condition, Refusal, Signal};
+    use crate::model::qos::QosClass;
+    use crate::signals::table::{Condition, Refusal, Signal};
 
     /// Typed label values are written as the names operators query by.
     #[test]
@@ -137,7 +137,7 @@ mod tests {
                 condition: Refusal::Evicted,
             })
             .inc();
-        m.reclaim.record(Action::ContainerGc, 2, 4096);
+        m.gc.record(Action::ContainerGc, 2, 4096);
         m.kube.write(KubeWrite::NodeTaints, false);
         m.kube.pod(PodOutcome::Reverted);
         let text = m.encode();

@@ -233,7 +233,7 @@ start_contender() {
             [[ "$1" == criguard-tick ]] && ev=false
             rm -rf "$work/criguard"
             mkdir -p "$work/criguard"
-            CRIGUARD_LOG="info,criguard::reclaim::evict=debug,criguard::eviction=debug" \
+            CRIGUARD_LOG="info,criguard::eviction=debug" \
                 "$tools/criguard" serve --listen "$work/criguard/criguard.sock" \
                 --admin-socket "$work/criguard/admin.sock" --metrics-address none \
                 --state-dir "$work/criguard/state" --runtime-endpoint "unix://$CTRD" \

@@ -15,9 +15,9 @@ use super::convert::{ConditionsReport, ConvertError};
 use super::pb;
 use super::pb::admin_client::AdminClient;
 use crate::eviction::Eviction;
+use crate::eviction::rank::{NotRanked, RankEntry};
 use crate::model::Pod;
-use crate::reclaim::oom_kills::OomKill;
-use crate::reclaim::rank::{NotRanked, RankEntry};
+use crate::oom::kills::OomKill;
 use crate::runtime::MAX_MESSAGE;
 use crate::signals::usage::NodeUsage;
 

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use super::client::{ClientError, connect};
 use super::pb;
-use crate::config::{Amount, ConfigError, Signal, Threshold};
+use crate::config::{Amount, ConfigError, Threshold};
+use crate::signals::table::Signal;
 
 /// Where a running criguard serves and what it forwards to.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

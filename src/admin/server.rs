@@ -24,14 +24,13 @@ use super::config::ConfigStatus;
 use super::pb;
 use super::pb::admin_server::{Admin, AdminServer};
 use crate::accept::Acceptor;
-use crate::config::{Signal, Threshold};
+use crate::config::Threshold;
 use crate::eviction::NodeStatus;
+use crate::eviction::rank::{Ranker, usage_pods};
 use crate::model::{NodeModel, Pod};
-use crate::reclaim::oom_kills::OomKills;
-use crate::reclaim::rank::{Ranker, usage_pods};
-use crate::runtime::Upstream;
-use crate::runtime::sync;
-use crate::signal::Ranking;
+use crate::oom::kills::OomKills;
+use crate::runtime::{Upstream, sync};
+use crate::signals::table::{Ranking, Signal};
 use crate::signals::usage::UsageReader;
 
 /// How long open admin connections may finish after criguard is told to stop.

@@ -2,8 +2,8 @@
 //! `evictions`, `rank`, `usage`); `--json` prints the same data as JSON
 //! instead.
 
-use crate::config::Signal;
-use crate::reclaim::rank::RankEntry;
+use crate::eviction::rank::RankEntry;
+use crate::signals::table::Signal;
 use crate::signals::usage::NodeUsage;
 
 /// The ranking as a table: one line per pod and signal, first victim first.

@@ -287,7 +287,7 @@ impl GcArgs {
     pub fn load_images(
         &self,
         file: config::image_gc::RawImageGc,
-    ) -> Result<(criguard::policy::image_gc::ImageGcPolicy, Duration), config::ConfigError> {
+    ) -> Result<(criguard::config::image_gc::ImageGcPolicy, Duration), config::ConfigError> {
         let flags = config::image_gc::RawImageGc {
             high_percent: self.image_gc_high_threshold,
             low_percent: self.image_gc_low_threshold,
@@ -302,9 +302,11 @@ impl GcArgs {
     }
 
     /// The policy and period, or the configuration error naming the flag.
-    pub fn load(&self) -> Result<(criguard::policy::gc::GcPolicy, Duration), config::ConfigError> {
+    pub fn load(
+        &self,
+    ) -> Result<(criguard::gc::container_policy::GcPolicy, Duration), config::ConfigError> {
         let period = positive("--container-gc-interval", &self.container_gc_interval)?;
-        let policy = criguard::policy::gc::GcPolicy {
+        let policy = criguard::gc::container_policy::GcPolicy {
             min_age: config::duration(
                 "--minimum-container-ttl-duration",
                 &self.minimum_container_ttl_duration,

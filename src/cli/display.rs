@@ -8,10 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 use criguard::admin::{ConditionsReport, EvictionsReport};
-use criguard::config::{Signal, Threshold};
+use criguard::config::Threshold;
 use criguard::eviction::Eviction;
 use criguard::model::Pod;
-use criguard::reclaim::oom_kills::OomKill;
+use criguard::oom::kills::OomKill;
+use criguard::signals::table::Signal;
 
 /// A broken-down local time.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -403,7 +404,7 @@ mod tests {
     use super::*;
     use criguard::admin::Observed;
     use criguard::config::Amount;
-    use criguard::policy::thresholds::Condition;
+    use criguard::signals::table::Condition;
 
     fn utc(ms: u64) -> Option<LocalTime> {
         let s = ms / 1000;

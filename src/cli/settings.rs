@@ -15,8 +15,8 @@ pub struct Settings {
     pub eviction: config::EvictionConfig,
     /// `--dry-run` or the file's `dryRun`.
     pub dry_run: bool,
-    pub container_gc: (criguard::policy::gc::GcPolicy, Duration),
-    pub image_gc: (criguard::policy::image_gc::ImageGcPolicy, Duration),
+    pub container_gc: (criguard::gc::container_policy::GcPolicy, Duration),
+    pub image_gc: (criguard::config::image_gc::ImageGcPolicy, Duration),
     /// The Kubernetes API report, when one is configured.
     pub kube: Option<criguard::kube::KubeSettings>,
 }

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::quantity::{self, QuantityError};
-pub use crate::signal::Signal;
+use crate::signals::table::Signal;
 
 /// A threshold amount: absolute, or a percentage of the signal's capacity.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -51,19 +51,19 @@ static FDS_LOG: LogRate = budget::complaint();
 
 /// Why a connection is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
+pub enum ConnLimit {
     /// At the connection limit.
     Limit(usize),
     /// Out of file descriptors.
     Fds,
 }
 
-impl Refusal {
+impl ConnLimit {
     /// The message the client's call gets.
     pub fn message(self) -> String {
         match self {
-            Refusal::Limit(n) => format!("criguard: connection limit {n} reached"),
-            Refusal::Fds => "criguard: out of file descriptors (Too many open files); \
+            ConnLimit::Limit(n) => format!("criguard: connection limit {n} reached"),
+            ConnLimit::Fds => "criguard: out of file descriptors (Too many open files); \
                  the connection cannot be relayed to the runtime"
                 .to_owned(),
         }
@@ -71,8 +71,8 @@ impl Refusal {
 
     fn label(self) -> &'static str {
         match self {
-            Refusal::Limit(_) => "limit",
-            Refusal::Fds => "fds",
+            ConnLimit::Limit(_) => "limit",
+            ConnLimit::Fds => "fds",
         }
     }
 
@@ -84,8 +84,8 @@ impl Refusal {
             })
             .inc();
         let throttle = match self {
-            Refusal::Limit(_) => &LIMIT_LOG,
-            Refusal::Fds => &FDS_LOG,
+            ConnLimit::Limit(_) => &LIMIT_LOG,
+            ConnLimit::Fds => &FDS_LOG,
         };
         if let Some(skipped) = throttle.allow(Instant::now()) {
             tracing::warn!(
@@ -128,7 +128,7 @@ pub async fn serve(
                         conns.spawn(connection(stream, proxy.clone(), drain_rx.clone(), slot));
                     }
                     Err(_) => {
-                        let why = Refusal::Limit(proxy.max_connections());
+                        let why = ConnLimit::Limit(proxy.max_connections());
                         if let Ok(permit) = refusing.clone().try_acquire_owned() {
                             conns.spawn(refuse(stream, proxy.clone(), why, drain_rx.clone(), permit));
                         } else {
@@ -207,8 +207,8 @@ async fn connection(
             return unavailable::serve(client, proxy, err, drain).await;
         }
     };
-    Refusal::Fds.report();
-    unavailable::refuse(client, proxy, Refusal::Fds.message(), drain).await;
+    ConnLimit::Fds.report();
+    unavailable::refuse(client, proxy, ConnLimit::Fds.message(), drain).await;
 }
 
 /// How long a dial that finds the runtime's accept queue full is retried.
@@ -238,7 +238,7 @@ async fn dial(proxy: &Proxy) -> std::io::Result<UnixStream> {
 async fn refuse(
     client: UnixStream,
     proxy: Proxy,
-    why: Refusal,
+    why: ConnLimit,
     drain: watch::Receiver<bool>,
     _permit: OwnedSemaphorePermit,
 ) {

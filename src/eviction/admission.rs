@@ -10,9 +10,8 @@ use std::sync::RwLock;
 use super::records::EvictedPod;
 use super::status::NodeStatus;
 use crate::lock::RwLocked;
-use crate::model::QosClass;
-use crate::policy::thresholds::Condition;
-pub use crate::signal::Refusal;
+use crate::model::qos::QosClass;
+use crate::signals::table::{Condition, Refusal};
 
 /// Whether a new sandbox may start; the error says why not.
 ///

@@ -18,7 +18,7 @@ use super::stop_retry::{StopRetry, runtime_hung};
 use crate::cgroup::fs::CgroupFs;
 use crate::cgroup::kill;
 use crate::model::{ContainerState, Pod};
-use crate::reclaim::container_gc::remove_container;
+use crate::runtime::remove::remove_container;
 use crate::runtime::{CALL_DEADLINE, Upstream, bounded};
 
 /// Stops pods through their cgroups and the runtime; cheap to clone.

@@ -2,10 +2,10 @@
 //! observe again.
 //!
 //! Each round reads the node signals fresh, steps the pure state machine
-//! ([`crate::policy::thresholds`]) and handles the thresholds to act on,
+//! ([`crate::eviction::thresholds`]) and handles the thresholds to act on,
 //! memory first, then pids, then disk:
 //! - **disk** (`nodefs.*`, `imagefs.*`): node-level reclaim first
-//!   ([`crate::policy::reclaim::node_actions`]: dead containers, then unused
+//!   ([`crate::eviction::reclaim::node_actions`]: dead containers, then unused
 //!   images, asked for the deficit); if a fresh observation still meets the
 //!   threshold, the first pod of the kubelet's disk ranking goes,
 //!   and its containers are removed with their logs so that the space
@@ -17,7 +17,7 @@
 //! pod that has used half of a limit), pods over a local-storage
 //! limit of their API pod (an emptyDir's `sizeLimit`, a container's or the
 //! pod's `ephemeral-storage` limit) are evicted at once with the kubelet's
-//! grace of 1 s and its messages ([`crate::policy::local_storage`]); their
+//! grace of 1 s and its messages ([`crate::eviction::local_storage`]); their
 //! usage is read in the background, so a walk never delays a memory round.
 //!
 //! A pod is stopped with StopContainer for each running container (grace 0
@@ -51,16 +51,16 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::config::{EvictionConfig, Signal, Threshold};
+use crate::config::{EvictionConfig, Threshold};
+use crate::eviction::local_storage::{self, Exceeded};
+use crate::eviction::rank::Victim;
+use crate::eviction::reclaim::{InFlight, NodeAction, PodUse, node_actions, pending, plan_victims};
+use crate::eviction::thresholds::{EvictionState, Observations, deficit};
 use crate::kube::PodEviction;
 use crate::lock::RwLocked;
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
-use crate::policy::local_storage::{self, Exceeded};
-use crate::policy::reclaim::{InFlight, NodeAction, PodUse, node_actions, pending, plan_victims};
-use crate::policy::thresholds::{Condition, EvictionState, Observations, deficit};
-use crate::reclaim::rank::Victim;
-use crate::signal::Ranking;
 use crate::signals::notify::{MemoryEvent, MemoryEvents};
+use crate::signals::table::{Condition, Ranking, Signal};
 
 use super::message::eviction_message;
 use super::metrics::{

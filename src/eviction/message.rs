@@ -52,7 +52,8 @@ pub fn eviction_message(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Amount, Signal};
+    use crate::config::Amount;
+    use crate::signals::table::Signal;
 
     fn threshold(signal: Signal, amount: Amount) -> Threshold {
         Threshold::hard(signal, amount)

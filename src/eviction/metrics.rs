@@ -12,8 +12,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::model::QosClass;
-use crate::signal::{Condition, Refusal, Signal};
+use crate::model::qos::QosClass;
+use crate::signals::table::{Condition, Refusal, Signal};
 
 /// Label values that are criguard's own types, written as their names.
 macro_rules! label_value_by {

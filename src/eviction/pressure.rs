@@ -12,7 +12,7 @@ use super::seams::Clock;
 use super::status::{Eviction, NodeStatus};
 use super::store::{self, EvictedStore, Remembered};
 use crate::lock::RwLocked;
-use crate::policy::thresholds::Condition;
+use crate::signals::table::Condition;
 
 /// The pressure memory is saved at most this often while only the times
 /// advance (a change in the conditions held, an eviction, or the end of

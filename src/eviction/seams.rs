@@ -23,12 +23,12 @@ use std::time::Instant;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use crate::config::Signal;
+use crate::eviction::rank::{Ranker, StorageReading, Victim};
+use crate::eviction::thresholds::Observations;
 use crate::kube::{KubeReport, PodEviction};
 use crate::model::Pod;
-use crate::policy::thresholds::{Condition, Observations};
-use crate::reclaim::rank::{Ranker, StorageReading, Victim};
 use crate::signals::node::NodeSources;
+use crate::signals::table::{Condition, Signal};
 
 /// Observes the node's signals.
 pub trait Signals: Send + Sync {

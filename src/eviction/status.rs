@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use super::records::EvictedPods;
-use crate::policy::thresholds::{Condition, Observations};
+use crate::eviction::thresholds::Observations;
+use crate::signals::table::Condition;
 
 /// One eviction, as logged and as `criguard evictions` shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

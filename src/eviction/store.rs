@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use super::records::EvictedPods;
 use super::status::{Eviction, NodeStatus};
-use crate::policy::thresholds::Condition;
+use crate::signals::table::Condition;
 
 /// The file's name in the state directory.
 pub const FILE_NAME: &str = "evicted-pods.json";

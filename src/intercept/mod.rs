@@ -11,12 +11,11 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 
 use crate::cri::observe::{Method, Observe, RequestPlan};
-use crate::eviction::NodeStatus;
-use crate::eviction::admission;
 use crate::eviction::metrics::RefusalLabels;
+use crate::eviction::{NodeStatus, admission};
+use crate::gc::image_uses::ImageUses;
 use crate::lock::RwLocked;
 use crate::model::{ContainerState, NodeModel, SandboxState, convert, derive};
-use crate::reclaim::image_uses::ImageUses;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
@@ -119,8 +118,8 @@ impl Observer {
             .map(|l| l.cgroup_parent.as_str())
             .unwrap_or("");
         // Unknown class (no kubelet cgroup parent): not refused as BestEffort.
-        let qos =
-            derive::qos_from_cgroup_parent(parent).unwrap_or(crate::model::QosClass::Burstable);
+        let qos = derive::qos_from_cgroup_parent(parent)
+            .unwrap_or(crate::model::qos::QosClass::Burstable);
         let ann = |k: &str| config.annotations.get(k).map(String::as_str);
         let static_pod = derive::is_static(ann(derive::CONFIG_SOURCE_ANNOTATION));
         // The API's pod where known (IsCriticalPod), else the annotation.
@@ -179,7 +178,7 @@ impl Observer {
             derive::kubelet_oom_score_adj(
                 pod.qos,
                 pod.critical
-                    && container.oom_score_adj == crate::policy::qos::GUARANTEED_OOM_SCORE_ADJ,
+                    && container.oom_score_adj == crate::model::qos::GUARANTEED_OOM_SCORE_ADJ,
                 container.memory_request,
                 capacity,
             )
@@ -258,7 +257,7 @@ impl Observer {
 /// and the corpus replay test drive the relay with (`cri::fuzz::relay`).
 pub fn fuzz_observer() -> Observer {
     let status = NodeStatus {
-        conditions: [crate::policy::thresholds::Condition::MemoryPressure].into(),
+        conditions: [crate::signals::table::Condition::MemoryPressure].into(),
         ..Default::default()
     };
     Observer::new(Arc::new(RwLock::new(NodeModel::new(8 << 30))))
@@ -383,7 +382,7 @@ mod tests {
 
     #[test]
     fn with_the_apis_pod_the_patch_is_v1_37s_score_and_a_resize_reaches_the_model() {
-        use crate::policy::spec::{ApiContainer, ApiPod, ContainerKind, Resources};
+        use crate::model::spec::{ApiContainer, ApiPod, ContainerKind, Resources};
         let model = Arc::new(RwLock::new(NodeModel::new(4_000_000_000)));
         let observer = Observer::new(model.clone());
         // No API pod: the plain rule on the container's 0 request.
@@ -458,7 +457,7 @@ mod tests {
         .encode_to_vec();
         let refused = |dry_run: bool, evicted: bool| {
             let mut status = NodeStatus {
-                conditions: [crate::signal::Condition::MemoryPressure].into(),
+                conditions: [crate::signals::table::Condition::MemoryPressure].into(),
                 dry_run,
                 ..Default::default()
             };
@@ -475,14 +474,14 @@ mod tests {
         assert!(refused(false, false), "BestEffort under MemoryPressure");
         // A critical pod by the API's priority is admitted.
         let status = NodeStatus {
-            conditions: [crate::signal::Condition::MemoryPressure].into(),
+            conditions: [crate::signals::table::Condition::MemoryPressure].into(),
             ..Default::default()
         };
         let model = Arc::new(RwLock::new(NodeModel::new(8 << 30)));
         model
             .write()
             .unwrap()
-            .upsert_api_pod(crate::policy::spec::ApiPod {
+            .upsert_api_pod(crate::model::spec::ApiPod {
                 uid: "uid-1".into(),
                 priority: Some(2_000_000_000),
                 ..Default::default()

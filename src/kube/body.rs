@@ -18,7 +18,7 @@ use std::time::SystemTime;
 
 use serde_json::{Value, json};
 
-use crate::policy::thresholds::Condition;
+use crate::signals::table::Condition;
 
 /// What the report needs to know of one eviction.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -47,7 +47,7 @@ pub use body::PodEviction;
 
 use self::metrics::KubeMetrics;
 use crate::backoff::Backoff;
-use crate::policy::thresholds::Condition;
+use crate::signals::table::Condition;
 
 /// Why the report could not start.
 #[derive(Debug, thiserror::Error)]

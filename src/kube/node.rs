@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use super::metrics::KubeWrite;
 use super::{Inner, backoff as new_backoff, body, bounded};
-use crate::policy::thresholds::Condition;
+use crate::signals::table::Condition;
 
 /// Conflicts (409) retried after [`CONFLICT_WAIT`] before the backoff.
 const CONFLICT_RETRIES: u32 = 5;

@@ -22,7 +22,7 @@ use super::metrics::{KubeMetrics, PodWatchEvent};
 use super::{KubeError, KubeSettings, backoff, bounded, client};
 use crate::lock::RwLocked;
 use crate::model::NodeModel;
-use crate::policy::spec::{ApiContainer, ApiPod, ContainerKind, EmptyDir, Resources};
+use crate::model::spec::{ApiContainer, ApiPod, ContainerKind, EmptyDir, Resources};
 
 /// The annotation a mirror pod carries: its static pod's UID, which is the
 /// UID the kubelet gives the static pod's sandbox

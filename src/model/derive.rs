@@ -4,8 +4,8 @@
 //! encodes each of them into something CRI does carry. Each function below
 //! inverts one such encoding and names the kubelet source it inverts.
 
-use super::QosClass;
-use crate::policy::qos::{
+use super::qos::QosClass;
+use crate::model::qos::{
     BESTEFFORT_OOM_SCORE_ADJ, GUARANTEED_OOM_SCORE_ADJ, SYSTEM_CRITICAL_PRIORITY,
 };
 

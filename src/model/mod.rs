@@ -20,13 +20,15 @@
 pub mod convert;
 pub mod derive;
 pub mod keys;
+pub mod qos;
+pub mod spec;
 
 use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::policy::qos::QosClass;
-use crate::policy::spec::{self, ApiPod, Resource};
+use qos::QosClass;
+use spec::{ApiPod, Resource};
 
 /// A sandbox's state, as CRI reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -18,6 +18,7 @@
 
 pub mod content;
 pub mod events;
+pub mod remove;
 pub mod snapshots;
 pub mod sync;
 pub mod track;

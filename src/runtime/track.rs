@@ -7,7 +7,7 @@
 //! init process to the model ([`NodeModel::task_exited`]): task id =
 //! container id for CRI containers, sandbox id for a sandbox's pause task.
 //! Every event also goes to the [`TaskWatcher`] attached, if any (`serve`
-//! attaches the kernel OOM kill recorder, `reclaim::oom_kills`): the loop
+//! attaches the kernel OOM kill recorder, `oom::kills`): the loop
 //! owns the interface, the recorder implements it, so this module knows
 //! nothing of what watches.
 //!
@@ -63,7 +63,7 @@ pub struct TopicLabels {
 }
 
 /// Metrics of containerd's task events (the kernel OOM kills they reveal
-/// are counted by the recorder, `reclaim::oom_kills`).
+/// are counted by the recorder, `oom::kills`).
 #[derive(Clone, Debug, Default)]
 pub struct TaskEventMetrics {
     /// Subscriptions made to containerd's events service (the first, then
@@ -98,7 +98,7 @@ impl TaskEventMetrics {
 }
 
 /// What follows the task events besides the model: the kernel OOM kill
-/// recorder (`reclaim::oom_kills::OomKillWatcher`), attached by `serve`.
+/// recorder (`oom::kills::OomKillWatcher`), attached by `serve`.
 ///
 /// Each call runs on the blocking pool (it may read cgroupfs) with a copy
 /// of the model taken under its read lock and released at once, and is

@@ -27,13 +27,13 @@ use criguard::eviction::{NodeStatus, Reloadable};
 use criguard::kube::KubeSettings;
 use criguard::metrics::Metrics;
 use criguard::model::NodeModel;
-use criguard::policy::oom_kill::RankHistory;
+use criguard::oom::history::RankHistory;
 use criguard::signals::node::NodeSources;
 use criguard::signals::notify::MemoryEvents;
 use tokio::sync::watch;
 
-use super::reclaim::{Live, Parts};
-use super::{Stopping, adjuster, after_ready};
+use super::eviction::{Live, Parts};
+use super::{Stopping, after_ready, oom};
 use crate::cli::settings::{Guardian, Settings};
 
 /// What the guardian needs that outlives any one configuration.
@@ -124,8 +124,8 @@ impl Guard {
         let (live, rx) = watch::channel(None);
         let stopping = handles.stopping.clone();
         let tasks = vec![
-            tokio::spawn(super::reclaim::image_gc_loop(rx.clone(), stopping.clone())),
-            tokio::spawn(super::reclaim::container_gc_loop(rx, stopping)),
+            tokio::spawn(super::eviction::image_gc_loop(rx.clone(), stopping.clone())),
+            tokio::spawn(super::eviction::container_gc_loop(rx, stopping)),
         ];
         handles.metrics.config.valid.set(0);
         Self {
@@ -231,7 +231,7 @@ impl Guard {
         // The adjuster ranks every round (the kernel OOM kills are matched
         // against it); it writes scores only with --dynamic-oom-score-adj.
         let (dynamic, every) = h.oom;
-        let adjuster = adjuster::build(
+        let adjuster = oom::build(
             &h.node,
             &h.cgroup_root,
             &h.metrics,
@@ -241,7 +241,7 @@ impl Guard {
         self.tasks.push(tokio::spawn(after_ready(
             h.ready.clone(),
             h.stopping.wait(),
-            adjuster::run(adjuster, every, h.stopping.clone()),
+            oom::run(adjuster, every, h.stopping.clone()),
         )));
         self.live.send_replace(Some(live));
         h.guarding.store(true, Ordering::Release);

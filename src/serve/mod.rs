@@ -41,10 +41,10 @@
 //! ([`after_ready`]), so that a restart on a node with hundreds of pods
 //! never keeps the kubelet's other calls waiting.
 
-mod adjuster;
+mod eviction;
 mod guard;
 mod handoff;
-mod reclaim;
+mod oom;
 mod runtime;
 mod servers;
 
@@ -60,13 +60,13 @@ use criguard::config::ConfigError;
 use criguard::config::kube::ApiSource;
 use criguard::config::metrics::{ReloadLabels, ReloadOutcome};
 use criguard::eviction::NodeStatus;
+use criguard::eviction::rank::Ranker;
 use criguard::eviction::store::EvictedStore;
+use criguard::gc::image_uses::ImageUses;
 use criguard::metrics::Metrics;
 use criguard::model::NodeModel;
-use criguard::policy::oom_kill::RankHistory;
-use criguard::reclaim::image_uses::ImageUses;
-use criguard::reclaim::oom_kills::OomKills;
-use criguard::reclaim::rank::Ranker;
+use criguard::oom::history::RankHistory;
+use criguard::oom::kills::OomKills;
 use criguard::runtime::track::TaskEvents;
 use criguard::runtime::{RuntimeEndpoint, Upstream};
 use criguard::signals::node::NodeSources;
@@ -526,7 +526,7 @@ impl Parts {
         let (stop, stopped) = watch::channel(false);
         let status = EvictedStore::new(&cmd.state_dir).initial_status();
         let status = Arc::new(RwLock::new(status));
-        let parts = reclaim::Parts::new(
+        let parts = eviction::Parts::new(
             &upstream,
             &cmd.node,
             &cmd.snapshotter,

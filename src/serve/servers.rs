@@ -11,10 +11,10 @@ use anyhow::Context;
 use criguard::config;
 use criguard::cri;
 use criguard::eviction::NodeStatus;
+use criguard::gc::image_uses::ImageUses;
 use criguard::listen;
 use criguard::metrics::Metrics;
 use criguard::model::NodeModel;
-use criguard::reclaim::image_uses::ImageUses;
 use criguard::runtime::Upstream;
 
 /// The bound sockets.

@@ -7,6 +7,7 @@ pub mod disk;
 pub mod node;
 pub mod notify;
 pub mod probe;
+pub mod table;
 pub mod usage;
 
 pub use crate::cgroup::{ReadError, read};

@@ -15,9 +15,8 @@ use std::path::{Path, PathBuf};
 pub use super::probe::{FsStats, fs_stats, fs_stats_id};
 use super::{ReadError, probe, read};
 use crate::cgroup::fs::CgroupFs;
-use crate::config::Signal;
-use crate::policy::thresholds::{Observation, Observations};
-use crate::signal::{Filesystem, MemoryScope, Source, Unit};
+use crate::eviction::thresholds::{Observation, Observations};
+use crate::signals::table::{Filesystem, MemoryScope, Signal, Source, Unit};
 
 /// Where the node's signals come from.
 #[derive(Clone, Debug)]

@@ -44,10 +44,9 @@ use serde::{Deserialize, Serialize};
 use super::disk::{self, DiskUsage};
 use super::node::FsStats;
 use crate::cgroup::fs::CgroupFs;
-use crate::config::Signal;
 use crate::runtime::content::Content;
 use crate::runtime::snapshots::Snapshots;
-use crate::signal::Source;
+use crate::signals::table::{Signal, Source};
 
 /// Where per-pod usage is read.
 #[derive(Clone, Debug)]

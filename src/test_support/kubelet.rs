@@ -26,7 +26,7 @@ pub use crate::model::keys::{
 /// The kubelet's CPU CFS period in microseconds.
 pub const CPU_PERIOD_US: i64 = 100_000;
 
-pub use crate::model::QosClass;
+pub use crate::model::qos::QosClass;
 
 /// Which cgroup driver names the kubelet's cgroups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,10 +8,11 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use criguard::admin::{self, AdminState};
+use criguard::eviction::thresholds::{Observation, Observations};
 use criguard::eviction::{Eviction, NodeStatus};
 use criguard::model::{ContainerInfo, ContainerState, NodeModel, SandboxInfo, SandboxState};
-use criguard::policy::thresholds::{Condition, Observation, Observations};
 use criguard::runtime::{RuntimeEndpoint, Upstream};
+use criguard::signals::table::Condition;
 use futures::StreamExt;
 use tokio::sync::oneshot;
 
@@ -58,7 +59,7 @@ impl Served {
             upstream,
             status: status.clone(),
             usage: usage.clone(),
-            ranker: criguard::reclaim::rank::Ranker::new(model.clone(), sources, Some(usage)),
+            ranker: criguard::eviction::rank::Ranker::new(model.clone(), sources, Some(usage)),
             oom_kills: Default::default(),
             config: tokio::sync::watch::channel(admin::ConfigStatus::default()).1,
         };
@@ -154,7 +155,7 @@ async fn pods_evictions_and_conditions_answer_from_criguards_state() {
         let mut st = s.status.write().unwrap();
         st.conditions = [Condition::MemoryPressure].into();
         let mut obs = Observations::new(std::time::Instant::now());
-        let signal = criguard::config::Signal::MemoryAvailable;
+        let signal = criguard::signals::table::Signal::MemoryAvailable;
         obs.signals.insert(
             signal,
             Observation {

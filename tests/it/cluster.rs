@@ -537,7 +537,7 @@ fn pod_shapes(c: &Cluster, node: &str) {
             .clone()
     };
     let pl = pod("pod-level");
-    assert_eq!(pl.qos, criguard::model::QosClass::Burstable);
+    assert_eq!(pl.qos, criguard::model::qos::QosClass::Burstable);
     assert_eq!(pl.memory_request(), 200 * MI, "the pod-level request");
     assert_eq!(pl.requests.pod_level_memory, Some(200 * MI));
     let app = container(&pl, "app");
@@ -613,7 +613,7 @@ fn rank_is_the_kubelets(c: &Cluster, node: &str) {
         &["rank", "--json", "--admin-socket"],
         &c.node_dir(node).join("admin.sock"),
     );
-    let rank: Vec<criguard::reclaim::rank::RankEntry> = serde_json::from_str(&out).unwrap();
+    let rank: Vec<criguard::eviction::rank::RankEntry> = serde_json::from_str(&out).unwrap();
     let memory: Vec<_> = rank
         .iter()
         .filter(|e| e.signal.ends_with("emory.available"))
@@ -2183,7 +2183,7 @@ fn imagefs_samples_give_the_crossing_and_the_level_at_a_time() {
 
 #[test]
 fn log_lines_and_image_tags_are_read() {
-    let log = "2026-11-25T18:41:28.596971Z  INFO criguard::reclaim::image_gc: image GC: removed an unused image (16.0MiB)\n2026-11-25T18:41:29.000000Z  WARN x: evicting pod: y\n";
+    let log = "2026-11-25T18:41:28.596971Z  INFO criguard::gc::images: image GC: removed an unused image (16.0MiB)\n2026-11-25T18:41:29.000000Z  WARN x: evicting pod: y\n";
     let removed = criguard_log_lines(log, "image GC: removed");
     assert_eq!(removed.len(), 1);
     assert_eq!(removed[0].0, 67_288_596);

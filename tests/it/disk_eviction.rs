@@ -121,7 +121,7 @@ async fn node_reclaim_first_then_the_largest_disk_user_even_if_guaranteed() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rank: Vec<criguard::reclaim::rank::RankEntry> =
+    let rank: Vec<criguard::eviction::rank::RankEntry> =
         serde_json::from_slice(&out.stdout).unwrap();
     let first = |signal: &str| {
         rank.iter()
@@ -233,7 +233,7 @@ async fn node_reclaim_first_then_the_largest_disk_user_even_if_guaranteed() {
     assert!(
         conditions
             .conditions
-            .contains(&criguard::policy::thresholds::Condition::DiskPressure),
+            .contains(&criguard::signals::table::Condition::DiskPressure),
         "DiskPressure holds for the transition period: {conditions:?}"
     );
 

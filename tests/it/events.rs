@@ -14,10 +14,11 @@ use std::time::Duration;
 
 use common::memcg::{Filler, MEMORY, Proc, TestCgroup, UNIFIED, in_cgroups};
 use criguard::cgroup::fs::{CgroupFs, stat_value};
-use criguard::config::{Amount, EvictionConfig, Signal, Threshold};
+use criguard::config::{Amount, EvictionConfig, Threshold};
 use criguard::signals::node::NodeSources;
 use criguard::signals::notify::v2::{FileModified, PsiSettings, PsiTrigger, psi_total};
 use criguard::signals::notify::{MemoryEvent, MemoryEvents, Watch, v1::usage_threshold};
+use criguard::signals::table::Signal;
 use tokio::time::timeout;
 
 const MI: u64 = 1 << 20;

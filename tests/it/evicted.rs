@@ -17,7 +17,7 @@ use k8s_cri::v1 as cri;
 
 fn memory_pressure(c: &criguard::admin::ConditionsReport) -> bool {
     c.conditions
-        .contains(&criguard::policy::thresholds::Condition::MemoryPressure)
+        .contains(&criguard::signals::table::Condition::MemoryPressure)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use common::containerd::CriguardProcess;
 use common::pods::{hog, run_pod, sleeper};
 use common::pressure::Pressure;
 use criguard::model::SandboxState;
-use criguard::policy::thresholds::Condition;
+use criguard::signals::table::Condition;
 use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 

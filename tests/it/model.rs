@@ -9,7 +9,8 @@ use std::collections::HashMap;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
 use common::pods::{CgroupRoot, mem_total, proc_oom_score_adj, remove_pods, run_pod, sleeper};
-use criguard::model::{ContainerState, Pod, QosClass, SandboxState};
+use criguard::model::qos::QosClass;
+use criguard::model::{ContainerState, Pod, SandboxState};
 use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 

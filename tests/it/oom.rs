@@ -14,9 +14,9 @@ use common::metrics::{free_port, parse, scrape, scraped, value};
 use common::pods::{
     CgroupRoot, grow, hog, init_pid, mem_total, oom_score_adj_of, run_pod, sleeper, wait_holding,
 };
-use criguard::model::QosClass;
-use criguard::policy::oom::badness;
-use criguard::reclaim::oom_kills::OomKill;
+use criguard::model::qos::QosClass;
+use criguard::oom::kills::OomKill;
+use criguard::oom::scores::badness;
 use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 

@@ -71,7 +71,7 @@ async fn the_pod_with_most_tasks_goes_under_pid_pressure() {
             .conditions()
             .await
             .conditions
-            .contains(&criguard::policy::thresholds::Condition::PIDPressure)
+            .contains(&criguard::signals::table::Condition::PIDPressure)
     );
 
     drop(guard);

@@ -14,7 +14,7 @@ use criguard::cri;
 use criguard::eviction::NodeStatus;
 use criguard::intercept::Observer;
 use criguard::model::NodeModel;
-use criguard::policy::thresholds::Condition;
+use criguard::signals::table::Condition;
 use k8s_cri::v1 as cri_api;
 use prost::Message;
 use tokio::io::AsyncWriteExt;

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
 use common::pods::{BUSYBOX, CgroupRoot, create_and_start, init_pid, remove_pods};
-use criguard::config::Signal;
 use criguard::runtime::{RuntimeEndpoint, Upstream};
 use criguard::signals::disk::DiskUsage;
+use criguard::signals::table::Signal;
 use criguard::signals::usage::{NodeUsage, PodUsage, counted, empty_dir_root};
 use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::common::containerd::{Clients, CriguardProcess};
 use crate::common::pods::{grow, hog, init_pid, oom_score_adj_of, sleeper, wait_holding};
 use crate::guest::{self, CONTAINERD, Slice, pod};
-use criguard::policy::oom::badness;
+use criguard::oom::scores::badness;
 use criguard::test_support::kubelet::ContainerSpec;
 use k8s_cri::v1 as cri;
 
@@ -200,7 +200,7 @@ async fn the_kubelets_negative_scores_and_a_kernel_oom() {
     );
     let k = &recorded[0];
     assert!(
-        k.matched_rank && k.qos == criguard::model::QosClass::BestEffort,
+        k.matched_rank && k.qos == criguard::model::qos::QosClass::BestEffort,
         "{k:#?}"
     );
     guest::report(&format!(

@@ -3,7 +3,7 @@
 use super::ConvertError;
 use super::pod::{qos_from, qos_to};
 use crate::admin::pb;
-use crate::reclaim::oom_kills::OomKill;
+use crate::oom::kills::OomKill;
 
 impl From<&OomKill> for pb::KernelOomKill {
     fn from(k: &OomKill) -> Self {
@@ -48,7 +48,7 @@ impl TryFrom<pb::KernelOomKill> for OomKill {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::QosClass;
+    use crate::model::qos::QosClass;
 
     #[test]
     fn a_kill_survives_the_round_trip_and_an_unknown_class_is_named() {

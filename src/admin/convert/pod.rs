@@ -4,9 +4,8 @@ use std::collections::BTreeMap;
 
 use super::{ConvertError, unknown};
 use crate::admin::pb;
-use crate::model::{
-    Container, ContainerState, Pod, PodRequests, PodSource, QosClass, SandboxState,
-};
+use crate::model::qos::QosClass;
+use crate::model::{Container, ContainerState, Pod, PodRequests, PodSource, SandboxState};
 
 pub(super) fn qos_to(q: QosClass) -> pb::QosClass {
     match q {

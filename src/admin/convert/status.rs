@@ -7,10 +7,9 @@ use serde::{Deserialize, Serialize};
 use super::{ConvertError, unknown};
 use crate::admin::pb;
 use crate::clock::instant_ms as unix_ms;
-use crate::config::Signal;
+use crate::eviction::rank::{NotRanked, RankEntry};
 use crate::eviction::{Eviction, NodeStatus};
-use crate::policy::thresholds::Condition;
-use crate::reclaim::rank::{NotRanked, RankEntry};
+use crate::signals::table::{Condition, Signal};
 
 impl From<&Eviction> for pb::Eviction {
     fn from(e: &Eviction) -> Self {
@@ -232,10 +231,10 @@ mod tests {
             conditions: [Condition::DiskPressure, Condition::PIDPressure].into(),
             ..Default::default()
         };
-        let mut obs = crate::policy::thresholds::Observations::new(std::time::Instant::now());
+        let mut obs = crate::eviction::thresholds::Observations::new(std::time::Instant::now());
         obs.signals.insert(
             Signal::NodefsInodesFree,
-            crate::policy::thresholds::Observation {
+            crate::eviction::thresholds::Observation {
                 available: 12,
                 capacity: 100,
             },

@@ -1,6 +1,6 @@
 //! The resolver's rules as tables (the readers that take a pod's cgroup run
 //! over fixture trees of both drivers and versions in
-//! `reclaim/cgroup_drivers_tests.rs`).
+//! `oom/cgroup_drivers_tests.rs`).
 
 use super::*;
 

@@ -15,9 +15,11 @@ use futures::future::BoxFuture;
 
 use super::*;
 use crate::config::Amount;
-use crate::eviction::admission::{Refusal, decide};
-use crate::model::{Pod, QosClass};
-use crate::policy::thresholds::Observation;
+use crate::eviction::admission::decide;
+use crate::eviction::thresholds::Observation;
+use crate::model::Pod;
+use crate::model::qos::QosClass;
+use crate::signals::table::Refusal;
 
 const MI: i64 = 1 << 20;
 const GI: i64 = 1 << 30;

@@ -32,7 +32,7 @@ use futures::FutureExt;
 use super::node::NodeSources;
 use crate::cgroup::fs::{CgroupFs, Layout};
 use crate::config::{EvictionConfig, Threshold};
-use crate::policy::thresholds::{Observations, deficit};
+use crate::eviction::thresholds::{Observations, deficit};
 pub use plan::{MemcgReading, Watch, plan_polls, plan_v1, plan_v2, poll_interval, signal_cgroup};
 use v1::UsageThreshold;
 use v2::{FileModified, PsiSettings, PsiTrigger};
@@ -358,7 +358,8 @@ impl MemoryEvents {
 mod tests {
     use super::plan::tests::{sources, threshold};
     use super::*;
-    use crate::config::{Amount, Signal};
+    use crate::config::Amount;
+    use crate::signals::table::Signal;
 
     const MI: u64 = 1 << 20;
 

@@ -6,10 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use super::v1::usage_threshold;
-use crate::config::{Signal, Threshold};
-use crate::policy::thresholds::Observations;
-use crate::signal::{MemoryScope, Source};
+use crate::config::Threshold;
+use crate::eviction::thresholds::Observations;
 use crate::signals::node::NodeSources;
+use crate::signals::table::{MemoryScope, Signal, Source};
 
 /// One thing to watch, as planned from the configuration and the readings.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -220,7 +220,7 @@ pub(super) mod tests {
     use super::*;
     use crate::cgroup::fs::{CgroupFs, Layout};
     use crate::config::Amount;
-    use crate::policy::thresholds::Observation;
+    use crate::eviction::thresholds::Observation;
     use crate::signals::write_fixture as write;
 
     const MI: u64 = 1 << 20;

@@ -531,7 +531,7 @@ impl CriguardProcess {
     }
 
     /// The kernel OOM kills recorded, as `criguard evictions --json` prints them.
-    pub async fn oom_kills(&self) -> Vec<criguard::reclaim::oom_kills::OomKill> {
+    pub async fn oom_kills(&self) -> Vec<criguard::oom::kills::OomKill> {
         criguard::admin::get_oom_kills(&self.admin)
             .await
             .expect("criguard admin socket")

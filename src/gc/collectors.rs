@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::seams::NodeReclaim;
-use crate::reclaim::container_gc::ContainerGc;
-use crate::reclaim::image_gc::ImageGc;
+use crate::eviction::seams::NodeReclaim;
+use crate::gc::containers::ContainerGc;
+use crate::gc::images::ImageGc;
 use crate::signals::disk::dedicated_imagefs;
 
 /// The node's collectors, with the policies in effect; cheap to clone.

@@ -1,8 +1,8 @@
 //! Keeping the kernel's OOM choice in line with criguard's ranking.
 //!
 //! A round ranks the running pods by working set
-//! ([`crate::policy::rank::rank_memory`]), computes target scores
-//! ([`crate::policy::oom::dynamic_scores`]) and writes them to
+//! ([`crate::eviction::rank::order::rank_memory`]), computes target scores
+//! ([`crate::oom::scores::dynamic_scores`]) and writes them to
 //! `/proc/<pid>/oom_score_adj` of the processes in each container's cgroup.
 //! Containers it changed earlier and no longer needs to change get the
 //! kubelet's value back.
@@ -12,15 +12,15 @@
 //! - **the cheap check** ([`View::check`]): the model's generation, the
 //!   pods' scope limit and each running pod's usage counter, read with one
 //!   `pread(2)` on a file held open. When none moved
-//!   ([`crate::policy::oom::decide`]: no pod started or stopped, the scope
+//!   ([`crate::oom::scores::decide`]: no pod started or stopped, the scope
 //!   the same, no usage moved by more than one step of the formula, the
 //!   last decision younger than [`REFRESH`]) the round stops there: the
 //!   last decision stands, nothing else is read, nothing is written;
 //! - **a decision** reads each pod's `memory.stat` for its working set,
 //!   ranks, and reads a container's own usage only where its pod's usage
-//!   says it could need a bound ([`crate::policy::oom::may_need_bound`]);
+//!   says it could need a bound ([`crate::oom::scores::may_need_bound`]);
 //! - **writes** go only to containers whose wanted score differs from what
-//!   criguard last set ([`crate::policy::oom::plan_writes`]); their
+//!   criguard last set ([`crate::oom::scores::plan_writes`]); their
 //!   processes are listed then, fresh, and only processes whose score
 //!   differs are written. Every [`VERIFY`] a decision lists and checks every
 //!   container with a target anyway, which finds processes that joined a
@@ -32,7 +32,7 @@
 //!
 //! Each round's first-ranked pod is also recorded in a [`RankHistory`], so
 //! that a kernel OOM kill can be matched against the ranking of its moment
-//! (`reclaim::oom_kills`). With the dynamic rule off the adjuster still
+//! (`oom::kills`). With the dynamic rule off the adjuster still
 //! ranks (and writes nothing), so the kills are matched either way.
 
 mod view;
@@ -43,14 +43,14 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::cgroup::fs::CgroupFs;
+use crate::eviction::rank::memory_input;
+use crate::eviction::rank::order::rank_memory;
 use crate::lock::{Locked, RwLocked};
 use crate::model::{ContainerState, NodeModel};
-use crate::policy::oom::{
+use crate::oom::history::RankHistory;
+use crate::oom::scores::{
     Check, ContainerMemory, Known, Reason, Why, Write, decide, may_need_bound, plan_writes,
 };
-use crate::policy::oom_kill::RankHistory;
-use crate::policy::rank::rank_memory;
-use crate::reclaim::rank::memory_input;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use view::View;

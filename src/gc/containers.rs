@@ -1,7 +1,7 @@
 //! Dead-container and sandbox garbage collection through the CRI.
 //!
 //! Each round lists the runtime's containers and sandboxes, asks the pure
-//! policy ([`crate::policy::gc`]) what may go, and removes it with
+//! policy ([`crate::gc::container_policy`]) what may go, and removes it with
 //! RemoveContainer and RemovePodSandbox, so containerd's own bookkeeping
 //! stays right. One deviation from the kubelet, for safety: a container in
 //! state Created (made but not yet started) is never collected, since the
@@ -12,14 +12,14 @@ use std::path::PathBuf;
 
 use k8s_cri::v1 as cri;
 
-use super::metrics::{Action, ReclaimMetrics};
-use crate::model::keys::LABEL_POD_UID;
-use crate::policy::gc::{
+use super::metrics::{Action, GcMetrics};
+use crate::gc::container_policy::{
     DeadContainer, GcPolicy, SandboxRecord, containers_of_terminated_pods, containers_to_remove,
     sandboxes_to_remove,
 };
-use crate::runtime::Upstream;
-use crate::runtime::{CALL_DEADLINE, bounded};
+use crate::model::keys::LABEL_POD_UID;
+use crate::runtime::remove::remove_container;
+use crate::runtime::{CALL_DEADLINE, Upstream, bounded};
 use crate::signals::probe;
 
 /// What one round removed.
@@ -39,45 +39,7 @@ pub struct ContainerGc {
     upstream: Upstream,
     policy: GcPolicy,
     filesystems: Vec<PathBuf>,
-    metrics: ReclaimMetrics,
-}
-
-/// Removes a container the kubelet's way: its log file first (containerd
-/// leaves it; the kubelet deletes it when it removes a container), then the
-/// container. False when RemoveContainer failed.
-pub async fn remove_container(
-    rt: &mut cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
-    id: &str,
-) -> bool {
-    let status = rt.container_status(cri::ContainerStatusRequest {
-        container_id: id.to_owned(),
-        verbose: false,
-    });
-    let status = bounded("ContainerStatus", CALL_DEADLINE, status).await;
-    if let Some(log) = status
-        .ok()
-        .and_then(|s| s.into_inner().status)
-        .map(|s| s.log_path)
-        .filter(|p| !p.is_empty())
-    {
-        match std::fs::remove_file(&log) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(err) => {
-                tracing::warn!(container = %id, log = %log, %err, "cannot remove container log")
-            }
-        }
-    }
-    let remove = rt.remove_container(cri::RemoveContainerRequest {
-        container_id: id.to_owned(),
-    });
-    match bounded("RemoveContainer", CALL_DEADLINE, remove).await {
-        Ok(_) => true,
-        Err(err) => {
-            tracing::warn!(container = %id, %err, "RemoveContainer failed");
-            false
-        }
-    }
+    metrics: GcMetrics,
 }
 
 /// Free bytes of each distinct filesystem among `paths` (by device).
@@ -108,14 +70,14 @@ impl ContainerGc {
             upstream,
             policy,
             filesystems: Vec::new(),
-            metrics: ReclaimMetrics::default(),
+            metrics: GcMetrics::default(),
         }
     }
 
     /// The same collector, measuring the space it frees on the filesystems
     /// holding `filesystems` (imagefs: writable layers; nodefs: logs) and
     /// counting it in `metrics`.
-    pub fn with_reclaim(mut self, filesystems: Vec<PathBuf>, metrics: ReclaimMetrics) -> Self {
+    pub fn with_reclaim(mut self, filesystems: Vec<PathBuf>, metrics: GcMetrics) -> Self {
         self.filesystems = filesystems;
         self.metrics = metrics;
         self

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::config::Amount;
-use crate::policy::thresholds::Observation;
+use crate::eviction::thresholds::Observation;
 
 fn threshold(signal: Signal, amount: Amount) -> Threshold {
     Threshold::hard(signal, amount)

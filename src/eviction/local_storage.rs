@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::spec::{ApiPod, ContainerKind, Resource, aggregate};
+use crate::model::spec::{ApiPod, ContainerKind, Resource, aggregate};
 use crate::quantity::format_bytes;
 
 /// The kubelet's grace period for these evictions
@@ -193,7 +193,7 @@ pub fn exceeded(pod: &ApiPod, usage: &StorageUse, dedicated_imagefs: bool) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::spec::{ApiContainer, EmptyDir, Resources};
+    use crate::model::spec::{ApiContainer, EmptyDir, Resources};
 
     const MI: i64 = 1 << 20;
 

@@ -3,7 +3,7 @@
 //! A collection lists the runtime's images and containers, updates the
 //! images' first-detected and last-used times (persisted under the state
 //! directory, so a restart forgets nothing), asks the pure policy
-//! ([`crate::policy::image_gc`]) what may go, and removes it with
+//! ([`crate::gc::image_policy`]) what may go, and removes it with
 //! RemoveImage, so containerd's own bookkeeping stays right. containerd's
 //! CRI deletes an image's content and snapshots before RemoveImage
 //! returns, so the bytes freed are measured: `statvfs` of imagefs before
@@ -25,14 +25,14 @@ use std::sync::Arc;
 
 use k8s_cri::v1 as cri;
 
-use super::metrics::{Action, ReclaimMetrics};
-use crate::policy::image_gc::{
-    ImageGcPolicy, ImageRecord, ImageTimes, Listed, bytes_to_free, candidates, too_old,
+use super::metrics::{Action, GcMetrics};
+use crate::config::image_gc::ImageGcPolicy;
+use crate::gc::image_policy::{
+    ImageRecord, ImageTimes, Listed, bytes_to_free, candidates, too_old,
 };
+pub use crate::gc::image_uses::ImageUses;
 use crate::quantity::format_bytes;
-pub use crate::reclaim::image_uses::ImageUses;
-use crate::runtime::Upstream;
-use crate::runtime::{CALL_DEADLINE, bounded};
+use crate::runtime::{CALL_DEADLINE, Upstream, bounded};
 use crate::signals::probe::{self, FsStats};
 
 /// Why an image was removed.
@@ -82,7 +82,7 @@ struct Inner {
     state_file: Option<PathBuf>,
     uses: ImageUses,
     times: tokio::sync::Mutex<ImageTimes>,
-    metrics: ReclaimMetrics,
+    metrics: GcMetrics,
 }
 
 /// Docker-style normalisation of an image reference (`busybox` →
@@ -123,7 +123,7 @@ impl ImageGc {
         imagefs: PathBuf,
         state_file: Option<PathBuf>,
         uses: ImageUses,
-        metrics: ReclaimMetrics,
+        metrics: GcMetrics,
     ) -> Self {
         let times = state_file.as_deref().map(load_times).unwrap_or_default();
         Self {

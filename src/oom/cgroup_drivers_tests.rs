@@ -8,11 +8,11 @@ use std::sync::{Arc, RwLock};
 
 use crate::cgroup::fs::{CgroupFs, Layout};
 use crate::cgroup::path::*;
-use crate::config::Signal;
+use crate::eviction::rank::Ranker;
 use crate::model::{ContainerInfo, ContainerState, NodeModel, SandboxInfo, SandboxState};
-use crate::reclaim::oom_adjust::OomAdjuster;
-use crate::reclaim::rank::Ranker;
+use crate::oom::adjust::OomAdjuster;
 use crate::signals::node::NodeSources;
+use crate::signals::table::Signal;
 use crate::signals::write_fixture as write;
 
 const MI: u64 = 1 << 20;

@@ -10,18 +10,18 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use criguard::config::EvictionConfig;
-use criguard::eviction::collectors::Collectors;
+use criguard::config::image_gc::ImageGcPolicy;
 use criguard::eviction::killer::RuntimeKiller;
+use criguard::eviction::rank::Ranker;
 use criguard::eviction::seams::SystemClock;
 use criguard::eviction::{EvictionManager, NodeStatus, Seams};
+use criguard::gc::collectors::Collectors;
+use criguard::gc::container_policy::GcPolicy;
+use criguard::gc::containers::ContainerGc;
+use criguard::gc::image_uses::ImageUses;
+use criguard::gc::images::ImageGc;
 use criguard::metrics::Metrics;
 use criguard::model::NodeModel;
-use criguard::policy::gc::GcPolicy;
-use criguard::policy::image_gc::ImageGcPolicy;
-use criguard::reclaim::container_gc::ContainerGc;
-use criguard::reclaim::image_gc::ImageGc;
-use criguard::reclaim::image_uses::ImageUses;
-use criguard::reclaim::rank::Ranker;
 use criguard::runtime::Upstream;
 use criguard::signals::node::NodeSources;
 use criguard::signals::usage::UsageReader;
@@ -86,7 +86,7 @@ impl Parts {
     pub fn collector(&self, policy: GcPolicy) -> ContainerGc {
         let (imagefs, nodefs) = self.filesystems.clone();
         ContainerGc::new(self.upstream.clone(), policy)
-            .with_reclaim(vec![imagefs, nodefs], self.metrics.reclaim.clone())
+            .with_reclaim(vec![imagefs, nodefs], self.metrics.gc.clone())
     }
 
     /// Image GC with `policy` (its last-used times read from the state
@@ -98,7 +98,7 @@ impl Parts {
             self.filesystems.0.clone(),
             Some(self.state_file.clone()),
             self.image_uses.clone(),
-            self.metrics.reclaim.clone(),
+            self.metrics.gc.clone(),
         )
     }
 

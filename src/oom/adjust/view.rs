@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashMap};
 use crate::cgroup::fs::{CgroupFile, CgroupFs, limit_of};
 use crate::cgroup::path::kubepods_of;
 use crate::model::{NodeModel, Pod, SandboxState};
-use crate::policy::oom::Check;
+use crate::oom::scores::Check;
 
 /// A running pod and its usage counter.
 #[derive(Debug)]

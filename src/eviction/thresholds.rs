@@ -15,8 +15,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::config::{EvictionConfig, Signal, Threshold};
-pub use crate::signal::Condition;
+use crate::config::{EvictionConfig, Threshold};
+use crate::signals::table::{Condition, Signal};
 
 /// One signal's reading: what is available and the capacity percentages refer to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,22 +1,24 @@
 //! The eviction order for each kind of signal, read now: what the eviction
 //! manager takes its victims from and what `criguard rank` prints. The
 //! readings are I/O (cgroups, per-pod usage); the orders come from the pure
-//! functions in [`crate::policy::rank`] and [`crate::policy::reclaim`].
+//! functions in [`crate::eviction::rank::order`] and [`crate::eviction::reclaim`].
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
-use crate::config::{Signal, Threshold};
+use crate::config::Threshold;
+use crate::eviction::local_storage::{Exceeded, StorageUse, exceeded, fullness, has_limits};
+use crate::eviction::rank::order::{PodMemory, rank_memory};
+use crate::eviction::reclaim::{PodUse, UsageRequest, rank_usage};
 use crate::lock::RwLocked;
+use crate::model::spec::ApiPod;
 use crate::model::{ContainerState, NodeModel, Pod, SandboxState};
-use crate::policy::local_storage::{Exceeded, StorageUse, exceeded, fullness, has_limits};
-use crate::policy::rank::{PodMemory, rank_memory};
-use crate::policy::reclaim::{PodUse, UsageRequest, rank_usage};
-use crate::policy::spec::ApiPod;
 use crate::signals::disk::DiskUsage;
 use crate::signals::node::NodeSources;
+use crate::signals::table::Signal;
 use crate::signals::usage::{PodUsage, UsageContainer, UsagePod, UsageReader, counted};
 
+pub mod order;
 mod report;
 
 pub use report::{NotRanked, RankEntry, disk_ranking_wanted};
@@ -241,7 +243,7 @@ pub struct StorageReading {
 
 impl Ranker {
     /// Reads the running pods with a local-storage limit of their API pod
-    /// ([`crate::policy::local_storage`]), leaving out those in `skip`:
+    /// ([`crate::eviction::local_storage`]), leaving out those in `skip`:
     /// those over a limit, with the first limit each exceeds, and how full
     /// each is. Critical pods and pods without such a limit are not read.
     /// A victim's usage is the pod's ephemeral storage, its request the

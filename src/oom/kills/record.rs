@@ -5,7 +5,7 @@ use std::sync::{Arc, RwLock};
 use crate::lock::RwLocked;
 use serde::{Deserialize, Serialize};
 
-use crate::model::QosClass;
+use crate::model::qos::QosClass;
 
 /// How many kills are kept for `criguard evictions` (oldest dropped first).
 pub const KEEP: usize = 1024;

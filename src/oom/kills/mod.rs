@@ -2,12 +2,12 @@
 //! QoS class, and whether that pod was the one criguard ranked first.
 //!
 //! This is the measure of the dynamic `oom_score_adj` rule in production
-//! (`reclaim::oom_adjust`): when the kernel has to kill, it should kill in
+//! (`oom::adjust`): when the kernel has to kill, it should kill in
 //! criguard's first-ranked pod. The watcher is driven by containerd's task
 //! events (`runtime::track`, whose [`TaskWatcher`] it is): a `/tasks/oom`
 //! makes the task a suspect and its memory cgroup's `oom_kill` counter is read at once, again when the task
 //! exits by SIGKILL and once more a second later; a counter that went up is
-//! a kill (see [`crate::policy::oom_kill`]). The ranking at the time comes
+//! a kill (see [`crate::oom::history`]). The ranking at the time comes
 //! from the adjuster's rounds ([`RankHistory`]), not from a second ranking.
 //! Each kill is counted in `criguard_kernel_oom_kills_total{matched_rank}`,
 //! logged once, and kept for `criguard evictions`.
@@ -48,8 +48,9 @@ use tokio::time::Instant;
 
 use crate::cgroup::fs::{CgroupFs, Layout};
 use crate::cgroup::path as cgroup_path;
-use crate::model::{NodeModel, QosClass};
-use crate::policy::oom_kill::{RankHistory, kills_from_notification, new_kills};
+use crate::model::NodeModel;
+use crate::model::qos::QosClass;
+use crate::oom::history::{RankHistory, kills_from_notification, new_kills};
 use crate::runtime::events::TaskExit;
 use crate::runtime::track::TaskWatcher;
 

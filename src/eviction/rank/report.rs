@@ -8,10 +8,10 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use super::Ranker;
-use crate::config::{Signal, Threshold};
-use crate::policy::rank::near;
-use crate::policy::thresholds::Observation;
-use crate::signal::Ranking;
+use crate::config::Threshold;
+use crate::eviction::rank::order::near;
+use crate::eviction::thresholds::Observation;
+use crate::signals::table::{Ranking, Signal};
 
 /// One line of `criguard rank`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

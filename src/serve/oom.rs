@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use criguard::metrics::Metrics;
 use criguard::model::NodeModel;
-use criguard::policy::oom_kill::RankHistory;
-use criguard::reclaim::oom_adjust::OomAdjuster;
+use criguard::oom::adjust::OomAdjuster;
+use criguard::oom::history::RankHistory;
 
 use super::{Stopping, periodic};
 

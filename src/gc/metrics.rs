@@ -25,14 +25,14 @@ label_values! {
 
 /// Metrics of image and container garbage collection.
 #[derive(Clone, Debug, Default)]
-pub struct ReclaimMetrics {
+pub struct GcMetrics {
     /// Bytes freed, by action (measured on the filesystems, not estimated).
     pub bytes: Family<ActionLabels, Counter>,
     /// Objects removed (images, containers, sandboxes), by action.
     pub removed: Family<ActionLabels, Counter>,
 }
 
-impl ReclaimMetrics {
+impl GcMetrics {
     /// Registers every metric of the group.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(

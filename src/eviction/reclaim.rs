@@ -5,8 +5,7 @@
 
 use std::cmp::Ordering;
 
-use crate::config::Signal;
-use crate::signal::{Filesystem, Source};
+use crate::signals::table::{Filesystem, Signal, Source};
 
 /// Node-level reclaim, tried before any pod is evicted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use crate::config::image_gc::ImageGcPolicy;
+use crate::config::image_gc::ImageGcPolicy;
 
 /// What is known of one image at a collection.
 #[derive(Clone, Debug, PartialEq, Eq)]
