@@ -177,8 +177,7 @@ class Criguard:
         self.logfile = open(self.logpath, "a")
         self.proc = subprocess.Popen(args, stdout=self.logfile, stderr=subprocess.STDOUT,
                                      env={**os.environ,
-                                          "CRIGUARD_LOG": "info,criguard::eviction=debug,"
-                                                          "criguard::eviction=debug"})
+                                          "CRIGUARD_LOG": "info,criguard::eviction=debug"})
         deadline = time.monotonic() + 20
         while not os.path.exists(self.sock):
             if time.monotonic() > deadline or self.proc.poll() is not None:
