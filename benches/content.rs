@@ -12,8 +12,7 @@
 //! (default 40 filler images of 1 MiB) and `CRIGUARD_BENCH_ROUNDS`
 //! (default 200) size it.
 
-#[path = "../tests/it/common/mod.rs"]
-mod common;
+use criguard_test_kit as common;
 
 use std::time::{Duration, Instant};
 

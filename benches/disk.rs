@@ -18,8 +18,7 @@
 //! (default 32) sizes the freshness write, `CRIGUARD_BENCH_ROUNDS`
 //! (default 10) the cost rounds.
 
-#[path = "../tests/it/common/mod.rs"]
-mod common;
+use criguard_test_kit as common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,7 +35,7 @@ use criguard::runtime::snapshots::Snapshots;
 use criguard::runtime::{RuntimeEndpoint, Upstream};
 use criguard::signals::disk;
 use criguard::signals::usage::{UsageReader, UsageSources};
-use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
+use criguard_test_kit::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 const LAYERS: usize = 50;

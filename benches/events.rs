@@ -19,8 +19,7 @@
 //! Run as root: `cargo bench --bench events`. `CRIGUARD_BENCH_TRIALS`
 //! (default 20) and `CRIGUARD_BENCH_HOUSEKEEPING` (default 1s) size it.
 
-#[path = "../tests/it/common/mod.rs"]
-mod common;
+use criguard_test_kit as common;
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
@@ -36,7 +35,7 @@ use criguard::config::{Amount, EvictionConfig, Threshold};
 use criguard::signals::node::NodeSources;
 use criguard::signals::notify::{MemoryEvents, Watch};
 use criguard::signals::table::Signal;
-use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
+use criguard_test_kit::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 const MI: u64 = 1 << 20;

@@ -13,8 +13,7 @@
 //! root). `CRIGUARD_BENCH_IMAGES` (default 50) and
 //! `CRIGUARD_BENCH_IMAGE_MIB` (default 2) size it.
 
-#[path = "../tests/it/common/mod.rs"]
-mod common;
+use criguard_test_kit as common;
 
 use std::io::Write;
 use std::path::Path;

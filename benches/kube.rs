@@ -13,8 +13,7 @@
 //! Run as root: `cargo bench --bench kube`; `CRIGUARD_BENCH_TRIALS`
 //! (default 5) sizes it.
 
-#[path = "../tests/it/common/mod.rs"]
-mod common;
+use criguard_test_kit as common;
 
 use std::time::Duration;
 

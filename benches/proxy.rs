@@ -17,8 +17,7 @@
 //! path's `byte_relay --mode`; the `loop` path is `byte_relay --mode pump`,
 //! criguard's own I/O loop passing bytes untouched.
 
-#[path = "../tests/it/common/mod.rs"]
-mod common;
+use criguard_test_kit as common;
 #[path = "proxy/floor.rs"]
 mod floor;
 #[path = "proxy/report.rs"]
@@ -31,7 +30,7 @@ use base64::Engine;
 use common::containerd::{CriguardProcess, PrivateContainerd, remove_cgroup_tree, unique};
 use common::pods::{remove_pods, run_pod, sleeper};
 use common::tonic_raw::{RawCodec, channel};
-use criguard::test_support::kubelet::PodSpec;
+use criguard_test_kit::kubelet::PodSpec;
 use floor::{Relay, cpu_seconds};
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;

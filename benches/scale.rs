@@ -19,8 +19,7 @@
 //!
 //! Run with `hack/bench-scale.sh` (root).
 
-#[path = "../tests/it/common/mod.rs"]
-mod common;
+use criguard_test_kit as common;
 
 use std::time::{Duration, Instant};
 
@@ -28,7 +27,7 @@ use common::containerd::{CriguardProcess, unique};
 use common::metrics::{free_port, parse, scrape, value};
 use common::pods::{remove_pods, run_pod, sleeper};
 use common::pressure::Pressure;
-use criguard::test_support::kubelet::PodSpec;
+use criguard_test_kit::kubelet::PodSpec;
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;

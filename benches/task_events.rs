@@ -18,8 +18,7 @@
 //! Run as root: `cargo bench --bench task_events`. `CRIGUARD_BENCH_EXITS`
 //! (default 60) and `CRIGUARD_BENCH_SPREAD_S` (default 30) size it.
 
-#[path = "../tests/it/common/mod.rs"]
-mod common;
+use criguard_test_kit as common;
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -35,7 +34,7 @@ use criguard::runtime::sync;
 use criguard::runtime::track::TaskEventMetrics;
 use criguard::runtime::track::TaskEvents;
 use criguard::runtime::{RuntimeEndpoint, Upstream};
-use criguard::test_support::kubelet::PodSpec;
+use criguard_test_kit::kubelet::PodSpec;
 
 const SYNC_EVERY: Duration = Duration::from_secs(10);
 const PER_POD: usize = 10;

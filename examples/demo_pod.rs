@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use criguard::runtime::{RuntimeEndpoint, Upstream};
-use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
+use criguard_test_kit::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 #[tokio::main]

@@ -28,8 +28,8 @@ hack/k8s/build.sh
 hack/restart-load/build.sh >/dev/null   # tests/it/drain.rs' kubelet-like load
 hack/clients.sh >/dev/null
 hack/check-docs.sh
-cargo fmt --check
-cargo clippy --all-targets -- -D warnings
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
 
 if (($# > 0)); then
     exec cargo test "$@"
@@ -52,7 +52,7 @@ tiers=(cluster:: cluster_vm::)
 runtime=(lifecycle:: clients:: crictl:: critest:: eviction:: gc:: events::
          model:: usage:: restart:: oom:: reload:: --skip pid_eviction::)
 
-cargo test --no-run --all-targets >/dev/null
+cargo test --no-run --workspace --all-targets >/dev/null
 
 # Every group's lines also go to one log, so the end of the run can name
 # what failed: CI keeps only the tail of the output, and the tiers' lines
@@ -93,8 +93,10 @@ run_host() {
     local start=$SECONDS rc=0
     echo "test.sh: [1.6] unit tests and the host's integration tests on containerd 1.6" >&2
     (unset CRIGUARD_CONTAINERD
+     kit=0
+     cargo test --no-fail-fast -p criguard-test-kit --lib || kit=1
      cargo test --no-fail-fast --lib --bins --test it --test bounds -- "${tiers[@]/#/--skip=}" \
-         --skip critest_passes_and_fails_the_same_specs_through_criguard) 2>&1 | tag 1.6 || rc=1
+         --skip critest_passes_and_fails_the_same_specs_through_criguard && exit "$kit") 2>&1 | tag 1.6 || rc=1
     echo "test.sh: [1.6] done in $((SECONDS - start)) s" >&2
     start=$SECONDS
     echo "test.sh: [2.x] the runtime-facing tests on containerd 2" >&2

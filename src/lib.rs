@@ -68,5 +68,3 @@ pub mod runtime;
 pub mod sdnotify;
 pub mod signals;
 pub mod statefile;
-#[cfg(any(test, feature = "test-pods"))]
-pub mod test_support;

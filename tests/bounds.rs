@@ -15,8 +15,7 @@
 //! gauge to read 0 first. They still run by themselves: cargo runs test
 //! binaries one after another.
 
-#[path = "it/common/mod.rs"]
-mod common;
+use criguard_test_kit as common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;

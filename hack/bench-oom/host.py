@@ -70,7 +70,7 @@ class Cri:
 
 
 class Pod:
-    """A pod as the kubelet asks for it (src/test_support/kubelet.rs's requests): labels,
+    """A pod as the kubelet asks for it (test-kit/src/kubelet.rs's requests): labels,
     cgroup parent by QoS, resources and oom_score_adj."""
 
     def __init__(self, name, qos, request, limit, held, workdir):

@@ -12,7 +12,11 @@ use super::conn::{Conn, Io};
 use super::frame::{self, Head, error, flag, kind, setting};
 use super::observe::{self, Method, Observe, RequestPlan};
 use super::proxy::Proxy;
+use crate::model::fixtures;
 use crate::runtime::RuntimeEndpoint;
+
+/// The cgroup of the test pod's sandbox, under the cgroupfs driver.
+const SANDBOX_CGROUP: &str = "/kubepods/besteffort/poduid-1";
 
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
 const RUN: &str = "/runtime.v1.RuntimeService/RunPodSandbox";
@@ -54,26 +58,13 @@ struct Harness {
     server_enc: loona_hpack::Encoder<'static>,
 }
 
-fn pod() -> crate::test_support::kubelet::PodSpec {
-    let mut pod = crate::test_support::kubelet::PodSpec::new("p", "uid-1").container(
-        crate::test_support::kubelet::ContainerSpec {
-            name: "app".into(),
-            image: "busybox".into(),
-            ..Default::default()
-        },
-    );
-    pod.cgroup_root = "/kubepods".into();
-    pod
-}
-
 fn create_body(padding: usize) -> Bytes {
-    let pod = pod();
-    let mut config = pod.container_config(0);
+    let mut config = fixtures::container_config();
     config.annotations.insert("pad".into(), "x".repeat(padding));
     let msg = cri::CreateContainerRequest {
         pod_sandbox_id: "sb1".into(),
         config: Some(config),
-        sandbox_config: Some(pod.sandbox_config()),
+        sandbox_config: Some(fixtures::sandbox_config(SANDBOX_CGROUP)),
     }
     .encode_to_vec();
     observe::frame(&msg, None)
@@ -81,7 +72,7 @@ fn create_body(padding: usize) -> Bytes {
 
 fn run_body() -> Bytes {
     let msg = cri::RunPodSandboxRequest {
-        config: Some(pod().sandbox_config()),
+        config: Some(fixtures::sandbox_config(SANDBOX_CGROUP)),
         runtime_handler: String::new(),
     }
     .encode_to_vec();

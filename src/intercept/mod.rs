@@ -304,6 +304,7 @@ impl Observe for Observer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::fixtures;
 
     #[test]
     fn patch_merges_into_a_full_request_and_keeps_every_other_field() {
@@ -347,19 +348,10 @@ mod tests {
     }
 
     fn create_request(cgroup_parent: &str) -> Vec<u8> {
-        let pod = crate::test_support::kubelet::PodSpec::new("p", "uid-1").container(
-            crate::test_support::kubelet::ContainerSpec {
-                name: "app".into(),
-                image: "busybox".into(),
-                ..Default::default()
-            },
-        );
-        let mut sandbox = pod.sandbox_config();
-        sandbox.linux.get_or_insert_default().cgroup_parent = cgroup_parent.into();
         cri::CreateContainerRequest {
             pod_sandbox_id: "sb1".into(),
-            config: Some(pod.container_config(0)),
-            sandbox_config: Some(sandbox),
+            config: Some(fixtures::container_config()),
+            sandbox_config: Some(fixtures::sandbox_config(cgroup_parent)),
         }
         .encode_to_vec()
     }
@@ -446,12 +438,8 @@ mod tests {
 
     #[test]
     fn a_dry_run_refuses_no_pod_for_a_condition_but_still_an_evicted_one() {
-        let pod = crate::test_support::kubelet::PodSpec::new("p", "uid-1");
-        let mut sandbox = pod.sandbox_config();
-        sandbox.linux.get_or_insert_default().cgroup_parent =
-            "/kubepods/besteffort/poduid-1".into();
         let run = cri::RunPodSandboxRequest {
-            config: Some(sandbox),
+            config: Some(fixtures::sandbox_config("/kubepods/besteffort/poduid-1")),
             ..Default::default()
         }
         .encode_to_vec();

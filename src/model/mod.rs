@@ -19,6 +19,8 @@
 
 pub mod convert;
 pub mod derive;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod keys;
 pub mod qos;
 pub mod spec;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::containerd::{Clients, PrivateContainerd, unique};
 use common::pods::{CgroupRoot, proc_oom_score_adj, remove_pods, run_pod, sleeper};
 use common::served::Served;
-use criguard::test_support::kubelet::PodSpec;
+use criguard_test_kit::kubelet::PodSpec;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_evictions_and_status_show_what_people_need() {

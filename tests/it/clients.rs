@@ -13,13 +13,9 @@
 
 use crate::common;
 
-#[path = "../clients/concurrency.rs"]
 mod concurrency;
-#[path = "../clients/decoded.rs"]
 mod decoded;
-#[path = "../clients/lifecycle.rs"]
 mod lifecycle;
-#[path = "../clients/transparency.rs"]
 mod transparency;
 
 use std::path::{Path, PathBuf};

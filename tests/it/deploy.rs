@@ -24,7 +24,7 @@ use common::containerd::{PrivateContainerd, unique};
 use common::metrics::scrape;
 use common::pods::{CgroupRoot, remove_pods, run_pod, sleeper};
 use common::served::Served;
-use criguard::test_support::kubelet::PodSpec;
+use criguard_test_kit::kubelet::PodSpec;
 use k8s_cri::v1 as cri;
 
 const RULES: &str = "deploy/prometheus/criguard-alerts.yaml";

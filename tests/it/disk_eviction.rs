@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::pods::{BUSYBOX, remove_pods, run_pod, wait_exited};
 use common::pressure::Pressure;
 use criguard::signals::node::fs_stats;
-use criguard::test_support::kubelet::ContainerSpec;
+use criguard_test_kit::kubelet::ContainerSpec;
 use k8s_cri::v1 as cri;
 
 const MI: u64 = 1 << 20;

@@ -12,7 +12,7 @@ use common::pods::{hog, run_pod, sleeper};
 use common::pressure::Pressure;
 use criguard::model::SandboxState;
 use criguard::signals::table::Condition;
-use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
+use criguard_test_kit::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 const MI: i64 = 1 << 20;

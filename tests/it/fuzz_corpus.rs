@@ -26,9 +26,9 @@ fn grpc(msg: &[u8]) -> Vec<u8> {
     v
 }
 
-fn pod() -> criguard::test_support::kubelet::PodSpec {
-    let mut pod = criguard::test_support::kubelet::PodSpec::new("p", "uid-1").container(
-        criguard::test_support::kubelet::ContainerSpec {
+fn pod() -> criguard_test_kit::kubelet::PodSpec {
+    let mut pod = criguard_test_kit::kubelet::PodSpec::new("p", "uid-1").container(
+        criguard_test_kit::kubelet::ContainerSpec {
             name: "app".into(),
             image: "busybox".into(),
             ..Default::default()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::containerd::{CriguardProcess, PrivateContainerd, unique};
 use common::pods::{CgroupRoot, create_and_start, remove_pods, sleeper, wait_exited};
-use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
+use criguard_test_kit::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

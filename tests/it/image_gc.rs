@@ -15,7 +15,7 @@ use common::containerd::{CriguardProcess, PrivateContainerd, unique};
 use common::metrics::{free_port, parse, scrape, value};
 use common::pods::{CgroupRoot, remove_pods, run_pod, sleeper};
 use criguard::signals::node::fs_stats;
-use criguard::test_support::kubelet::PodSpec;
+use criguard_test_kit::kubelet::PodSpec;
 use k8s_cri::v1 as cri;
 
 const FILLER_MIB: u64 = 8;
@@ -89,7 +89,7 @@ async fn unused_images_go_least_recently_used_first_down_to_the_low_threshold() 
     // A running pod uses f3 and busybox; f1, f2 and f6 are used, in that
     // order, by containers that are then removed; f4 and f5 never are.
     let mut pod = PodSpec::new("user", &unique("user"))
-        .container(criguard::test_support::kubelet::ContainerSpec {
+        .container(criguard_test_kit::kubelet::ContainerSpec {
             image: filler(3),
             ..sleeper("f3")
         })
@@ -99,7 +99,7 @@ async fn unused_images_go_least_recently_used_first_down_to_the_low_threshold() 
     let (running, _) = run_pod(&mut c.rt, &pod, None).await;
     for n in [1, 2, 6] {
         let mut p = PodSpec::new(&format!("once-f{n}"), &unique("once")).container(
-            criguard::test_support::kubelet::ContainerSpec {
+            criguard_test_kit::kubelet::ContainerSpec {
                 image: filler(n),
                 ..sleeper("c")
             },

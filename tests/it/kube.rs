@@ -42,7 +42,7 @@ use common::apiserver::{ApiServer, json_patch, strategic_merge};
 use common::kubeapi::{ControlPlane, Kube, Request, Tenant};
 use common::metrics::{free_port, parse, scrape, value};
 use common::pressure::Pressure;
-use criguard::test_support::kubelet::PodSpec;
+use criguard_test_kit::kubelet::PodSpec;
 use serde_json::{Value, json};
 
 /// The real API's control plane and a private containerd with a 320 MiB
@@ -1013,7 +1013,7 @@ fn burstable(
     mib: i64,
     grow_mib: i64,
 ) -> PodSpec {
-    let c = criguard::test_support::kubelet::ContainerSpec {
+    let c = criguard_test_kit::kubelet::ContainerSpec {
         command: common::pods::hog(mib, grow_mib),
         memory_request: request_mib << 20,
         memory_limit: limit_mib << 20,
@@ -1293,7 +1293,7 @@ fn writer(sc: &Pressure, name: &str, write_mib: u32) -> PodSpec {
         "while [ ! -e /tmp/go ]; do sleep 0.1; done; \
          dd if=/dev/zero of=/fill bs=1048576 count={write_mib}; sleep 3600"
     );
-    let c = criguard::test_support::kubelet::ContainerSpec {
+    let c = criguard_test_kit::kubelet::ContainerSpec {
         command: vec!["sh".into(), "-c".into(), script],
         ..common::pods::sleeper("app")
     };

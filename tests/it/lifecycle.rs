@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::containerd::{Clients, ContainerdVersion, CriguardProcess, PrivateContainerd, unique};
 use common::pods::{BUSYBOX, CgroupRoot};
-use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
+use criguard_test_kit::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 fn sorted_images(mut l: Vec<cri::Image>) -> Vec<cri::Image> {

@@ -25,10 +25,9 @@
 //! `tests/vm/` stays a binary of its own: it is what runs inside the VM
 //! (`hack/vm.sh`). So does `tests/bounds.rs`, which exhausts connections
 //! and descriptors on purpose and must run alone (its header says why).
-//! `tests/clients/` holds the Go and Python clients and the Rust modules
-//! of [`clients`].
+//! `tests/clients/` holds the Go and Python clients that [`clients`] runs.
 
-mod common;
+use criguard_test_kit as common;
 
 mod admin;
 mod adopt;

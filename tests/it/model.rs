@@ -11,7 +11,7 @@ use common::containerd::{CriguardProcess, PrivateContainerd, unique};
 use common::pods::{CgroupRoot, mem_total, proc_oom_score_adj, remove_pods, run_pod, sleeper};
 use criguard::model::qos::QosClass;
 use criguard::model::{ContainerState, Pod, SandboxState};
-use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
+use criguard_test_kit::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 fn by_name(pods: &[Pod]) -> HashMap<String, Pod> {

@@ -17,7 +17,7 @@ use common::pods::{
 use criguard::model::qos::QosClass;
 use criguard::oom::kills::OomKill;
 use criguard::oom::scores::badness;
-use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
+use criguard_test_kit::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 const MI: i64 = 1 << 20;

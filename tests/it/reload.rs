@@ -21,7 +21,7 @@ use common::containerd::{PrivateContainerd, unique};
 use common::pods::{CgroupRoot, proc_oom_score_adj, remove_pods, run_pod, sleeper};
 use common::served::Served;
 use criguard::signals::table::Condition;
-use criguard::test_support::kubelet::PodSpec;
+use criguard_test_kit::kubelet::PodSpec;
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 

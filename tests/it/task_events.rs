@@ -17,7 +17,7 @@ use criguard::runtime::sync;
 use criguard::runtime::track::TaskEvents;
 use criguard::runtime::track::{TaskEventMetrics, TopicLabels};
 use criguard::runtime::{RuntimeEndpoint, Upstream};
-use criguard::test_support::kubelet::PodSpec;
+use criguard_test_kit::kubelet::PodSpec;
 use k8s_cri::v1 as cri;
 
 fn exits_seen(m: &TaskEventMetrics) -> u64 {

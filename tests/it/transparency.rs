@@ -263,8 +263,8 @@ async fn patched_create_container_keeps_unknown_fields_and_replays_the_answer() 
     let proxy = InProcessProxy::start(&dir.path().join("c.sock"), &upstream_sock);
 
     // A BestEffort pod whose kubelet sent 500: criguard patches it to 1000.
-    let pod = criguard::test_support::kubelet::PodSpec::new("p", "u1").container(
-        criguard::test_support::kubelet::ContainerSpec {
+    let pod = criguard_test_kit::kubelet::PodSpec::new("p", "u1").container(
+        criguard_test_kit::kubelet::ContainerSpec {
             name: "app".into(),
             image: "busybox".into(),
             ..Default::default()

@@ -16,7 +16,7 @@ use criguard::runtime::{RuntimeEndpoint, Upstream};
 use criguard::signals::disk::DiskUsage;
 use criguard::signals::table::Signal;
 use criguard::signals::usage::{NodeUsage, PodUsage, counted, empty_dir_root};
-use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
+use criguard_test_kit::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 
 const MI: u64 = 1 << 20;

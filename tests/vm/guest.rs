@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use criguard::test_support::kubelet::{CgroupDriver, ContainerSpec, PodSpec};
+use criguard_test_kit::kubelet::{CgroupDriver, ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;

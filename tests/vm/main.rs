@@ -13,8 +13,7 @@
 //!
 //! `CRIGUARD_VM_FILTER` passes a test filter to the guest (e.g. `units`).
 
-#[path = "../it/common/mod.rs"]
-mod common;
+use criguard_test_kit as common;
 mod frozen_runtime;
 mod guest;
 mod package;

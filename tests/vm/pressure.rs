@@ -22,7 +22,7 @@ use crate::common::metrics::{free_port, parse, scrape, value};
 use crate::common::pods::{grow, hog, init_pid, sleeper, wait_holding};
 use crate::guest::{self, CONTAINERD, Slice, pod};
 use criguard::cgroup::fs::CgroupFs;
-use criguard::test_support::kubelet::ContainerSpec;
+use criguard_test_kit::kubelet::ContainerSpec;
 use k8s_cri::v1 as cri;
 
 const MI: u64 = 1 << 20;

@@ -14,7 +14,7 @@ use crate::common::containerd::{Clients, CriguardProcess};
 use crate::common::pods::{grow, hog, init_pid, oom_score_adj_of, sleeper, wait_holding};
 use crate::guest::{self, CONTAINERD, Slice, pod};
 use criguard::oom::scores::badness;
-use criguard::test_support::kubelet::ContainerSpec;
+use criguard_test_kit::kubelet::ContainerSpec;
 use k8s_cri::v1 as cri;
 
 const MI: i64 = 1 << 20;

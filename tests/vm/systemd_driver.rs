@@ -15,7 +15,7 @@ use crate::common::pods::{
     forker, hog, init_pid, oom_score_adj_of, run_pod, sleeper, wait_holding,
 };
 use crate::guest::{self, CONTAINERD, Slice, cgroup_of, pod, sh};
-use criguard::test_support::kubelet::ContainerSpec;
+use criguard_test_kit::kubelet::ContainerSpec;
 
 const MI: i64 = 1 << 20;
 /// kubepods.slice's limits: the node's allocatable memory and pids.

@@ -9,16 +9,15 @@
 //! (generateContainerConfig), `labels.go`, `pkg/kubelet/cm/helpers_linux.go`
 //! (cgroup parents) and `pkg/kubelet/qos/policy.go` (`oom_score_adj`).
 //!
-//! Not part of criguard itself: it is built only for tests and with the
-//! `test-pods` feature, which every test, bench and example gets through the
-//! crate's dev-dependency on itself. The label and annotation names that
-//! criguard reads live in [`crate::model::keys`] and are re-exported here.
+//! Not part of criguard itself: the test kit is a dev-dependency of criguard,
+//! for its tests, benches and examples. The label and annotation names that
+//! criguard reads live in [`criguard::model::keys`] and are re-exported here.
 
 use std::collections::HashMap;
 
 use k8s_cri::v1 as cri;
 
-pub use crate::model::keys::{
+pub use criguard::model::keys::{
     ANNOTATION_CONFIG_SOURCE, ANNOTATION_GRACE, ANNOTATION_RESTART_COUNT, LABEL_CONTAINER_NAME,
     LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID,
 };
@@ -26,7 +25,7 @@ pub use crate::model::keys::{
 /// The kubelet's CPU CFS period in microseconds.
 pub const CPU_PERIOD_US: i64 = 100_000;
 
-pub use crate::model::qos::QosClass;
+pub use criguard::model::qos::QosClass;
 
 /// Which cgroup driver names the kubelet's cgroups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,11 +213,11 @@ impl PodSpec {
             .annotations
             .get(ANNOTATION_CONFIG_SOURCE)
             .map(String::as_str);
-        let node_critical = crate::model::derive::is_static(source)
+        let node_critical = criguard::model::derive::is_static(source)
             && self
                 .annotations
                 .contains_key("criguard.io/test-node-critical");
-        crate::model::derive::kubelet_oom_score_adj(
+        criguard::model::derive::kubelet_oom_score_adj(
             self.qos(),
             node_critical,
             c.memory_request,

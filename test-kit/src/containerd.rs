@@ -439,7 +439,7 @@ impl CriguardProcess {
         extra: &[&str],
     ) -> Self {
         let admin = listen.with_extension("admin.sock");
-        let bin = env!("CARGO_BIN_EXE_criguard");
+        let bin = crate::criguard_bin();
         let mut cmd = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);

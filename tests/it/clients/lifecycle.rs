@@ -14,7 +14,7 @@ use super::decoded::{Decoded, Meta, decode, replace};
 use crate::common::clients::{Answer, Call, Client, Kind};
 use crate::common::containerd::{ContainerdVersion, CriguardProcess, PrivateContainerd, unique};
 use crate::common::pods::{BUSYBOX, CgroupRoot, mem_total};
-use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
+use criguard_test_kit::kubelet::{ContainerSpec, PodSpec};
 
 const RT: &str = "/runtime.v1.RuntimeService/";
 const IMG: &str = "/runtime.v1.ImageService/";

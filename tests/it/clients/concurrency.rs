@@ -17,7 +17,7 @@ use crate::common::clients::{Answer, Call, Client, Kind};
 use crate::common::containerd::CriguardProcess;
 use crate::common::echo::EchoUpstream;
 use crate::common::rawgrpc::with_unknown_field;
-use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
+use criguard_test_kit::kubelet::{ContainerSpec, PodSpec};
 
 const CALLS: usize = 1000;
 const CONNECTIONS: usize = 10;

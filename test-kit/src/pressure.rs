@@ -18,7 +18,7 @@ use k8s_cri::v1 as cri;
 
 use super::containerd::{CriguardProcess, PrivateContainerd, unique};
 use super::pods::{CgroupRoot, grow, hog, mem_total, run_pod, sleeper, wait_exited, wait_holding};
-use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
+use crate::kubelet::{ContainerSpec, PodSpec};
 
 /// A private containerd and a kubepods cgroup, made by [`Builder::start`].
 pub struct Pressure {

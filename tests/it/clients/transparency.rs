@@ -17,7 +17,7 @@ use crate::common::clients::{Answer, Call, Client, Event, Kind};
 use crate::common::containerd::CriguardProcess;
 use crate::common::echo::{EchoUpstream, Seen};
 use crate::common::rawgrpc::with_unknown_field;
-use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
+use criguard_test_kit::kubelet::{ContainerSpec, PodSpec};
 
 /// A call worth making, what the upstream must answer, and what it must see.
 struct Case {

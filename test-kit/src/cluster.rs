@@ -3,10 +3,6 @@
 //! `hack/cluster.sh up` starts in a directory of the test's own and that
 //! is stopped whatever happens, kubectl on it, and the pod objects and
 //! manifests both tests use.
-//!
-//! Included with `#[path = "common/cluster.rs"] mod cluster_support;`, not
-//! through `common/mod.rs`: the cluster tests need none of the rest.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -87,7 +83,7 @@ impl Cluster {
         let status = Command::new(repo().join("hack/cluster.sh"))
             .arg("up")
             .arg(&cluster.dir)
-            .env("CRIGUARD_BIN", env!("CARGO_BIN_EXE_criguard"))
+            .env("CRIGUARD_BIN", crate::criguard_bin())
             .envs(env.iter().copied())
             .status()
             .expect("run hack/cluster.sh up");

@@ -8,7 +8,7 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
 
 use super::containerd::{Clients, remove_cgroup_tree};
-use criguard::test_support::kubelet::{ContainerSpec, PodSpec};
+use crate::kubelet::{ContainerSpec, PodSpec};
 
 /// The busybox image hack/images.sh builds.
 pub const BUSYBOX: &str = "docker.io/library/busybox:criguard";

@@ -1,6 +1,5 @@
 //! Shared test harness: the kubelet's side of the socket, a private
 //! containerd, and criguard itself.
-#![allow(dead_code)]
 
 pub mod apiserver;
 pub mod clients;
@@ -9,6 +8,7 @@ pub mod containerd;
 pub mod echo;
 pub mod h2peer;
 pub mod kubeapi;
+pub mod kubelet;
 pub mod memcg;
 pub mod metrics;
 pub mod pods;
@@ -23,6 +23,21 @@ use std::time::Duration;
 use criguard::cri;
 use criguard::runtime::{RuntimeEndpoint, Upstream};
 use tokio::sync::oneshot;
+
+/// The criguard binary of the build the running test or bench belongs to:
+/// `criguard` in the profile directory above the executable's `deps/`,
+/// where Cargo puts it for the package's own tests (`CARGO_BIN_EXE_criguard`,
+/// which this crate, not being criguard's, is not given).
+pub fn criguard_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's executable");
+    let dir = exe.parent().expect("the executable's directory");
+    let profile = if dir.ends_with("deps") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    };
+    profile.join("criguard")
+}
 
 /// Raises this process's soft `RLIMIT_NOFILE` to its hard limit, once: the
 /// tests that open hundreds of client sockets call it, and every test of

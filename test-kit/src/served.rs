@@ -44,7 +44,7 @@ impl Served {
         std::fs::write(&file, config).unwrap();
         let port = free_port();
         let runtime = format!("unix://{}", ctrd.socket.display());
-        let child = Command::new(env!("CARGO_BIN_EXE_criguard"))
+        let child = Command::new(crate::criguard_bin())
             .arg("serve")
             .arg("--listen")
             .arg(&socket)
@@ -85,7 +85,7 @@ impl Served {
 
     /// `criguard ARGS --admin-socket ...`: exit code and stdout.
     pub fn cli(&self, args: &[&str]) -> (i32, String) {
-        let out = Command::new(env!("CARGO_BIN_EXE_criguard"))
+        let out = Command::new(crate::criguard_bin())
             .args(args)
             .arg("--admin-socket")
             .arg(&self.admin)
