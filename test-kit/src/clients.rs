@@ -34,7 +34,7 @@ pub struct Built {
 pub fn built() -> &'static Built {
     static BUILT: OnceLock<Built> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let repo = crate::repo();
         let out = std::process::Command::new(repo.join("hack/clients.sh"))
             .stderr(Stdio::inherit())
             .output()

@@ -15,10 +15,7 @@ use serde_json::Value;
 /// The busybox image `hack/containerd.sh` and the VM node's guest import.
 pub const BUSYBOX: &str = "docker.io/library/busybox:criguard";
 
-/// The repository's root.
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+pub use crate::repo;
 
 /// Polls `check` every `every` until it gives `Some`, or panics after
 /// `deadline` naming `what`.

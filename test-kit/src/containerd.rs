@@ -10,9 +10,7 @@ use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::repo;
 
 /// A unique, readable suffix for names in one test run: the process, a
 /// count of the names it made (two test threads can read the same clock

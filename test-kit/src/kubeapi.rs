@@ -31,8 +31,6 @@ use serde_json::{Value, json};
 use super::containerd::unique;
 use super::metrics::free_port;
 
-const REPO: &str = env!("CARGO_MANIFEST_DIR");
-
 /// The audit policy: every request of every ServiceAccount at Request level
 /// (verb, URI, user, user agent, status, and the body criguard sent).
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\n\
@@ -49,7 +47,7 @@ fn bin_dir(component: &str) -> Option<PathBuf> {
         "etcd" => "go.etcd.io/etcd/server/v3",
         _ => return None,
     };
-    let here = Path::new(REPO).join("hack/k8s").join(component);
+    let here = crate::repo().join("hack/k8s").join(component);
     let gomod = std::fs::read_to_string(here.join("go.mod")).ok()?;
     let version = gomod.lines().find_map(|l| {
         let w: Vec<&str> = l.split_whitespace().collect();
@@ -194,7 +192,7 @@ fn pki(pki: &Path, script: &str) {
         .args([
             "-c",
             &format!("set -euo pipefail; source \"$0\"; {script}"),
-            &format!("{REPO}/hack/cluster/pki.sh"),
+            &format!("{}/hack/cluster/pki.sh", crate::repo().display()),
         ])
         .env("PKI_DIR", pki)
         .status()
@@ -359,7 +357,11 @@ impl ControlPlane {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        plane.kubectl(&["apply", "-f", &format!("{REPO}/deploy/rbac.yaml")]);
+        plane.kubectl(&[
+            "apply",
+            "-f",
+            &format!("{}/deploy/rbac.yaml", crate::repo().display()),
+        ]);
         plane.started_in = t0.elapsed();
         eprintln!(
             "kube-apiserver and etcd ready in {:?} ({})",

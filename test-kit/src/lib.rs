@@ -24,6 +24,14 @@ use criguard::cri;
 use criguard::runtime::{RuntimeEndpoint, Upstream};
 use tokio::sync::oneshot;
 
+/// The repository's root: the kit is its folder `test-kit/`.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("test-kit/ is in the repository")
+        .to_owned()
+}
+
 /// The criguard binary of the build the running test or bench belongs to:
 /// `criguard` in the profile directory above the executable's `deps/`,
 /// where Cargo puts it for the package's own tests (`CARGO_BIN_EXE_criguard`,
