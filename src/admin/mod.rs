@@ -27,7 +27,6 @@ pub mod client;
 pub mod config;
 pub mod convert;
 pub mod server;
-pub mod table;
 
 /// The messages, server and client generated from `admin.proto`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
@@ -42,4 +41,3 @@ pub use client::{
 pub use config::{ApiWrites, ConfigStatus, Serving, get_status};
 pub use convert::{ConditionsReport, ConvertError, Observed};
 pub use server::{AdminState, serve};
-pub use table::{rank_table, usage_table};

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use criguard::admin;
 
 use super::args::NodeArgs;
-use super::display;
+use super::{display, tables};
 
 /// When `at_ms` was, for people: local time and age.
 fn when(at_ms: u64) -> String {
@@ -208,7 +208,7 @@ pub async fn rank(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        print!("{}", admin::rank_table(&r));
+        print!("{}", tables::rank_table(&r));
     }
     Ok(())
 }
@@ -219,7 +219,7 @@ pub async fn usage(admin_socket: PathBuf, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&u)?);
     } else {
-        print!("{}", admin::usage_table(&u));
+        print!("{}", tables::usage_table(&u));
     }
     Ok(())
 }

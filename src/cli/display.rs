@@ -14,6 +14,8 @@ use criguard::model::Pod;
 use criguard::oom::kills::OomKill;
 use criguard::signals::table::Signal;
 
+use super::tables::Table;
+
 /// A broken-down local time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalTime {
@@ -143,54 +145,51 @@ pub fn effective_column(values: Option<&BTreeSet<i64>>) -> String {
 /// the dynamic adjuster's, or 0 where the kernel refused a negative one).
 /// `effective` gives a container's, by container id.
 pub fn pods_table(pods: &[Pod], effective: impl Fn(&str) -> Option<BTreeSet<i64>>) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<30} {:<11} {:>10} {:<8} {:<8} {:>9} {:<9} {:<13} {:<16} {:<9} {:>9} {:>9} {:>8} {:>8}",
-        "NAMESPACE/POD",
-        "QOS",
-        "PRIORITY",
-        "CRITICAL",
-        "SOURCE",
-        "POD-REQ",
-        "STATE",
-        "SANDBOX",
-        "CONTAINER",
-        "C-STATE",
-        "MEM-REQ",
-        "MEM-LIM",
-        "OOM-WANT",
-        "OOM-EFF"
+    let mut t = Table::new(
+        "",
+        &[
+            "NAMESPACE/POD",
+            "QOS",
+            "PRIORITY",
+            "CRITICAL",
+            "SOURCE",
+            "POD-REQ",
+            "STATE",
+            "SANDBOX",
+            "CONTAINER",
+            "C-STATE",
+            "MEM-REQ",
+            "MEM-LIM",
+            "OOM-WANT",
+            "OOM-EFF",
+        ],
     );
     for p in pods {
-        let pod = format!("{}/{}", p.namespace, p.name);
-        let crit = if p.critical { "yes" } else { "no" };
-        let head = format!(
-            "{pod:<30} {:<11} {:>10} {crit:<8} {:<8} {:>9} {:<9} {:<13}",
+        let head = [
+            format!("{}/{}", p.namespace, p.name),
             format!("{:?}", p.qos),
-            p.priority,
-            p.source.as_str(),
+            p.priority.to_string(),
+            (if p.critical { "yes" } else { "no" }).to_owned(),
+            p.source.as_str().to_owned(),
             mib(p.memory_request()),
             format!("{:?}", p.state),
-            p.sandbox_id.get(..12).unwrap_or(&p.sandbox_id),
-        );
+            p.sandbox_id.get(..12).unwrap_or(&p.sandbox_id).to_owned(),
+        ];
         if p.containers.is_empty() {
-            let _ = writeln!(out, "{head}");
+            t.row(head.clone());
         }
         for c in p.containers.values() {
-            let _ = writeln!(
-                out,
-                "{head} {:<16} {:<9} {:>9} {:>9} {:>8} {:>8}",
-                c.name,
+            t.row(head.iter().cloned().chain([
+                c.name.clone(),
                 format!("{:?}", c.state),
                 mib(c.memory_request),
                 mib(c.memory_limit),
-                c.oom_score_adj,
-                effective_column(effective(&c.id).as_ref())
-            );
+                c.oom_score_adj.to_string(),
+                effective_column(effective(&c.id).as_ref()),
+            ]));
         }
     }
-    out
+    t.finish()
 }
 
 fn mib(bytes: i64) -> String {
@@ -282,10 +281,16 @@ fn signals_table(
         .observed_at_unix_ms
         .map_or("no round yet".to_owned(), when);
     let _ = writeln!(out, "\nsignals (read {observed}):");
-    let _ = writeln!(
-        out,
-        "  {:<28} {:>14} {:>14} {:>22} {:>14}  ",
-        "SIGNAL", "AVAILABLE", "THRESHOLD", "SOFT (GRACE)", "CAPACITY"
+    let mut t = Table::new(
+        "  ",
+        &[
+            "SIGNAL",
+            "AVAILABLE",
+            "THRESHOLD",
+            "SOFT (GRACE)",
+            "CAPACITY",
+            "",
+        ],
     );
     let mut hard: BTreeMap<Signal, &Threshold> = BTreeMap::new();
     let mut soft: BTreeMap<Signal, &Threshold> = BTreeMap::new();
@@ -325,16 +330,16 @@ fn signals_table(
         } else {
             ""
         };
-        let _ = writeln!(
-            out,
-            "  {:<28} {:>14} {:>14} {:>22} {:>14}  {met}",
-            s.name(),
+        t.row([
+            s.name().to_owned(),
             o.map_or("-".into(), |o| amount(s, o.available)),
             threshold.map_or("-".into(), |(_, shown)| shown),
             soft_threshold.map_or("-".into(), |(_, shown)| shown),
             o.map_or("-".into(), |o| amount(s, o.capacity as i64)),
-        );
+            met.to_owned(),
+        ]);
     }
+    out.push_str(&t.finish());
 }
 
 /// The node conditions, or `none`.

@@ -9,6 +9,7 @@ pub mod client;
 pub mod display;
 pub mod generate;
 pub mod settings;
+pub mod tables;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
