@@ -241,7 +241,7 @@ fn tokio_relay(listener: UnixListener, upstream: PathBuf, pump: bool) {
                     return;
                 };
                 if pump {
-                    let (_never, drain) = tokio::sync::watch::channel(false);
+                    let drain = tokio_util::sync::CancellationToken::new();
                     criguard::cri::pump::relay(criguard::cri::pump::Plain, client, up, None, drain)
                         .await;
                 } else {

@@ -18,6 +18,7 @@ use crate::lock::RwLocked;
 use futures::Stream;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::config::ConfigStatus;
@@ -105,7 +106,7 @@ impl AdminState {
 /// The service: the state, and whether criguard is stopping.
 struct Service {
     state: AdminState,
-    stopping: watch::Receiver<bool>,
+    stopping: CancellationToken,
 }
 
 type EvictionStream = Pin<Box<dyn Stream<Item = Result<pb::Eviction, Status>> + Send>>;
@@ -224,7 +225,7 @@ impl Admin for Service {
 struct Watch {
     status: Arc<RwLock<NodeStatus>>,
     recorded: watch::Receiver<usize>,
-    stopping: watch::Receiver<bool>,
+    stopping: CancellationToken,
     next: usize,
 }
 
@@ -245,7 +246,7 @@ impl Watch {
             }
             tokio::select! {
                 changed = self.recorded.changed() => changed.ok()?,
-                _ = self.stopping.wait_for(|s| *s) => return None,
+                () = self.stopping.cancelled() => return None,
             }
         }
     }
@@ -254,17 +255,20 @@ impl Watch {
 /// Serves the admin API on `listener` until `shutdown` resolves; open
 /// connections then get [`DRAIN`] to finish and watch streams end.
 pub async fn serve(listener: UnixListener, state: AdminState, shutdown: impl Future<Output = ()>) {
-    let (stop, stopping) = watch::channel(false);
-    let mut stopped = stop.subscribe();
-    let service = AdminServer::new(Service { state, stopping });
+    let stopping = CancellationToken::new();
+    let service = AdminServer::new(Service {
+        state,
+        stopping: stopping.clone(),
+    });
+    let stop = stopping.clone();
     let server = tonic::transport::Server::builder()
         .add_service(service)
         .serve_with_incoming_shutdown(Acceptor::new(listener, "admin"), async move {
             shutdown.await;
-            let _ = stop.send(true);
+            stop.cancel();
         });
     let drained = async {
-        let _ = stopped.wait_for(|s| *s).await;
+        stopping.cancelled().await;
         tokio::time::sleep(DRAIN).await;
     };
     tokio::select! {

@@ -12,12 +12,11 @@
 //! `criguard::intercept::fuzz_observer`), so the relay's code knows no pods.
 
 use bytes::BytesMut;
-use tokio::sync::watch;
 
 use super::conn::{Conn, Io};
 use super::frame;
 use super::observe::Observe;
-use super::proxy::Proxy;
+use super::proxy::{Proxy, Ready};
 use crate::runtime::RuntimeEndpoint;
 
 /// Bytes criguard may queue beyond what the peers sent it: its own
@@ -27,10 +26,10 @@ const OWN_FRAMES_PER_INPUT_BYTE: usize = 64;
 /// Runs one script through a fresh connection watched by `observer` (see
 /// the module docs).
 pub fn relay(observer: impl Observe, script: &[u8]) {
-    let (ready_tx, ready_rx) = watch::channel(false);
+    let ready = Ready::default();
     let proxy = Proxy::to(RuntimeEndpoint::parse("/fuzz.sock").expect("a valid path"))
         .with_observer(observer)
-        .with_ready(ready_rx);
+        .with_ready(ready.clone());
     let mut conn = Conn::new(proxy);
     let mut io = Io::default();
     let (mut client, mut server) = (BytesMut::new(), BytesMut::new());
@@ -58,7 +57,7 @@ pub fn relay(observer: impl Observe, script: &[u8]) {
                 }
             }
             2 => {
-                let _ = ready_tx.send(true);
+                ready.set();
                 if conn.wants_ready() {
                     conn.on_ready(&mut io);
                 }

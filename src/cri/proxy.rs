@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::budget::Budget;
 use super::methods::MethodInfo;
@@ -13,13 +13,41 @@ use super::metrics::CriMetrics;
 use super::observe::{Method, Observe};
 use crate::runtime::{RuntimeEndpoint, Upstream};
 
+/// The node model is ready: set once, when the model is rebuilt from the
+/// runtime, and never unset. Cheap to clone; every clone sees the same flag.
+#[derive(Clone, Debug, Default)]
+pub struct Ready(CancellationToken);
+
+impl Ready {
+    /// Sets the flag.
+    pub fn set(&self) {
+        self.0.cancel();
+    }
+
+    /// Whether the flag is set.
+    pub fn is_set(&self) -> bool {
+        self.0.is_cancelled()
+    }
+
+    /// Resolves once the flag is set.
+    pub async fn wait(&self) {
+        self.0.cancelled().await
+    }
+
+    /// Sets the flag when the returned guard is dropped: held by the
+    /// rebuild, so that calls are released (fail open) if it ends early.
+    pub fn set_on_drop(&self) -> DropGuard {
+        self.0.clone().drop_guard()
+    }
+}
+
 /// The proxy's shared settings. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Proxy {
     pub(super) endpoint: RuntimeEndpoint,
     pub(super) observer: Option<Arc<dyn Observe>>,
     metrics: CriMetrics,
-    ready: Option<watch::Receiver<bool>>,
+    ready: Option<Ready>,
     pub(super) budget: Arc<Budget>,
     pub(super) max_connections: usize,
 }
@@ -82,9 +110,9 @@ impl Proxy {
         self
     }
 
-    /// The same proxy, holding observed calls until `ready` is true (the
+    /// The same proxy, holding observed calls until `ready` is set (the
     /// node model rebuilt); every other call is forwarded meanwhile.
-    pub fn with_ready(mut self, ready: watch::Receiver<bool>) -> Self {
+    pub fn with_ready(mut self, ready: Ready) -> Self {
         self.ready = Some(ready);
         self
     }
@@ -96,11 +124,11 @@ impl Proxy {
 
     /// Whether observed calls can be handled now.
     pub(super) fn is_ready(&self) -> bool {
-        self.ready.as_ref().is_none_or(|r| *r.borrow())
+        self.ready.as_ref().is_none_or(Ready::is_set)
     }
 
-    /// A receiver of the readiness signal, if there is one.
-    pub(super) fn ready(&self) -> Option<watch::Receiver<bool>> {
+    /// The readiness flag, if there is one.
+    pub(super) fn ready(&self) -> Option<Ready> {
         self.ready.clone()
     }
 

@@ -37,11 +37,13 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use super::conn::{Conn, Io};
 pub use super::out::HIGH_WATER;
 use super::out::write_out;
+use super::proxy::Ready;
 
 /// Read buffer growth step.
 const READ_CHUNK: usize = 64 << 10;
@@ -173,8 +175,8 @@ pub async fn relay<E: Engine + Send + 'static>(
     engine: E,
     client: tokio::net::UnixStream,
     server: tokio::net::UnixStream,
-    ready: Option<watch::Receiver<bool>>,
-    drain: watch::Receiver<bool>,
+    ready: Option<Ready>,
+    drain: CancellationToken,
 ) {
     if let Err((err, _)) = try_relay(engine, client, server, ready, drain).await {
         tracing::error!(%err, "could not relay a connection");
@@ -188,8 +190,8 @@ pub async fn try_relay<E: Engine + Send + 'static>(
     mut engine: E,
     client: tokio::net::UnixStream,
     server: tokio::net::UnixStream,
-    mut ready: Option<watch::Receiver<bool>>,
-    mut drain: watch::Receiver<bool>,
+    ready: Option<Ready>,
+    drain: CancellationToken,
 ) -> Result<(), (std::io::Error, tokio::net::UnixStream)> {
     let signals = match Signals::new() {
         Ok(s) => Arc::new(s),
@@ -219,13 +221,12 @@ pub async fn try_relay<E: Engine + Send + 'static>(
     loop {
         tokio::select! {
             _ = &mut done => return Ok(()),
-            () = ready_or_gone(&mut ready), if !ready_told => {
+            () = ready_or_none(&ready), if !ready_told => {
                 ready_told = true;
                 signals.raise(&signals.ready);
             }
-            // A drain already under way counts; a sender gone is a drain
-            // too: criguard is stopping.
-            _ = drain.wait_for(|d| *d), if !drain_told => {
+            // A drain already under way counts.
+            () = drain.cancelled(), if !drain_told => {
                 drain_told = true;
                 signals.raise(&signals.drain);
             }
@@ -233,10 +234,10 @@ pub async fn try_relay<E: Engine + Send + 'static>(
     }
 }
 
-async fn ready_or_gone(ready: &mut Option<watch::Receiver<bool>>) {
+/// Resolves once `ready` is set, at once without one.
+async fn ready_or_none(ready: &Option<Ready>) {
     if let Some(r) = ready {
-        // An error means the sender is gone: nothing to wait for.
-        let _ = r.wait_for(|v| *v).await;
+        r.wait().await;
     }
 }
 

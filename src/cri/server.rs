@@ -29,8 +29,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use super::budget::{self, CONNECTIONS, REFUSED, RefusedLabels};
 use super::conn::Conn;
@@ -113,7 +114,10 @@ pub async fn serve(
     drain: Duration,
 ) {
     budget::tune_allocator();
-    let (drain_tx, drain_rx) = watch::channel(false);
+    // Cancelled when serving ends, however it ends: each connection then
+    // drains.
+    let draining = CancellationToken::new();
+    let _drain_on_drop = draining.clone().drop_guard();
     let mut conns = JoinSet::new();
     let slots = Arc::new(Semaphore::new(proxy.max_connections()));
     let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
@@ -125,12 +129,12 @@ pub async fn serve(
             stream = acceptor.accept() => {
                 match slots.clone().try_acquire_owned() {
                     Ok(slot) => {
-                        conns.spawn(connection(stream, proxy.clone(), drain_rx.clone(), slot));
+                        conns.spawn(connection(stream, proxy.clone(), draining.clone(), slot));
                     }
                     Err(_) => {
                         let why = ConnLimit::Limit(proxy.max_connections());
                         if let Ok(permit) = refusing.clone().try_acquire_owned() {
-                            conns.spawn(refuse(stream, proxy.clone(), why, drain_rx.clone(), permit));
+                            conns.spawn(refuse(stream, proxy.clone(), why, draining.clone(), permit));
                         } else {
                             why.report();
                         }
@@ -142,7 +146,7 @@ pub async fn serve(
         }
     }
     drop(acceptor);
-    let _ = drain_tx.send(true);
+    draining.cancel();
     let drained =
         tokio::time::timeout(drain, async { while conns.join_next().await.is_some() {} }).await;
     if drained.is_err() {
@@ -176,7 +180,7 @@ impl Drop for Served {
 async fn connection(
     client: UnixStream,
     proxy: Proxy,
-    drain: watch::Receiver<bool>,
+    drain: CancellationToken,
     slot: OwnedSemaphorePermit,
 ) {
     let _served = Served::new(slot);
@@ -239,7 +243,7 @@ async fn refuse(
     client: UnixStream,
     proxy: Proxy,
     why: ConnLimit,
-    drain: watch::Receiver<bool>,
+    drain: CancellationToken,
     _permit: OwnedSemaphorePermit,
 ) {
     why.report();

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::budget::SMALL_BLOCK;
 use super::conn::MAX_HEADER_LIST;
@@ -151,7 +151,7 @@ pub async fn serve(
     client: UnixStream,
     proxy: Proxy,
     why: std::io::Error,
-    drain: watch::Receiver<bool>,
+    drain: CancellationToken,
 ) {
     let msg = format!("criguard: runtime {} unavailable: {why}", proxy.endpoint());
     tracing::debug!(%msg, "serving a kubelet connection without a runtime");
@@ -161,7 +161,7 @@ pub async fn serve(
 /// Refuses `client`: its first call is answered `UNAVAILABLE` with `msg`,
 /// then GOAWAY (with `msg` as debug data) ends the connection; so does a
 /// wait of [`REFUSE_WAIT`] for a call.
-pub async fn refuse(client: UnixStream, proxy: Proxy, msg: String, drain: watch::Receiver<bool>) {
+pub async fn refuse(client: UnixStream, proxy: Proxy, msg: String, drain: CancellationToken) {
     respond(client, proxy, msg, Mode::Refuse, drain).await;
 }
 
@@ -235,7 +235,7 @@ async fn respond(
     proxy: Proxy,
     msg: String,
     mode: Mode,
-    mut drain: watch::Receiver<bool>,
+    drain: CancellationToken,
 ) {
     let (mut r, mut w) = client.split();
     let mut a = Answers {
@@ -252,7 +252,7 @@ async fn respond(
     let mut probe = tokio::time::interval(PROBE);
     let give_up = tokio::time::sleep(REFUSE_WAIT);
     tokio::pin!(give_up);
-    if *drain.borrow_and_update() {
+    if drain.is_cancelled() {
         a.close();
     }
     let flushed = tokio::time::sleep(Duration::MAX);
@@ -290,7 +290,7 @@ async fn respond(
                 }
             }
             () = &mut give_up, if !a.closing && a.mode == Mode::Refuse => a.close(),
-            _ = drain.changed(), if !a.closing => a.close(),
+            () = drain.cancelled(), if !a.closing => a.close(),
         }
     }
 }

@@ -177,7 +177,7 @@ async fn live_periodic<F, Fut>(
     F: FnMut(Live) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let stopped = stopping.wait();
+    let stopped = stopping.clone().cancelled_owned();
     tokio::pin!(stopped);
     let mut last: Option<tokio::time::Instant> = None;
     loop {

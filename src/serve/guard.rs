@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use criguard::config::ConfigError;
+use criguard::cri::proxy::Ready;
 use criguard::eviction::store::EvictedStore;
 use criguard::eviction::{NodeStatus, Reloadable};
 use criguard::kube::KubeSettings;
@@ -49,7 +50,7 @@ pub struct Handles {
     /// Metrics.
     pub metrics: Metrics,
     /// The model's readiness (rebuilt from the runtime).
-    pub ready: watch::Receiver<bool>,
+    pub ready: Ready,
     /// criguard is stopping.
     pub stopping: Stopping,
     /// The adjuster's rankings, matched against kernel OOM kills.
@@ -195,7 +196,7 @@ impl Guard {
                 k,
                 h.node.clone(),
                 h.metrics.kube.clone(),
-                h.stopping.wait(),
+                h.stopping.clone().cancelled_owned(),
             )
             .await
             .map_err(|e| kube_error(k, "the API pod source", e))?;
@@ -225,8 +226,8 @@ impl Guard {
         };
         self.tasks.push(tokio::spawn(after_ready(
             h.ready.clone(),
-            h.stopping.wait(),
-            manager.run(events, h.stopping.wait()),
+            h.stopping.clone().cancelled_owned(),
+            manager.run(events, h.stopping.clone().cancelled_owned()),
         )));
         // The adjuster ranks every round (the kernel OOM kills are matched
         // against it); it writes scores only with --dynamic-oom-score-adj.
@@ -240,7 +241,7 @@ impl Guard {
         );
         self.tasks.push(tokio::spawn(after_ready(
             h.ready.clone(),
-            h.stopping.wait(),
+            h.stopping.clone().cancelled_owned(),
             oom::run(adjuster, every, h.stopping.clone()),
         )));
         self.live.send_replace(Some(live));

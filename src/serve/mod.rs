@@ -59,6 +59,7 @@ use criguard::admin::ConfigStatus;
 use criguard::config::ConfigError;
 use criguard::config::kube::ApiSource;
 use criguard::config::metrics::{ReloadLabels, ReloadOutcome};
+use criguard::cri::proxy::Ready;
 use criguard::eviction::NodeStatus;
 use criguard::eviction::rank::Ranker;
 use criguard::eviction::store::EvictedStore;
@@ -72,6 +73,7 @@ use criguard::runtime::{RuntimeEndpoint, Upstream};
 use criguard::signals::node::NodeSources;
 use criguard::{admin, listen};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::cli::EXIT_CONFIG;
 use crate::cli::args::ServeCmd;
@@ -231,19 +233,9 @@ fn complaint_period() -> Duration {
         .unwrap_or(COMPLAINT_PERIOD)
 }
 
-/// What every loop waits on to learn that criguard is stopping.
-#[derive(Clone)]
-struct Stopping(tokio::sync::watch::Receiver<bool>);
-
-impl Stopping {
-    /// Resolves once criguard is stopping.
-    fn wait(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut rx = self.0.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    }
-}
+/// What every loop waits on to learn that criguard is stopping: cancelled
+/// once, when it stops.
+type Stopping = CancellationToken;
 
 /// Runs the proxy and its loops; `loaded` is the guardian's settings or
 /// why criguard fails open, with the flag error that stays until a restart
@@ -326,9 +318,9 @@ struct Parts {
     upstream: Upstream,
     node: Arc<RwLock<NodeModel>>,
     /// The model's readiness, turned true by the rebuild.
-    ready: (watch::Sender<bool>, watch::Receiver<bool>),
-    /// Turned true when criguard stops ([`Stopping`] waits for it).
-    stop: watch::Sender<bool>,
+    ready: Ready,
+    /// Cancelled when criguard stops.
+    stop: Stopping,
     status: Arc<RwLock<NodeStatus>>,
     image_uses: ImageUses,
     /// The proxy changes requests only while this is true.
@@ -351,7 +343,7 @@ struct Running {
     notice: watch::Sender<Notice>,
     rebuild: tokio::task::JoinHandle<()>,
     proxy: criguard::cri::server::ProxyThread,
-    stop: watch::Sender<bool>,
+    stop: Stopping,
     /// The admin, sync, events, metrics, complaint and notice loops.
     tasks: Vec<tokio::task::JoinHandle<()>>,
     sockets: servers::OwnedSockets,
@@ -431,8 +423,8 @@ impl App {
     /// loaded (or failing open), criguard's loops, then the relay.
     async fn spawn(self) -> anyhow::Result<Running> {
         let (p, cmd) = (self.parts, self.cmd);
-        let (ready_tx, ready) = p.ready;
-        let rebuild = runtime::rebuild(&p.node, &p.upstream, ready_tx);
+        let ready = p.ready;
+        let rebuild = runtime::rebuild(&p.node, &p.upstream, ready.clone());
         let mut guard = guard::Guard::new(p.guard);
         let started = match self.loaded {
             Ok(g) => guard.apply(&g).await.map(|_| g),
@@ -440,7 +432,7 @@ impl App {
         };
         let (notice, notice_rx) = p.notice;
         announce(&cmd, started.as_ref(), &p.config, &notice);
-        let stopping = Stopping(p.stop.subscribe());
+        let stopping = p.stop.clone();
         let (node, upstream) = (p.node.clone(), p.upstream.clone());
         let sync = runtime::sync_loop(
             node,
@@ -453,14 +445,22 @@ impl App {
         let metrics_listener = self.metrics_listener;
         let tasks = vec![
             tokio::spawn(node_notice(notice_rx, period, stopping.clone())),
-            tokio::spawn(admin::serve(self.listeners.admin, p.admin, stopping.wait())),
+            tokio::spawn(admin::serve(
+                self.listeners.admin,
+                p.admin,
+                stopping.clone().cancelled_owned(),
+            )),
             tokio::spawn(servers::metrics(
                 metrics_listener,
                 p.metrics.clone(),
-                stopping.wait(),
+                stopping.clone().cancelled_owned(),
             )),
-            tokio::spawn(p.events.run(stopping.wait())),
-            tokio::spawn(after_ready(ready.clone(), stopping.wait(), sync)),
+            tokio::spawn(p.events.run(stopping.clone().cancelled_owned())),
+            tokio::spawn(after_ready(
+                ready.clone(),
+                stopping.clone().cancelled_owned(),
+                sync,
+            )),
             tokio::spawn(complaints(p.config.subscribe(), period, stopping.clone())),
         ];
         tracing::info!(runtime = %p.upstream.endpoint(), "forwarding CRI calls");
@@ -522,8 +522,8 @@ impl Parts {
         let metrics = Metrics::new();
         let upstream = Upstream::new(endpoint);
         let node = Arc::new(RwLock::new(NodeModel::new(sources.memory_capacity as i64)));
-        let ready = watch::channel(false);
-        let (stop, stopped) = watch::channel(false);
+        let ready = Ready::default();
+        let stop = Stopping::new();
         let status = EvictedStore::new(&cmd.state_dir).initial_status();
         let status = Arc::new(RwLock::new(status));
         let parts = eviction::Parts::new(
@@ -557,8 +557,8 @@ impl Parts {
             sources,
             parts,
             metrics: metrics.clone(),
-            ready: ready.1.clone(),
-            stopping: Stopping(stopped),
+            ready: ready.clone(),
+            stopping: stop.clone(),
             ranks,
             cgroup_root: cgroup_root.clone(),
             oom: (cmd.dynamic_oom_score_adj, cmd.oom_adjust_interval),
@@ -636,7 +636,7 @@ impl Running {
     /// (each finishing the round it is in).
     async fn quiesce(mut self, successor: handoff::Prepared) -> HandedOver {
         self.rebuild.abort();
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         futures::future::join_all(self.tasks).await;
         if let Err(err) = self.guard.join().await {
             tracing::error!("{err:#}");
@@ -659,7 +659,7 @@ impl Running {
     async fn stop(self) -> anyhow::Result<()> {
         self.rebuild.abort();
         self.proxy.stop().await;
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         futures::future::join_all(self.tasks).await;
         self.guard.join().await?;
         let unwritten = tokio::task::spawn_blocking(criguard::statefile::flush_pending)
@@ -865,7 +865,7 @@ fn notice_api(cmd: &ServeCmd) -> Option<criguard::kube::KubeSettings> {
 /// says: set while failing open (again every `period`, and after a failed
 /// write), removed once a configuration is accepted.
 async fn node_notice(mut notice: watch::Receiver<Notice>, period: Duration, stopping: Stopping) {
-    let stopped = stopping.wait();
+    let stopped = stopping.clone().cancelled_owned();
     tokio::pin!(stopped);
     loop {
         let n = notice.borrow_and_update().clone();
@@ -902,7 +902,7 @@ async fn complaints(config: watch::Receiver<ConfigStatus>, period: Duration, sto
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is at once: the start already complained.
     tick.tick().await;
-    periodic_on(&mut tick, stopping.wait(), || {
+    periodic_on(&mut tick, stopping.clone().cancelled_owned(), || {
         if let Some(e) = &config.borrow().error {
             complain(e, "still");
         }
@@ -925,15 +925,15 @@ async fn periodic_on(
     }
 }
 
-/// Runs `run` once the node model is rebuilt (`ready` true, or its sender
-/// gone), or nothing when `stopped` resolves first.
+/// Runs `run` once the node model is rebuilt (`ready` set), or nothing
+/// when `stopped` resolves first.
 async fn after_ready(
-    mut ready: tokio::sync::watch::Receiver<bool>,
+    ready: Ready,
     stopped: impl Future<Output = ()> + Send,
     run: impl Future<Output = ()> + Send,
 ) {
     let go = tokio::select! {
-        _ = ready.wait_for(|r| *r) => true,
+        () = ready.wait() => true,
         () = stopped => false,
     };
     if go {

@@ -33,7 +33,7 @@ pub fn build(
 
 /// Runs a round every `every` until criguard stops.
 pub async fn run(adjuster: Arc<Mutex<OomAdjuster>>, every: Duration, stopping: Stopping) {
-    periodic(every, stopping.wait(), move || {
+    periodic(every, stopping.clone().cancelled_owned(), move || {
         let a = adjuster.clone();
         // cgroupfs and procfs reads block briefly: off the proxy's thread.
         // A round still running (stuck on a read) is not queued behind:

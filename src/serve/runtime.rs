@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use criguard::cri::proxy::Ready;
 use criguard::kube::metrics::KubeMetrics;
 use criguard::lock::RwLocked;
 use criguard::metrics::Metrics;
@@ -16,21 +17,21 @@ use criguard::oom::history::RankHistory;
 use criguard::oom::kills::{OomKillWatcher, OomKills, kmsg};
 use criguard::runtime::track::TaskEvents;
 use criguard::runtime::{Upstream, sync};
-use tokio::sync::watch;
 
 use super::{Stopping, periodic};
 
-/// Rebuilds `node` from the runtime in the background; `ready_tx` turns
-/// true once it is done. A runtime that is down must not keep the kubelet
+/// Rebuilds `node` from the runtime in the background; `ready` is set
+/// once it is done, or once the rebuild ends in any other way. A runtime that is down must not keep the kubelet
 /// out: readiness is then given anyway, with what the model holds, and the
 /// sync loop fills it once the runtime is up.
 pub fn rebuild(
     node: &Arc<RwLock<NodeModel>>,
     upstream: &Upstream,
-    ready_tx: watch::Sender<bool>,
+    ready: Ready,
 ) -> tokio::task::JoinHandle<()> {
     let (node, upstream) = (node.clone(), upstream.clone());
     tokio::spawn(async move {
+        let _ready = ready.set_on_drop();
         let started = std::time::Instant::now();
         match sync::sync(&node, &upstream).await {
             Ok(()) => {
@@ -46,7 +47,6 @@ pub fn rebuild(
                 tracing::warn!(%err, "node model not rebuilt yet; serving, the sync loop retries");
             }
         }
-        ready_tx.send_replace(true);
     })
 }
 
@@ -85,7 +85,7 @@ pub async fn sync_loop(
     stopping: Stopping,
     kube: KubeMetrics,
 ) {
-    periodic(every, stopping.wait(), move || {
+    periodic(every, stopping.clone().cancelled_owned(), move || {
         let (node, upstream, kube) = (node.clone(), upstream.clone(), kube.clone());
         async move {
             if let Err(err) = sync::sync(&node, &upstream).await {

@@ -199,7 +199,7 @@ pub async fn metrics(
 pub fn start_proxy(
     listener: tokio::net::UnixListener,
     upstream: &Upstream,
-    (node, ready): (Arc<RwLock<NodeModel>>, tokio::sync::watch::Receiver<bool>),
+    (node, ready): (Arc<RwLock<NodeModel>>, cri::proxy::Ready),
     (status, guarding): (Arc<RwLock<NodeStatus>>, Arc<std::sync::atomic::AtomicBool>),
     image_uses: ImageUses,
     metrics: &Metrics,
