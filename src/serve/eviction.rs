@@ -27,7 +27,7 @@ use criguard::signals::node::NodeSources;
 use criguard::signals::usage::UsageReader;
 use tokio::sync::watch;
 
-use super::Stopping;
+use super::loops::Stopping;
 use crate::cli::args::NodeArgs;
 use crate::cli::settings::Settings;
 

@@ -34,7 +34,8 @@ use criguard::signals::notify::MemoryEvents;
 use tokio::sync::watch;
 
 use super::eviction::{Live, Parts};
-use super::{Stopping, after_ready, oom};
+use super::loops::{Stopping, after_ready};
+use super::oom;
 use crate::cli::settings::{Guardian, Settings};
 
 /// What the guardian needs that outlives any one configuration.

@@ -41,24 +41,22 @@
 //! ([`after_ready`]), so that a restart on a node with hundreds of pods
 //! never keeps the kubelet's other calls waiting.
 
+mod config;
 mod eviction;
 mod guard;
 mod handoff;
+mod loops;
 mod oom;
 mod runtime;
 mod servers;
 
-use std::future::Future;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 use anyhow::Context;
 use criguard::admin::ConfigStatus;
 use criguard::config::ConfigError;
-use criguard::config::kube::ApiSource;
-use criguard::config::metrics::{ReloadLabels, ReloadOutcome};
 use criguard::cri::proxy::Ready;
 use criguard::eviction::NodeStatus;
 use criguard::eviction::rank::Ranker;
@@ -73,16 +71,15 @@ use criguard::runtime::{RuntimeEndpoint, Upstream};
 use criguard::signals::node::NodeSources;
 use criguard::{admin, listen};
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 use crate::cli::EXIT_CONFIG;
 use crate::cli::args::ServeCmd;
 use crate::cli::settings::Guardian;
-
-/// How often a failing-open criguard repeats its complaint in the log; the
-/// environment variable `CRIGUARD_CONFIG_COMPLAINT_PERIOD` (e.g. `200ms`)
-/// changes it, for tests.
-pub const COMPLAINT_PERIOD: Duration = Duration::from_secs(60);
+use config::{
+    Notice, announce, complain, complaint_period, complaints, initial_config, load, node_notice,
+    reload, serving,
+};
+use loops::{Stopping, after_ready};
 
 /// Ignores SIGHUP, SIGUSR1 and SIGUSR2 until serve's own handlers are
 /// installed.
@@ -200,42 +197,6 @@ pub fn main(cmd: ServeCmd, flag_error: Option<ConfigError>) -> ExitCode {
         }
     }
 }
-
-/// The guardian's settings from the file and the flags, or the first
-/// error, naming its key and value; `flag_error` (a flag refused, which
-/// stays until a restart) comes first.
-fn load(cmd: &ServeCmd, flag_error: Option<&ConfigError>) -> Result<Guardian, ConfigError> {
-    match flag_error {
-        Some(e) => Err(e.clone()),
-        None => Guardian::load(cmd),
-    }
-}
-
-/// Logs that criguard fails open on `err` (`when`: at start, or again).
-fn complain(err: &ConfigError, when: &str) {
-    tracing::error!(
-        key = %err.key,
-        value = %err.value,
-        rule = %err.rule,
-        when,
-        "invalid configuration: {err}; failing open: every CRI call is relayed unchanged, \
-         with no eviction, garbage collection, oom_score_adj patch, admission refusal or API \
-         report, until a valid configuration is loaded (fix it, then systemctl reload criguard)"
-    );
-}
-
-/// The complaint's period: `CRIGUARD_CONFIG_COMPLAINT_PERIOD` or [`COMPLAINT_PERIOD`].
-fn complaint_period() -> Duration {
-    std::env::var("CRIGUARD_CONFIG_COMPLAINT_PERIOD")
-        .ok()
-        .and_then(|v| criguard::quantity::parse_duration(&v).ok())
-        .filter(|d| !d.is_zero())
-        .unwrap_or(COMPLAINT_PERIOD)
-}
-
-/// What every loop waits on to learn that criguard is stopping: cancelled
-/// once, when it stops.
-type Stopping = CancellationToken;
 
 /// Runs the proxy and its loops; `loaded` is the guardian's settings or
 /// why criguard fails open, with the flag error that stays until a restart
@@ -464,15 +425,17 @@ impl App {
             tokio::spawn(complaints(p.config.subscribe(), period, stopping.clone())),
         ];
         tracing::info!(runtime = %p.upstream.endpoint(), "forwarding CRI calls");
-        let proxy = servers::start_proxy(
-            self.listeners.cri,
-            &p.upstream,
-            (p.node, ready),
-            (p.status, p.guarding),
-            p.image_uses,
-            &p.metrics,
-            (cmd.drain, cmd.max_connections),
-        )?;
+        let relay = servers::Relay {
+            upstream: p.upstream,
+            node: p.node,
+            ready,
+            status: p.status,
+            guarding: p.guarding,
+            image_uses: p.image_uses,
+            drain: cmd.drain,
+            max_connections: cmd.max_connections,
+        };
+        let proxy = relay.spawn(self.listeners.cri, &p.metrics)?;
         let mut predecessor = self.predecessor;
         handoff::announce_ready(predecessor.as_mut());
         Ok(Running {
@@ -690,68 +653,6 @@ async fn bind_metrics(
     })
 }
 
-/// Where this criguard serves and what it forwards to, for `Status`: the
-/// CRI socket's own path (systemd's or a predecessor's socket included).
-fn serving(
-    upstream: &Upstream,
-    listeners: &servers::Listeners,
-    metrics: Option<&tokio::net::TcpListener>,
-    cmd: &ServeCmd,
-) -> criguard::admin::Serving {
-    let cri = listeners.cri.local_addr().ok();
-    let cri = cri.as_ref().and_then(|a| a.as_pathname());
-    criguard::admin::Serving {
-        runtime_endpoint: upstream.endpoint().to_string(),
-        cri_socket: cri.unwrap_or(&cmd.listen).display().to_string(),
-        metrics_address: (metrics.and_then(|m| m.local_addr().ok()))
-            .map(|a| a.to_string())
-            .unwrap_or_default(),
-        kubeconfig: String::new(),
-    }
-}
-
-/// The configuration's state before anything is loaded: the version and
-/// the file.
-fn initial_config(cmd: &ServeCmd) -> ConfigStatus {
-    ConfigStatus {
-        version: env!("CARGO_PKG_VERSION").into(),
-        config_file: cmd
-            .eviction
-            .config
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default(),
-        ..Default::default()
-    }
-}
-
-/// Publishes how the guardian started (`started`: its settings, or why it
-/// fails open) for the admin API and the node condition
-/// `CriguardConfigInvalid` (through the API report's own settings when
-/// those are valid).
-fn announce(
-    cmd: &ServeCmd,
-    started: Result<&Guardian, &ConfigError>,
-    config: &watch::Sender<ConfigStatus>,
-    notice: &watch::Sender<Notice>,
-) {
-    match started {
-        Ok(g) => {
-            publish(config, Ok(g), &[], false);
-            notice.send_replace(g.settings.kube.clone().map(|k| (k, None)));
-        }
-        Err(e) => {
-            // The API report failing to start is logged here; the others
-            // were at once.
-            if e.key == "kubeconfig" {
-                complain(e, "at start");
-            }
-            publish(config, Err(e), &[], false);
-            notice.send_replace(notice_api(cmd).map(|k| (k, Some(e.clone()))));
-        }
-    }
-}
-
 /// Makes an existing state directory private (0700) as the README promises,
 /// logging the mode it had; a directory criguard creates is made 0700. A
 /// failure is logged: the state files are still written 0600.
@@ -766,195 +667,6 @@ fn tighten_state_dir(dir: &std::path::Path) {
         Ok(None) => {}
         Err(err) => {
             tracing::warn!(path = %dir.display(), %err, "cannot make the state directory private")
-        }
-    }
-}
-
-/// SIGHUP: loads the configuration again and puts it in effect, or refuses
-/// it (the running one stays); counted, logged and published either way.
-async fn reload(
-    cmd: &ServeCmd,
-    guard: &mut guard::Guard,
-    (config, notice): (&watch::Sender<ConfigStatus>, &watch::Sender<Notice>),
-    metrics: &criguard::metrics::Metrics,
-    flag_error: Option<&ConfigError>,
-) {
-    tracing::info!("SIGHUP: reloading the configuration");
-    let loaded = load(cmd, flag_error);
-    let was_running = guard.running();
-    let applied = match loaded {
-        Ok(g) => guard.apply(&g).await.map(|restart| (g, restart)),
-        Err(e) => Err(e),
-    };
-    let outcome = match applied {
-        Ok((g, restart)) => {
-            for r in &restart {
-                tracing::warn!(setting = %r, "reloaded configuration: this setting changed but takes effect only after a restart (systemctl restart criguard); the running value stays");
-            }
-            tracing::info!(config = %g.describe().replace('\n', "; "), left_fail_open = !was_running, "reloaded configuration applied");
-            publish(config, Ok(&g), &restart, true);
-            if !was_running {
-                // Leaving fail-open mode: the condition goes (through the
-                // API it was set through; the running report's cannot
-                // change until a restart).
-                let api = notice.borrow().as_ref().map(|(k, _)| k.clone());
-                notice.send_replace(api.or_else(|| g.settings.kube.clone()).map(|k| (k, None)));
-            }
-            ReloadOutcome::Applied
-        }
-        Err(e) => {
-            tracing::error!(key = %e.key, value = %e.value, rule = %e.rule, "reloaded configuration refused: {e}; the running configuration stays");
-            if !was_running {
-                notice.send_replace(notice_api(cmd).map(|k| (k, Some(e.clone()))));
-            }
-            config.send_modify(|s| s.refused(e));
-            ReloadOutcome::Refused
-        }
-    };
-    metrics
-        .config
-        .reloads
-        .get_or_create(&ReloadLabels { outcome })
-        .inc();
-}
-
-/// Publishes the configuration in effect (`Ok`) or why criguard fails
-/// open (`Err`) for the admin API; `reloaded`: a reload applied it.
-fn publish(
-    config: &watch::Sender<ConfigStatus>,
-    state: Result<&Guardian, &ConfigError>,
-    needs_restart: &[String],
-    reloaded: bool,
-) {
-    config.send_modify(|s| match state {
-        Ok(g) => {
-            let e = &g.settings.eviction;
-            let thresholds = e.hard.iter().chain(&e.soft).cloned().collect();
-            s.running(g.describe(), thresholds, needs_restart.to_vec(), reloaded);
-            // The API report starts with the process: a reload cannot
-            // change its kubeconfig (`needs_restart` says so).
-            if !reloaded {
-                s.serving.kubeconfig = match g.settings.kube.as_ref().map(|k| &k.source) {
-                    Some(ApiSource::Kubeconfig(p)) => p.display().to_string(),
-                    Some(ApiSource::InCluster) => "in-cluster".into(),
-                    None => String::new(),
-                };
-            }
-        }
-        Err(e) => s.failing_open(e.clone()),
-    });
-}
-
-/// What the node condition `CriguardConfigInvalid` reports, and through
-/// which API: `None`, no API; `Some((api, Some(e)))`, failing open on `e`;
-/// `Some((api, None))`, no condition.
-type Notice = Option<(criguard::kube::KubeSettings, Option<ConfigError>)>;
-
-/// The API report's settings as the file and flags give them, when those
-/// are valid on their own (the file may be invalid elsewhere; a file that
-/// does not parse leaves the flags alone), for the node condition.
-fn notice_api(cmd: &ServeCmd) -> Option<criguard::kube::KubeSettings> {
-    let file = cmd.eviction.file().unwrap_or_default();
-    let raw = file.kube.merge(cmd.kube.raw());
-    let k = raw.validate(&crate::cli::args::hostname()).ok()??;
-    criguard::kube::check(&k).ok()?;
-    Some(k)
-}
-
-/// Keeps the node condition `CriguardConfigInvalid` as the latest notice
-/// says: set while failing open (again every `period`, and after a failed
-/// write), removed once a configuration is accepted.
-async fn node_notice(mut notice: watch::Receiver<Notice>, period: Duration, stopping: Stopping) {
-    let stopped = stopping.clone().cancelled_owned();
-    tokio::pin!(stopped);
-    loop {
-        let n = notice.borrow_and_update().clone();
-        let mut again = false;
-        if let Some((api, invalid)) = &n {
-            again = invalid.is_some();
-            let reported = tokio::select! {
-                r = criguard::kube::config_condition::report(api, invalid.as_ref()) => r,
-                () = &mut stopped => return,
-            };
-            if let Err(err) = reported {
-                tracing::warn!(node = %api.node_name, %err, retry_in = ?period, "node condition {} not written", criguard::kube::config_condition::CONFIG_INVALID);
-                again = true;
-            }
-        }
-        let wait = async {
-            if again {
-                tokio::time::sleep(period).await
-            } else {
-                std::future::pending().await
-            }
-        };
-        tokio::select! {
-            () = wait => {}
-            changed = notice.changed() => if changed.is_err() { return },
-            () = &mut stopped => return,
-        }
-    }
-}
-
-/// While criguard fails open, repeats the complaint every `period`.
-async fn complaints(config: watch::Receiver<ConfigStatus>, period: Duration, stopping: Stopping) {
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The first tick is at once: the start already complained.
-    tick.tick().await;
-    periodic_on(&mut tick, stopping.clone().cancelled_owned(), || {
-        if let Some(e) = &config.borrow().error {
-            complain(e, "still");
-        }
-    })
-    .await;
-}
-
-/// Runs `f` at each tick of `tick` until `stopped` resolves.
-async fn periodic_on(
-    tick: &mut tokio::time::Interval,
-    stopped: impl Future<Output = ()>,
-    mut f: impl FnMut(),
-) {
-    tokio::pin!(stopped);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => f(),
-            () = &mut stopped => return,
-        }
-    }
-}
-
-/// Runs `run` once the node model is rebuilt (`ready` set), or nothing
-/// when `stopped` resolves first.
-async fn after_ready(
-    ready: Ready,
-    stopped: impl Future<Output = ()> + Send,
-    run: impl Future<Output = ()> + Send,
-) {
-    let go = tokio::select! {
-        () = ready.wait() => true,
-        () = stopped => false,
-    };
-    if go {
-        run.await;
-    }
-}
-
-/// Runs `round` every `every` until `stopped` resolves; a round in progress
-/// finishes first, and a slow round delays the next instead of piling up.
-async fn periodic<F, Fut>(every: Duration, stopped: impl Future<Output = ()>, mut round: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = ()>,
-{
-    tokio::pin!(stopped);
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => round().await,
-            () = &mut stopped => return,
         }
     }
 }

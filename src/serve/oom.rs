@@ -13,7 +13,7 @@ use criguard::model::NodeModel;
 use criguard::oom::adjust::OomAdjuster;
 use criguard::oom::history::RankHistory;
 
-use super::{Stopping, periodic};
+use super::loops::{Stopping, periodic};
 
 /// The adjuster over `node`, recording its rankings in `ranks`; it writes
 /// scores only when `dynamic`.

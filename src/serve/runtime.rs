@@ -18,7 +18,7 @@ use criguard::oom::kills::{OomKillWatcher, OomKills, kmsg};
 use criguard::runtime::track::TaskEvents;
 use criguard::runtime::{Upstream, sync};
 
-use super::{Stopping, periodic};
+use super::loops::{Stopping, periodic};
 
 /// Rebuilds `node` from the runtime in the background; `ready` is set
 /// once it is done, or once the rebuild ends in any other way. A runtime that is down must not keep the kubelet

@@ -191,30 +191,45 @@ pub async fn metrics(
     }
 }
 
-/// Starts relaying CRI calls from `listener` to the runtime on the proxy's
-/// own thread, observing them into the node model (admission against
-/// `status`, image uses into `image_uses`); observed calls wait for the
-/// model's readiness (rebuilt), every other call is relayed at once.
-/// Requests are changed (patched, refused) only while `guarding` is true.
-pub fn start_proxy(
-    listener: tokio::net::UnixListener,
-    upstream: &Upstream,
-    (node, ready): (Arc<RwLock<NodeModel>>, cri::proxy::Ready),
-    (status, guarding): (Arc<RwLock<NodeStatus>>, Arc<std::sync::atomic::AtomicBool>),
-    image_uses: ImageUses,
-    metrics: &Metrics,
-    (drain, max_connections): (Duration, usize),
-) -> anyhow::Result<cri::server::ProxyThread> {
-    let proxy = cri::Proxy::new(upstream)
-        .with_observer(
-            criguard::intercept::Observer::new(node)
-                .with_admission(status, metrics.eviction.admission_refusals.clone())
-                .with_image_uses(image_uses)
-                .with_guarding(guarding),
-        )
-        .with_metrics(metrics.cri.clone())
-        .with_ready(ready)
-        .with_max_connections(max_connections);
-    cri::server::ProxyThread::spawn(listener.into_std()?, proxy, drain)
-        .context("start the proxy thread")
+/// The relay's part: what it observes into and what it needs to serve.
+pub struct Relay {
+    /// The runtime it forwards to.
+    pub upstream: Upstream,
+    /// The node model the observed calls are applied to.
+    pub node: Arc<RwLock<NodeModel>>,
+    /// Set once the model is rebuilt: observed calls wait for it, every
+    /// other call is relayed at once.
+    pub ready: cri::proxy::Ready,
+    /// What RunPodSandbox admission is decided against.
+    pub status: Arc<RwLock<NodeStatus>>,
+    /// Requests are changed (patched, refused) only while this is true.
+    pub guarding: Arc<std::sync::atomic::AtomicBool>,
+    /// Where the image uses the relay sees are recorded.
+    pub image_uses: ImageUses,
+    /// How long calls in flight may finish when the relay stops.
+    pub drain: Duration,
+    /// Connections relayed at once.
+    pub max_connections: usize,
+}
+
+impl Relay {
+    /// Starts relaying CRI calls from `listener` to the runtime on the
+    /// proxy's own thread, counting them in `metrics`.
+    pub fn spawn(
+        self,
+        listener: tokio::net::UnixListener,
+        metrics: &Metrics,
+    ) -> anyhow::Result<cri::server::ProxyThread> {
+        let observer = criguard::intercept::Observer::new(self.node)
+            .with_admission(self.status, metrics.eviction.admission_refusals.clone())
+            .with_image_uses(self.image_uses)
+            .with_guarding(self.guarding);
+        let proxy = cri::Proxy::new(&self.upstream)
+            .with_observer(observer)
+            .with_metrics(metrics.cri.clone())
+            .with_ready(self.ready)
+            .with_max_connections(self.max_connections);
+        cri::server::ProxyThread::spawn(listener.into_std()?, proxy, self.drain)
+            .context("start the proxy thread")
+    }
 }
