@@ -10,6 +10,9 @@ use common::containerd::{Clients, ContainerdVersion, CriguardProcess, PrivateCon
 use common::pods::{BUSYBOX, CgroupRoot};
 use criguard_test_kit::kubelet::{ContainerSpec, PodSpec};
 use k8s_cri::v1 as cri;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::Channel;
 
 fn sorted_images(mut l: Vec<cri::Image>) -> Vec<cri::Image> {
     l.sort_by(|a, b| a.id.cmp(&b.id));
@@ -30,25 +33,62 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
     let ctrd = PrivateContainerd::start();
     let guard =
         CriguardProcess::start(&ctrd.dir.join("criguard/criguard.sock"), &ctrd.socket, &[]).await;
-    let Clients {
-        rt: mut d,
-        img: mut di,
-    } = ctrd.direct();
-    let Clients {
-        rt: mut p,
-        img: mut pi,
-    } = guard.clients();
+    let (direct, through) = (ctrd.direct(), guard.clients());
+    let mut s = Sides {
+        version: ctrd.version,
+        d: direct.rt,
+        di: direct.img,
+        p: through.rt,
+        pi: through.img,
+    };
+    identity_and_health(&mut s).await;
+    runtime_config(&mut s).await;
+    images(&mut s, &ctrd).await;
+    let mut pod = run_pod(&mut s, &root, &ctrd).await;
+    start_container(&mut s, &mut pod).await;
+    stats(&mut s, &pod).await;
+    exec(&mut s, &pod).await;
+    update_resources(&mut s, &pod).await;
+    errors(&mut s).await;
+    container_events(&mut s, &pod).await;
+    teardown(&mut s, &pod).await;
+}
 
-    // Runtime identity and health.
+/// The same containerd twice: directly (`d`, `di`) and through criguard
+/// (`p`, `pi`).
+struct Sides {
+    version: ContainerdVersion,
+    d: RuntimeServiceClient<Channel>,
+    di: ImageServiceClient<Channel>,
+    p: RuntimeServiceClient<Channel>,
+    pi: ImageServiceClient<Channel>,
+}
+
+/// The pod the lifecycle runs, and its container once started.
+struct Pod {
+    spec: PodSpec,
+    sandbox_id: String,
+    sandbox_config: cri::PodSandboxConfig,
+    created: String,
+}
+
+/// Runtime identity and health.
+async fn identity_and_health(s: &mut Sides) {
+    let Sides {
+        version: ctrd_version,
+        d,
+        p,
+        ..
+    } = s;
     let vreq = cri::VersionRequest {
         version: "v1".into(),
     };
     let version = p.version(vreq.clone()).await.unwrap().into_inner();
     assert_eq!(d.version(vreq).await.unwrap().into_inner(), version);
     assert!(
-        ctrd.version.matches(&version.runtime_version),
+        ctrd_version.matches(&version.runtime_version),
         "{:?} selected, runtime says {version:?}",
-        ctrd.version
+        ctrd_version
     );
     let status = p
         .status(cri::StatusRequest { verbose: false })
@@ -71,11 +111,15 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
         runtime_ready.is_some_and(|c| c.status),
         "containerd must report RuntimeReady"
     );
-    // RuntimeConfig: containerd 1.6 does not implement it (the error must
-    // be the same); 2.x answers with its cgroup driver (cgroupfs here),
-    // which must pass through unchanged.
+}
+
+/// RuntimeConfig: containerd 1.6 does not implement it (the error must be
+/// the same); 2.x answers with its cgroup driver (cgroupfs here), which
+/// must pass through unchanged.
+async fn runtime_config(s: &mut Sides) {
+    let Sides { version, d, p, .. } = s;
     match (
-        ctrd.version,
+        *version,
         d.runtime_config(cri::RuntimeConfigRequest {}).await,
         p.runtime_config(cri::RuntimeConfigRequest {}).await,
     ) {
@@ -94,8 +138,11 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
         }
         (v, a, b) => panic!("{v:?}: RuntimeConfig direct {a:?} but through criguard {b:?}"),
     }
+}
 
-    // Images.
+/// Images: the image filesystem, the list and a status.
+async fn images(s: &mut Sides, ctrd: &PrivateContainerd) {
+    let Sides { di, pi, .. } = s;
     let fs_d = di
         .image_fs_info(cri::ImageFsInfoRequest {})
         .await
@@ -146,8 +193,11 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
         di.image_status(istatus.clone()).await.unwrap().into_inner(),
         pi.image_status(istatus).await.unwrap().into_inner()
     );
+}
 
-    // A Burstable pod, created the kubelet's way, through criguard.
+/// A Burstable pod, created the kubelet's way, through criguard.
+async fn run_pod(s: &mut Sides, root: &str, ctrd: &PrivateContainerd) -> Pod {
+    let Sides { d, p, .. } = s;
     let mut pod = PodSpec::new("web", &unique("uid")).container(ContainerSpec {
         name: "app".into(),
         image: BUSYBOX.into(),
@@ -184,8 +234,24 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
     assert_eq!(st.state, cri::PodSandboxState::SandboxReady as i32);
     assert_eq!(st.labels["io.kubernetes.pod.uid"], pod.uid);
     assert_eq!(st.metadata.unwrap().name, "web");
+    Pod {
+        spec: pod,
+        sandbox_id,
+        sandbox_config,
+        created: String::new(),
+    }
+}
 
-    // A container in it.
+/// A container in the pod, started.
+async fn start_container(s: &mut Sides, pod: &mut Pod) {
+    let Sides { d, p, .. } = s;
+    let Pod {
+        spec: pod_spec,
+        sandbox_id,
+        sandbox_config,
+        created: started,
+    } = pod;
+    let pod = &*pod_spec;
     let created = p
         .create_container(cri::CreateContainerRequest {
             pod_sandbox_id: sandbox_id.clone(),
@@ -215,8 +281,17 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
     let listed = p.list_containers(lc.clone()).await.unwrap().into_inner();
     assert_eq!(d.list_containers(lc).await.unwrap().into_inner(), listed);
     assert_eq!(listed.containers.len(), 1);
+    *started = created;
+}
 
-    // Stats: the same objects (values move between two calls).
+/// Stats: the same objects (values move between two calls).
+async fn stats(s: &mut Sides, pod: &Pod) {
+    let Sides { d, p, .. } = s;
+    let Pod {
+        sandbox_id,
+        created,
+        ..
+    } = pod;
     let stats = p
         .container_stats(cri::ContainerStatsRequest {
             container_id: created.clone(),
@@ -224,7 +299,7 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(stats.stats.unwrap().attributes.unwrap().id, created);
+    assert_eq!(&stats.stats.unwrap().attributes.unwrap().id, created);
     let all = p
         .list_container_stats(cri::ListContainerStatsRequest { filter: None })
         .await
@@ -249,11 +324,15 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
         .into_inner();
     assert_eq!(pod_stats.stats.len(), 1);
     assert_eq!(
-        pod_stats.stats[0].attributes.clone().unwrap().id,
+        &pod_stats.stats[0].attributes.clone().unwrap().id,
         sandbox_id
     );
+}
 
-    // Exec.
+/// Exec.
+async fn exec(s: &mut Sides, pod: &Pod) {
+    let Sides { d, p, .. } = s;
+    let created = &pod.created;
     let exec = cri::ExecSyncRequest {
         container_id: created.clone(),
         cmd: vec![
@@ -269,8 +348,14 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
         (via.stdout.as_slice(), via.stderr.as_slice(), via.exit_code),
         (&b"hello\n"[..], &b"oops\n"[..], 3)
     );
+}
 
-    // Resource update reaches the container's real cgroup.
+/// A resource update reaches the container's real cgroup.
+async fn update_resources(s: &mut Sides, pod: &Pod) {
+    let Sides { p, .. } = s;
+    let Pod {
+        spec: pod, created, ..
+    } = pod;
     p.update_container_resources(cri::UpdateContainerResourcesRequest {
         container_id: created.clone(),
         linux: Some(cri::LinuxContainerResources {
@@ -295,8 +380,11 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
         read("memory", "memory.limit_in_bytes"),
         (96u64 << 20).to_string()
     );
+}
 
-    // Errors arrive with the same code and message.
+/// Errors arrive with the same code and message.
+async fn errors(s: &mut Sides) {
+    let Sides { d, p, .. } = s;
     let missing = cri::ContainerStatusRequest {
         container_id: "does-not-exist".into(),
         verbose: false,
@@ -305,21 +393,31 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
         d.container_status(missing.clone()).await.unwrap_err(),
         p.container_status(missing).await.unwrap_err(),
     );
-    // GetContainerEvents. containerd 1.6 does not serve it: both sides
-    // must fail alike. 2.x does: events that found no subscriber are kept
-    // (five minutes) for the next one to subscribe, later ones go to every
-    // live subscriber. So the direct stream is opened first and events
-    // made (a throwaway container created and removed, again) until it
-    // answers, then the same for the stream through criguard: the first
-    // event through criguard must be one the direct stream carried too,
-    // unchanged, of a throwaway container of this pod (streaming in
-    // general is proven against a recording upstream).
+}
+
+/// GetContainerEvents. containerd 1.6 does not serve it: both sides
+/// must fail alike. 2.x does: events that found no subscriber are kept
+/// (five minutes) for the next one to subscribe, later ones go to every
+/// live subscriber. So the direct stream is opened first and events
+/// made (a throwaway container created and removed, again) until it
+/// answers, then the same for the stream through criguard: the first
+/// event through criguard must be one the direct stream carried too,
+/// unchanged, of a throwaway container of this pod (streaming in
+/// general is proven against a recording upstream).
+async fn container_events(s: &mut Sides, pod: &Pod) {
+    let Sides { version, d, p, .. } = s;
+    let Pod {
+        spec: pod,
+        sandbox_id,
+        sandbox_config,
+        ..
+    } = pod;
     let ev = |c: &k8s_cri::v1::runtime_service_client::RuntimeServiceClient<_>| {
         let mut c = c.clone();
         async move { c.get_container_events(cri::GetEventsRequest {}).await }
     };
-    match ctrd.version {
-        ContainerdVersion::V1_6 => match (ev(&d).await, ev(&p).await) {
+    match version {
+        ContainerdVersion::V1_6 => match (ev(d).await, ev(p).await) {
             (Err(a), Err(b)) => {
                 assert_eq!(a.code(), tonic::Code::Unimplemented, "{a:?}");
                 assert_same_error(a, b)
@@ -398,8 +496,16 @@ async fn kubelet_lifecycle_through_criguard_matches_direct() {
             }
         }
     }
+}
 
-    // Teardown, the kubelet's order.
+/// Teardown, the kubelet's order: nothing left.
+async fn teardown(s: &mut Sides, pod: &Pod) {
+    let Sides { d, p, .. } = s;
+    let Pod {
+        sandbox_id,
+        created,
+        ..
+    } = pod;
     p.stop_container(cri::StopContainerRequest {
         container_id: created.clone(),
         timeout: 0,
