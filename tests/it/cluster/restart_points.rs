@@ -427,7 +427,16 @@ pub fn run_points(c: &Cluster, node: &dyn RestartNode, label: &str) {
 #[test]
 fn a_restart_at_any_step_of_an_eviction_ends_in_the_kubelets_end_state() {
     let transition = format!("{TRANSITION_S}s");
-    let c = cluster_up(&[("CRIGUARD_CLUSTER_TRANSITION", transition.as_str())]);
+    // The nodes' imagefs is the host's disk and the hogs' image cannot be
+    // pulled again: image GC is off, or a host disk over 85 % full has
+    // criguard collect the image between two runs (ErrImageNeverPull).
+    let c = cluster_up(&[
+        ("CRIGUARD_CLUSTER_TRANSITION", transition.as_str()),
+        (
+            "CRIGUARD_CLUSTER_CRIGUARD_ARGS",
+            "--image-gc-high-threshold=100",
+        ),
+    ]);
     c.apply(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}}}\n"
     ));
