@@ -657,11 +657,51 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         pod_shapes(&c, node);
     }
     let node = "node-a";
+    let hog = evict_the_hog(&c, node);
+    let ready_before = restart_while_the_transition_holds(&c, node, &hog);
+    one_evicted_event_from_criguard(&c, &hog);
+    the_replacement_waits_for_the_taint(&c, node, &hog);
+    the_node_settles(&c, node, &hog, &ready_before);
+    let (audit, ours) = criguards_requests_are_allowed(&c);
+    criguards_writes_come_in_order(node, &hog, &audit, &ours);
+    the_pressure_marks_outlive_the_restart(&c, node, &hog, &ours);
+    the_evicting_criguards_figures(&c, node, &hog);
 
-    // --- one memory eviction ------------------------------------------------
-    // A BestEffort Deployment pod that grows 10 MiB every 0.5 s once; its
-    // replacement finds the marker on the node and only sleeps.
-    let hog = host_hog_yaml(&c, node);
+    // --- disk pressure: image GC, then one eviction ------------------------
+    let t_disk = Instant::now();
+    disk_pressure_criguard(&c, node);
+    println!(
+        "cluster: the disk scenario ran {:.1} s",
+        t_disk.elapsed().as_secs_f64()
+    );
+
+    // --- local-storage limits, on node-b (kubelet v1.34) -------------------
+    let t_storage = Instant::now();
+    local_storage_limits(&c, "node-b", true);
+    println!(
+        "cluster: the local-storage scenario ran {:.1} s",
+        t_storage.elapsed().as_secs_f64()
+    );
+    println!("cluster: test ran {:.1} s", t_test.elapsed().as_secs_f64());
+}
+
+/// The memory hog of the host node's scenario, once criguard evicted it.
+struct Hog {
+    uid: String,
+    name: String,
+    /// Its container's `startedAt`, which must never change.
+    started: Value,
+    /// When criguard recorded the eviction.
+    eviction_ms: u64,
+    /// The metrics of the criguard that evicted it, read before its restart.
+    evicting_metrics: String,
+}
+
+/// A BestEffort Deployment pod that grows 10 MiB every 0.5 s once (its
+/// replacement finds the marker on the node and only sleeps): criguard
+/// evicts it, marks the node and records exactly this eviction.
+fn evict_the_hog(c: &Cluster, node: &str) -> Hog {
+    let hog = host_hog_yaml(c, node);
     let t_hog = Instant::now();
     c.apply(&hog);
     let first = poll(Duration::from_secs(60), "the hog Running", || {
@@ -707,14 +747,27 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
     );
     assert_one_memory_eviction("cluster", &report, &hog_uid);
     let eviction_ms = report.evictions[0].at_unix_ms;
-    // The figures of the criguard that evicted: its metrics start again
-    // with the restarted process.
-    let evicting_metrics = c.metrics(node);
+    Hog {
+        uid: hog_uid,
+        name: hog_name,
+        started,
+        eviction_ms,
+        evicting_metrics: c.metrics(node),
+    }
+}
 
-    // --- criguard restarted while the transition period holds --------------
-    // SIGKILLed and started again with the same command line and state dir
-    // (the kubelet keeps running): the condition, the taint, the admission
-    // refusals and the eviction record carry on from pressure.json.
+/// criguard SIGKILLed and started again while the transition period holds,
+/// with the same command line and state dir (the kubelet keeps running):
+/// the condition, the taint, the admission refusals and the eviction record
+/// carry on from pressure.json. The node's Ready condition before it.
+fn restart_while_the_transition_holds(c: &Cluster, node: &str, hog: &Hog) -> Value {
+    let Hog {
+        uid: hog_uid,
+        eviction_ms,
+        ..
+    } = hog;
+    let hog_uid = hog_uid.as_str();
+    let eviction_ms = *eviction_ms;
     let ready_before = condition(&c.json(&["get", "node", node]), "Ready")
         .cloned()
         .expect("Ready condition");
@@ -754,9 +807,13 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
     let ready = condition(&n, "Ready").expect("Ready condition");
     assert_eq!(ready["status"], "True", "after the restart: {ready:#}");
     // The restarted criguard still lists the eviction, and only it.
-    assert_one_memory_eviction("cluster (restarted criguard)", &c.evictions(node), &hog_uid);
+    assert_one_memory_eviction("cluster (restarted criguard)", &c.evictions(node), hog_uid);
+    ready_before
+}
 
-    // One Warning Evicted event on the pod, from criguard.
+/// One Warning Evicted event on the pod, from criguard.
+fn one_evicted_event_from_criguard(c: &Cluster, hog: &Hog) {
+    let hog_uid = hog.uid.as_str();
     let events = poll(Duration::from_secs(20), "the Evicted event", || {
         let list = c.json(&[
             "-n",
@@ -775,14 +832,22 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         "{:#}",
         events[0]
     );
+}
 
-    // The replacement: the ReplicaSet makes it as soon as the hog is Failed.
-    // It must not run while the taint holds: criguard writes the taint
-    // before the Failed status, so the scheduler leaves it Pending,
-    // unschedulable, and never binds it to the tainted node.
-    // When the kubelet writes the evicted pod's old Running status back,
-    // the ReplicaSet sees two pods and deletes the replacement, then makes
-    // another once criguard writes Failed again: any of them counts.
+/// The replacement: the ReplicaSet makes it as soon as the hog is Failed.
+/// It must not run while the taint holds: criguard writes the taint
+/// before the Failed status, so the scheduler leaves it Pending,
+/// unschedulable, and never binds it to the tainted node.
+/// When the kubelet writes the evicted pod's old Running status back,
+/// the ReplicaSet sees two pods and deletes the replacement, then makes
+/// another once criguard writes Failed again: any of them counts.
+fn the_replacement_waits_for_the_taint(c: &Cluster, node: &str, hog: &Hog) {
+    let Hog {
+        uid: hog_uid,
+        started,
+        ..
+    } = hog;
+    let hog_uid = hog_uid.as_str();
     poll(Duration::from_secs(30), "the replacement pod", || {
         c.pods(NS)
             .into_iter()
@@ -801,7 +866,7 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         || {
             let pods = c.pods(NS);
             if let Some(old) = pods.iter().find(|p| uid(p) == hog_uid) {
-                never_runs_again(&c, node, old, &started);
+                never_runs_again(c, node, old, started);
                 not_failed_seen += usize::from(phase(old) != "Failed");
             }
             let tainted = tainted(
@@ -840,7 +905,7 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
             let pods = c.pods(NS);
             let old = pods.iter().find(|p| uid(p) == hog_uid);
             if let Some(old) = old {
-                never_runs_again(&c, node, old, &started);
+                never_runs_again(c, node, old, started);
             }
             old.is_none_or(|p| phase(p) == "Failed").then_some(())
         },
@@ -861,6 +926,14 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         !bound_while_tainted,
         "a replacement was bound to the node while criguard's taint held"
     );
+}
+
+/// The node stayed Ready across criguard's restart, criguard's condition
+/// went with the pressure, and the evicted pod is gone from the model; one
+/// eviction, no kernel OOM kill in the kubepods cgroup, none by the kubelet.
+fn the_node_settles(c: &Cluster, node: &str, hog: &Hog, ready_before: &Value) {
+    let Hog { uid: hog_uid, .. } = hog;
+    let hog_uid = hog_uid.as_str();
     let n = c.json(&["get", "node", node]);
     // The node stayed Ready across criguard's restart: Ready never changed
     // since before it (the kubelet's runtime check did not fail long enough).
@@ -911,8 +984,11 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
             "the kubelet evicted: {line}"
         );
     }
+}
 
-    // criguard's requests in the audit log: allowed, with its User-Agent.
+/// criguard's requests in the audit log are allowed and carry its
+/// User-Agent; the audit log and criguard's entries in it.
+fn criguards_requests_are_allowed(c: &Cluster) -> (String, Vec<Value>) {
     let audit = std::fs::read_to_string(c.dir.join("audit.log")).unwrap();
     let ours: Vec<Value> = audit
         .lines()
@@ -948,9 +1024,14 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         ours.len(),
         ours[0]["userAgent"]
     );
-    // The order of criguard's writes, and the kubelet's status writes on the
-    // evicted pod after criguard's first (its status manager's cached
-    // status written back).
+    (audit, ours)
+}
+
+/// The order of criguard's writes (taint and condition before the pod's
+/// Failed status), and the kubelet's status writes on the evicted pod
+/// after criguard's first (its status manager's cached status written back).
+fn criguards_writes_come_in_order(node: &str, hog: &Hog, audit: &str, ours: &[Value]) {
+    let hog_name = hog.name.as_str();
     let first_at = |pred: &dyn Fn(&Value) -> bool| {
         ours.iter()
             .find(|e| pred(e))
@@ -997,14 +1078,17 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         })
         .count();
     println!("cluster: the kubelet's status writes on the evicted pod after criguard's: {reverts}");
+}
 
-    // The taint and the condition outlived the restart and went only once
-    // the transition period had passed since the last observed pressure
-    // (pressure.json, the restarted criguard's memory), so not before
-    // TRANSITION_MS - SLACK_MS after the eviction. criguard's successful
-    // node writes in the audit log: the taint set once and removed once
-    // (never removed and set again across the restart); the condition's
-    // last write is its end.
+/// The taint and the condition outlived the restart and went only once
+/// the transition period had passed since the last observed pressure
+/// (pressure.json, the restarted criguard's memory), so not before
+/// TRANSITION_MS - SLACK_MS after the eviction. criguard's successful
+/// node writes in the audit log: the taint set once and removed once
+/// (never removed and set again across the restart); the condition's
+/// last write is its end.
+fn the_pressure_marks_outlive_the_restart(c: &Cluster, node: &str, hog: &Hog, ours: &[Value]) {
+    let eviction_ms = hog.eviction_ms;
     let node_writes = |sub: Option<&str>| -> Vec<i64> {
         ours.iter()
             .filter(|e| {
@@ -1051,9 +1135,12 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
             "criguard's {what} went {gone} ms after the eviction (last pressure {last_pressure:+} ms): before the {TRANSITION_MS} ms transition period"
         );
     }
+}
 
-    // Figures, from the criguard that evicted (read before its restart).
-    let metrics = &evicting_metrics;
+/// Figures from the criguard that evicted (read before its restart): one
+/// grace-0 kill, and none by the restarted one.
+fn the_evicting_criguards_figures(c: &Cluster, node: &str, hog: &Hog) {
+    let metrics = &hog.evicting_metrics;
     let kill_sum = metric(metrics, "criguard_pressure_to_kill_seconds_sum").unwrap_or(f64::NAN);
     let kill_count = metric(metrics, "criguard_pressure_to_kill_seconds_count").unwrap_or(0.0);
     let action_sum = metric(metrics, "criguard_pressure_to_action_seconds_sum").unwrap_or(f64::NAN);
@@ -1066,23 +1153,6 @@ fn host_node_adopts_pods_and_criguard_evicts_the_memory_hog() {
         metric(&c.metrics(node), "criguard_pressure_to_kill_seconds_count").unwrap_or(0.0);
     assert_eq!(kills_after_restart, 0.0, "the restarted criguard killed");
     println!("cluster: RSS KiB {:?}", c.rss());
-
-    // --- disk pressure: image GC, then one eviction ------------------------
-    let t_disk = Instant::now();
-    disk_pressure_criguard(&c, node);
-    println!(
-        "cluster: the disk scenario ran {:.1} s",
-        t_disk.elapsed().as_secs_f64()
-    );
-
-    // --- local-storage limits, on node-b (kubelet v1.34) -------------------
-    let t_storage = Instant::now();
-    local_storage_limits(&c, "node-b", true);
-    println!(
-        "cluster: the local-storage scenario ran {:.1} s",
-        t_storage.elapsed().as_secs_f64()
-    );
-    println!("cluster: test ran {:.1} s", t_test.elapsed().as_secs_f64());
 }
 
 /// A pod on `node` with two containers of 32Mi of ephemeral storage each

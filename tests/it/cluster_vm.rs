@@ -519,10 +519,56 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
     let mut c = Cluster::up(fresh_dir("cgv"), &[], "cluster-vm");
     // Whatever happens, down --purge: the VM node's share is large.
     c.keep_files_on_failure = false;
+    let (vm, vm_ready) = the_node_joins(&c);
 
-    // --- the node -------------------------------------------------------------
+    // criguard adopt: a node with a pod the kubelet runs on containerd.
+    c.kubectl(&["create", "namespace", NS]);
+    c.apply(&vm_pod_yaml("before-adoption", "{}"));
+    let unadopted = poll(GUEST_DEADLINE, "a pod Running before the adoption", || {
+        c.pods(NS)
+            .into_iter()
+            .find(|p| p["metadata"]["name"] == "before-adoption" && phase(p) == "Running")
+    });
+    let t_adopt = Instant::now();
+    let kubelet_config = adopt(&c, &vm, &unadopted);
+    let adoption = t_adopt.elapsed();
+
+    let pod_running = a_pod_on_the_vm_node(&c, &vm);
+    let (ready, restart_failures, upgrade_failures) = restarts_and_upgrades_under_churn(&c, &vm);
+    let hog_uid = eviction_with_a_restart_at_the_pressure(&c, &vm);
+    restart_within_the_transition_period(&c, &vm, &hog_uid, &ready);
+
+    // criguard adopt --undo.
+    let t_undo = Instant::now();
+    undo(&c, &vm, &kubelet_config);
+    println!(
+        "cluster-vm: VM node Ready {:.1} s, pod start {:.1} s, adoption {:.1} s, undo {:.1} s, whole test {:.1} s (before teardown)",
+        vm_ready.as_secs_f64(),
+        pod_running.as_secs_f64(),
+        adoption.as_secs_f64(),
+        t_undo.elapsed().as_secs_f64(),
+        t_test.elapsed().as_secs_f64()
+    );
+    assert!(
+        restart_failures.is_empty(),
+        "criguard's {} restarts under pod churn:\n{}",
+        restarts(),
+        restart_failures.join("\n")
+    );
+    assert!(
+        upgrade_failures.is_empty(),
+        "criguard's {} upgrades (handoffs) under pod churn:\n{}",
+        restarts(),
+        upgrade_failures.join("\n")
+    );
+}
+
+/// The VM node comes up through criguard and joins: the versions, Ready,
+/// its address; in the guest systemd runs every part, on cgroup v2, the
+/// kubelet with the systemd driver. The node and how long it took.
+fn the_node_joins(c: &Cluster) -> (VmNode, Duration) {
     let t_vm = Instant::now();
-    let vm = VmNode::up(&c, "containerd");
+    let vm = VmNode::up(c, "containerd");
     let times = &vm.times;
     let vm_ready = t_vm.elapsed();
     let n = c.json(&["get", "node", NODE]);
@@ -567,20 +613,12 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
         "containerd, criguard.socket, criguard, kubelet: {units}"
     );
     assert_eq!(vm.guest("stat -fc %T /sys/fs/cgroup").trim(), "cgroup2fs");
+    (vm, vm_ready)
+}
 
-    // --- criguard adopt: a node with a pod the kubelet runs on containerd -----------
-    c.kubectl(&["create", "namespace", NS]);
-    c.apply(&vm_pod_yaml("before-adoption", "{}"));
-    let unadopted = poll(GUEST_DEADLINE, "a pod Running before the adoption", || {
-        c.pods(NS)
-            .into_iter()
-            .find(|p| p["metadata"]["name"] == "before-adoption" && phase(p) == "Running")
-    });
-    let t_adopt = Instant::now();
-    let kubelet_config = adopt(&c, &vm, &unadopted);
-    let adoption = t_adopt.elapsed();
-
-    // --- a pod on the VM node ----------------------------------------------------
+/// A pod on the VM node: Running, in criguard's model in the systemd
+/// driver's slices, its calls relayed by criguard. How long it took.
+fn a_pod_on_the_vm_node(c: &Cluster, vm: &VmNode) -> Duration {
     let t_pod = Instant::now();
     c.apply(&vm_pod_yaml("sleeper", "{}"));
     let sleeper = poll(GUEST_DEADLINE, "the sleeper Running on the VM node", || {
@@ -633,8 +671,16 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
         "cluster-vm: criguard's model has the sleeper ({}), RunPodSandbox calls relayed: {relayed}",
         mp.cgroup_parent
     );
+    pod_running
+}
 
-    // --- criguard restarted 20 times under pod churn -----------------------------
+/// criguard restarted and upgraded under pod churn, against a baseline
+/// window without restarts: the node's Ready since, and the failures of
+/// each (reported once the eviction scenario has run too).
+fn restarts_and_upgrades_under_churn(
+    c: &Cluster,
+    vm: &VmNode,
+) -> (String, Vec<String>, Vec<String>) {
     c.apply(&vm_pod_yaml(
         "guaranteed",
         "{requests: {cpu: 50m, memory: 64Mi}, limits: {cpu: 50m, memory: 64Mi}}",
@@ -644,8 +690,8 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
             .into_iter()
             .find(|p| p["metadata"]["name"] == "guaranteed" && phase(p) == "Running")
     });
-    let ready = ready_since(&c);
-    let before = containers(&c);
+    let ready = ready_since(c);
+    let before = containers(c);
     assert_eq!(
         before.len(),
         3,
@@ -655,7 +701,7 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
     // kubelet logs anyway (NotFound for a container it is deleting).
     let t_window = Instant::now();
     let since = vm.guest(&format!("{RESTART_SCRIPT} now")).trim().to_owned();
-    let (cycles, _) = churn(&c, &vm, None, 2, &ready);
+    let (cycles, _) = churn(c, vm, None, 2, &ready);
     let baseline = Report::parse(&vm.guest(&format!("{RESTART_SCRIPT} report {since}")));
     let baseline_codes = baseline.codes();
     println!(
@@ -669,15 +715,20 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
         "criguard started in the baseline window"
     );
     // Its failures are reported after the eviction scenario has run too.
-    let restart_failures = restarts_under_churn(&c, &vm, &ready, &before, &baseline);
-    let upgrade_failures = upgrades_under_churn(&c, &vm, &ready, &before, &baseline);
+    let restart_failures = restarts_under_churn(c, vm, &ready, &before, &baseline);
+    let upgrade_failures = upgrades_under_churn(c, vm, &ready, &before, &baseline);
+    (ready, restart_failures, upgrade_failures)
+}
 
-    // --- one memory eviction, criguard restarted during the pressure ----------------
-    // A BestEffort Deployment pod that grows to 200 MiB at once, then 10 MiB
-    // every 2 s; its replacement finds the marker on the node and only
-    // sleeps. Between criguard's threshold (250Mi available) and the
-    // kubelet's (100Mi) it grows for 30 s: room for a restart under TCG
-    // and criguard's seconds to act.
+/// A BestEffort Deployment pod that grows to 200 MiB at once, then 10 MiB
+/// every 2 s; its replacement finds the marker on the node and only
+/// sleeps. Between criguard's threshold (250Mi available) and the
+/// kubelet's (100Mi) it grows for 30 s: room for a restart under TCG
+/// and criguard's seconds to act.
+/// criguard is restarted as soon as its metrics show the pressure, and
+/// evicts it; its condition and taint are set, the kubelet's are not.
+/// The hog's UID.
+fn eviction_with_a_restart_at_the_pressure(c: &Cluster, vm: &VmNode) -> String {
     let fast = hog_yaml(NS, NODE, "/var/lib/criguard-vm-test/hog", "2");
     let hog = fast.replace(r#"system("sleep 2")"#, r#"if (i >= 20) system("sleep 2")"#);
     assert_ne!(hog, fast, "the hog's growth loop changed: {fast}");
@@ -737,8 +788,14 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
         Some("True".into()),
         "the kubelet saw memory pressure too"
     );
+    hog_uid
+}
 
-    // --- criguard restarted again, at once, within the transition period ---------------
+/// criguard restarted again, at once, within the transition period: the
+/// condition and taint stay, the eviction record too, and they go one
+/// transition period after the last observed pressure, set and removed
+/// once; the evicted pod stays Failed and the node Ready.
+fn restart_within_the_transition_period(c: &Cluster, vm: &VmNode, hog_uid: &str, ready: &str) {
     // One request: when the pressure was last observed (pressure.json),
     // then the restart, each with the guest's clock.
     let out = vm.guest(&format!(
@@ -766,7 +823,7 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
     // Still there after the restart, when the period has not run out
     // meanwhile (under a loaded host the restart alone may take 20 s).
     let n = c.json(&["get", "node", NODE]);
-    if guest_ms(&vm) < last + TRANSITION_MS - EARLY_MS {
+    if guest_ms(vm) < last + TRANSITION_MS - EARLY_MS {
         assert_eq!(
             pressure_reported(&n),
             (true, true),
@@ -788,7 +845,7 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
             (!r.evictions.is_empty()).then_some(r)
         },
     );
-    assert_one_memory_eviction("cluster-vm (restarted criguard)", &report, &hog_uid);
+    assert_one_memory_eviction("cluster-vm (restarted criguard)", &report, hog_uid);
 
     // The taint and the condition go once the transition period has passed
     // since the last observed pressure, as without the restarts.
@@ -800,12 +857,12 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
             (pressure_reported(&n) == (false, false)).then_some(())
         },
     );
-    let last_after = last_pressure(&vm);
+    let last_after = last_pressure(vm);
     assert_eq!(
         last_after, last,
         "pressure observed again after the eviction"
     );
-    let removed = taint_removed_at(&vm);
+    let removed = taint_removed_at(vm);
     let after = removed - last;
     println!(
         "cluster-vm: taint removed {:.1} s after the last observed pressure (transition {} s; restarts at the pressure and {:.1} s into the period)",
@@ -818,7 +875,7 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
         "criguard's taint went {after} ms after the last observed pressure, not one transition period ({TRANSITION_MS} ms)"
     );
     // Set once and removed once, across both restarts (the audit log).
-    let taint_writes = taint_writes(&c);
+    let taint_writes = taint_writes(c);
     assert_eq!(
         taint_writes, 2,
         "criguard's successful taint patches on {NODE} (set, removed)"
@@ -832,38 +889,14 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
         .expect("the evicted pod");
     assert_eq!(phase(&p), "Failed", "{p:#}");
     assert_evicted(&p);
-    assert_one_memory_eviction("cluster-vm (after the period)", &vm.evictions(), &hog_uid);
+    assert_one_memory_eviction("cluster-vm (after the period)", &vm.evictions(), hog_uid);
     let guaranteed = c
         .pods(NS)
         .into_iter()
         .find(|p| p["metadata"]["name"] == "guaranteed")
         .expect("the Guaranteed pod");
     assert_eq!(phase(&guaranteed), "Running", "{guaranteed:#}");
-    assert_eq!(ready_since(&c), ready, "the node's Ready changed");
-
-    // --- criguard adopt --undo ----------------------------------------------------------
-    let t_undo = Instant::now();
-    undo(&c, &vm, &kubelet_config);
-    println!(
-        "cluster-vm: VM node Ready {:.1} s, pod start {:.1} s, adoption {:.1} s, undo {:.1} s, whole test {:.1} s (before teardown)",
-        vm_ready.as_secs_f64(),
-        pod_running.as_secs_f64(),
-        adoption.as_secs_f64(),
-        t_undo.elapsed().as_secs_f64(),
-        t_test.elapsed().as_secs_f64()
-    );
-    assert!(
-        restart_failures.is_empty(),
-        "criguard's {} restarts under pod churn:\n{}",
-        restarts(),
-        restart_failures.join("\n")
-    );
-    assert!(
-        upgrade_failures.is_empty(),
-        "criguard's {} upgrades (handoffs) under pod churn:\n{}",
-        restarts(),
-        upgrade_failures.join("\n")
-    );
+    assert_eq!(ready_since(c), ready, "the node's Ready changed");
 }
 
 /// criguard's package upgraded [`restarts()`] times (`dpkg -i` of a newer
