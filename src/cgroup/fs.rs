@@ -235,6 +235,22 @@ impl CgroupFs {
         Ok(usage.saturating_sub(stat_value(&stat, key).unwrap_or(0)))
     }
 
+    /// Swap `cgroup` uses: v2 `memory.swap.current`; v1 has no swap of its
+    /// own to read (the kubelet gives pods no swap there), an error.
+    pub fn swap_current(&self, cgroup: &str) -> Result<u64, ReadError> {
+        let path = self.memory_dir(cgroup).join("memory.swap.current");
+        match self.layout {
+            Layout::V2 => parse_u64(&path, read(&path)?.trim()),
+            Layout::V1 => Err(ReadError {
+                path,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    "no swap accounting per cgroup on cgroup v1",
+                ),
+            }),
+        }
+    }
+
     /// The kernel's count of processes its OOM killer took from `cgroup`:
     /// `oom_kill` of v1 `memory.oom_control` (counted in the victim's own
     /// cgroup only) or of v2 `memory.events` (the cgroup and below).
@@ -400,6 +416,26 @@ mod tests {
         let mut pids = fs.pids("/kubepods").unwrap();
         pids.sort();
         assert_eq!(pids, [11, 12, 13]);
+    }
+
+    #[test]
+    fn swap_is_read_on_v2_and_refused_on_v1() {
+        let v2 = tempfile::tempdir().unwrap();
+        write(v2.path(), "cgroup.controllers", "memory\n");
+        write(v2.path(), "kubepods/pod1/memory.swap.current", "4096\n");
+        let fs = CgroupFs::detect(v2.path());
+        assert_eq!(fs.swap_current("/kubepods/pod1").unwrap(), 4096);
+        assert!(fs.swap_current("/kubepods/pod2").is_err());
+        let v1 = tempfile::tempdir().unwrap();
+        write(
+            v1.path(),
+            "memory/kubepods/pod1/memory.usage_in_bytes",
+            "1\n",
+        );
+        let err = CgroupFs::detect(v1.path())
+            .swap_current("/kubepods/pod1")
+            .unwrap_err();
+        assert_eq!(err.source.kind(), std::io::ErrorKind::Unsupported);
     }
 
     #[test]

@@ -418,6 +418,7 @@ impl EvictionManager {
             let ranking = self.clock.now();
             let victim = match t.signal.ranking() {
                 Ranking::Memory => self.rank.memory(&tried).await.into_iter().next(),
+                Ranking::Swap => self.rank.swap(&tried).await.into_iter().next(),
                 Ranking::Pids => self.rank.pids(&tried).await.into_iter().next(),
                 Ranking::Disk => {
                     if reclaimed.insert(t.signal) && self.reclaim_node(&t, &obs).await {

@@ -17,14 +17,14 @@ pub enum NodeAction {
 }
 
 /// The node-level reclaim for `signal`, in order. As the kubelet: memory and
-/// pid have none; every disk signal deletes dead containers then unused
+/// pid (and swap) have none; every disk signal deletes dead containers then unused
 /// images, except nodefs signals with a dedicated imagefs, where images
 /// free nothing. Unlike the kubelet (which does nothing there) criguard
 /// still removes dead containers for them: their logs live on nodefs.
 pub fn node_actions(signal: Signal, dedicated_imagefs: bool) -> &'static [NodeAction] {
     use NodeAction::*;
     match signal.source() {
-        Source::Memcg(_) | Source::Pids => &[],
+        Source::Memcg(_) | Source::Pids | Source::Swap => &[],
         Source::Statfs(Filesystem::Nodefs) if dedicated_imagefs => &[ContainerGc],
         Source::Statfs(Filesystem::Nodefs | Filesystem::Imagefs) => &[ContainerGc, ImageGc],
     }

@@ -45,6 +45,8 @@ pub trait Rank: Send + Sync {
     fn memory<'a>(&'a self, tried: &'a BTreeSet<String>) -> BoxFuture<'a, Vec<Victim>>;
     /// The pid ranking.
     fn pids<'a>(&'a self, tried: &'a BTreeSet<String>) -> BoxFuture<'a, Vec<Victim>>;
+    /// The swap ranking.
+    fn swap<'a>(&'a self, tried: &'a BTreeSet<String>) -> BoxFuture<'a, Vec<Victim>>;
     /// The ranking for disk signal `signal`.
     fn disk<'a>(
         &'a self,
@@ -131,6 +133,10 @@ impl Rank for Ranker {
 
     fn pids<'a>(&'a self, tried: &'a BTreeSet<String>) -> BoxFuture<'a, Vec<Victim>> {
         Ranker::pids(self, tried).boxed()
+    }
+
+    fn swap<'a>(&'a self, tried: &'a BTreeSet<String>) -> BoxFuture<'a, Vec<Victim>> {
+        Ranker::swap(self, tried).boxed()
     }
 
     fn disk<'a>(

@@ -115,6 +115,33 @@ pub fn announce(
     }
 }
 
+/// Says, once at start, which signals with a threshold this node cannot
+/// observe: `swap.available` on a node without swap is absent, and its
+/// thresholds never cross (`criguard status` shows it unobserved).
+pub fn absent_signals(
+    eviction: &criguard::config::EvictionConfig,
+    sources: &criguard::signals::node::NodeSources,
+) {
+    let swap = criguard::signals::table::Signal::SwapAvailable;
+    let configured = eviction
+        .hard
+        .iter()
+        .chain(&eviction.soft)
+        .any(|t| t.signal == swap);
+    match sources.swap() {
+        Ok(Some(_)) => {}
+        Ok(None) if configured => tracing::warn!(
+            signal = %swap,
+            "this node has no swap: the signal is absent and its thresholds never cross"
+        ),
+        Ok(None) => tracing::info!(signal = %swap, "this node has no swap: the signal is absent"),
+        Err(err) if configured => {
+            tracing::warn!(signal = %swap, %err, "swap cannot be read: the signal is absent")
+        }
+        Err(_) => {}
+    }
+}
+
 /// SIGHUP: loads the configuration again and puts it in effect, or refuses
 /// it (the running one stays); counted, logged and published either way.
 pub async fn reload(

@@ -278,7 +278,7 @@ struct Parts {
     metrics: Metrics,
     upstream: Upstream,
     node: Arc<RwLock<NodeModel>>,
-    /// The model's readiness, turned true by the rebuild.
+    /// The model's readiness, set by the rebuild.
     ready: Ready,
     /// Cancelled when criguard stops.
     stop: Stopping,
@@ -359,6 +359,9 @@ impl App {
             (l, _) => l,
         };
         let sources = cmd.node.sources()?;
+        if let Ok(g) = &loaded {
+            config::absent_signals(&g.settings.eviction, &sources);
+        }
         let listeners = servers::Listeners::bind(given, &cmd.listen, &cmd.admin_socket).await?;
         // From here on, any way out of serve removes the sockets bound above.
         let handoff = keep_for_handoff(&listeners, metrics_listener.as_ref());

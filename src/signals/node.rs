@@ -176,6 +176,12 @@ impl NodeSources {
                     }
                 },
                 Source::Pids => self.pids(),
+                Source::Swap => match self.swap() {
+                    Ok(Some(o)) => Ok(o),
+                    // No swap: the signal is absent, not zero.
+                    Ok(None) => continue,
+                    Err(err) => Err(err),
+                },
             };
             match read {
                 Ok(o) => {
@@ -232,12 +238,47 @@ impl NodeSources {
     }
 }
 
+impl NodeSources {
+    /// `swap.available`: `SwapFree` of `SwapTotal`; `None` on a node
+    /// without swap.
+    pub fn swap(&self) -> Result<Option<Observation>, ReadError> {
+        let p = self.proc_root.join("meminfo");
+        let text = read(&p)?;
+        let (total, free) = swap_total_free(&text).ok_or_else(|| ReadError {
+            path: p,
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "no SwapTotal or SwapFree line",
+            ),
+        })?;
+        Ok((total > 0).then_some(Observation {
+            available: free as i64,
+            capacity: total,
+        }))
+    }
+}
+
+/// A `/proc/meminfo` field in bytes (its lines are in KiB).
+fn meminfo_bytes(meminfo: &str, field: &str) -> Option<u64> {
+    let line = meminfo
+        .lines()
+        .find(|l| l.split(':').next() == Some(field))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// `SwapTotal` and `SwapFree` from `/proc/meminfo` text, in bytes.
+pub fn swap_total_free(meminfo: &str) -> Option<(u64, u64)> {
+    Some((
+        meminfo_bytes(meminfo, "SwapTotal")?,
+        meminfo_bytes(meminfo, "SwapFree")?,
+    ))
+}
+
 /// `MemTotal` from `/proc/meminfo` text, in bytes: the capacity the kubelet
 /// (through cAdvisor) uses in its `oom_score_adj` formula.
 pub fn mem_total(meminfo: &str) -> Option<i64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    meminfo_bytes(meminfo, "MemTotal").map(|b| b as i64)
 }
 
 #[cfg(test)]
@@ -357,6 +398,39 @@ mod tests {
         // Free space and inodes move while other tests run; allow a little.
         assert!((s.available as i64 - (f[0] * f[2]) as i64).unsigned_abs() < 256 << 20);
         assert!((s.inodes_free as i64 - f[4] as i64).unsigned_abs() < 100_000);
+    }
+
+    #[test]
+    fn swap_is_observed_from_meminfo_and_absent_without_swap() {
+        let t = tempfile::tempdir().unwrap();
+        let proc = proc_fixture(t.path());
+        let src = NodeSources {
+            cgroups: CgroupFs::detect(t.path()),
+            proc_root: proc.clone(),
+            memory_capacity: 10_000,
+            pods_cgroup: "/kubepods".into(),
+            nodefs: t.path().to_owned(),
+            imagefs: t.path().to_owned(),
+        };
+        assert!(src.swap().is_err(), "no meminfo: an error, not a guess");
+        write(
+            &proc,
+            "meminfo",
+            "MemTotal: 8 kB\nSwapTotal:  0 kB\nSwapFree:  0 kB\n",
+        );
+        assert_eq!(src.swap().unwrap(), None);
+        assert!(!src.observe().signals.contains_key(&Signal::SwapAvailable));
+        write(
+            &proc,
+            "meminfo",
+            "SwapCached: 4 kB\nSwapTotal: 2048 kB\nSwapFree:  512 kB\n",
+        );
+        let want = Observation {
+            available: 512 * 1024,
+            capacity: 2048 * 1024,
+        };
+        assert_eq!(src.swap().unwrap(), Some(want));
+        assert_eq!(src.observe().signals[&Signal::SwapAvailable], want);
     }
 
     #[test]

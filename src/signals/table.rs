@@ -25,6 +25,9 @@ pub enum Signal {
     ImagefsInodesFree,
     /// `pid.available`: pid limit − processes.
     PidAvailable,
+    /// `swap.available`: free swap of the node (`SwapFree`); not a kubelet
+    /// signal, which evicts on no swap signal (KEP-2400 left it out).
+    SwapAvailable,
 }
 
 /// Why a sandbox was refused; its name labels the refusal metric.
@@ -72,6 +75,8 @@ pub enum Resource {
     Inodes,
     /// `pids`.
     Pids,
+    /// `swap`.
+    Swap,
 }
 
 impl Resource {
@@ -82,6 +87,7 @@ impl Resource {
             Resource::EphemeralStorage => "ephemeral-storage",
             Resource::Inodes => "inodes",
             Resource::Pids => "pids",
+            Resource::Swap => "swap",
         }
     }
 }
@@ -126,6 +132,8 @@ pub enum Source {
     /// The kernel's pid limit and task count (and a pids limit on the pods'
     /// cgroup).
     Pids,
+    /// The node's swap (`SwapTotal`, `SwapFree` of `/proc/meminfo`).
+    Swap,
 }
 
 /// How pods are ranked for a signal. The order of the variants is the order
@@ -134,6 +142,9 @@ pub enum Source {
 pub enum Ranking {
     /// Over request first, then lower priority, then usage above request.
     Memory,
+    /// Over the `LimitedSwap` entitlement first, then lower priority, then
+    /// more swap used.
+    Swap,
     /// Lower priority, then more tasks.
     Pids,
     /// Lower priority, then the disk usage the signal counts
@@ -155,7 +166,7 @@ pub struct PodParts {
 
 impl Signal {
     /// Every signal, in display order.
-    pub const ALL: [Signal; 7] = [
+    pub const ALL: [Signal; 8] = [
         Signal::MemoryAvailable,
         Signal::AllocatableMemoryAvailable,
         Signal::NodefsAvailable,
@@ -163,6 +174,7 @@ impl Signal {
         Signal::ImagefsAvailable,
         Signal::ImagefsInodesFree,
         Signal::PidAvailable,
+        Signal::SwapAvailable,
     ];
 
     /// The kubelet's name of the signal.
@@ -175,6 +187,7 @@ impl Signal {
             Signal::ImagefsAvailable => "imagefs.available",
             Signal::ImagefsInodesFree => "imagefs.inodesFree",
             Signal::PidAvailable => "pid.available",
+            Signal::SwapAvailable => "swap.available",
         }
     }
 
@@ -184,12 +197,13 @@ impl Signal {
     }
 
     /// The node condition its thresholds raise (the kubelet's
-    /// `signalToNodeCondition`).
+    /// `signalToNodeCondition`; swap is memory: a node out of swap is out of
+    /// memory, and admits no BestEffort pod).
     pub fn condition(self) -> Condition {
         match self {
-            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => {
-                Condition::MemoryPressure
-            }
+            Signal::MemoryAvailable
+            | Signal::AllocatableMemoryAvailable
+            | Signal::SwapAvailable => Condition::MemoryPressure,
             Signal::NodefsAvailable
             | Signal::NodefsInodesFree
             | Signal::ImagefsAvailable
@@ -206,6 +220,7 @@ impl Signal {
             Signal::NodefsAvailable | Signal::ImagefsAvailable => Resource::EphemeralStorage,
             Signal::NodefsInodesFree | Signal::ImagefsInodesFree => Resource::Inodes,
             Signal::PidAvailable => Resource::Pids,
+            Signal::SwapAvailable => Resource::Swap,
         }
     }
 
@@ -215,7 +230,8 @@ impl Signal {
             Signal::MemoryAvailable
             | Signal::AllocatableMemoryAvailable
             | Signal::NodefsAvailable
-            | Signal::ImagefsAvailable => Unit::Bytes,
+            | Signal::ImagefsAvailable
+            | Signal::SwapAvailable => Unit::Bytes,
             Signal::NodefsInodesFree | Signal::ImagefsInodesFree => Unit::Inodes,
             Signal::PidAvailable => Unit::Processes,
         }
@@ -238,6 +254,7 @@ impl Signal {
                 Source::Statfs(Filesystem::Imagefs)
             }
             Signal::PidAvailable => Source::Pids,
+            Signal::SwapAvailable => Source::Swap,
         }
     }
 
@@ -250,6 +267,7 @@ impl Signal {
             | Signal::ImagefsAvailable
             | Signal::ImagefsInodesFree => Ranking::Disk,
             Signal::PidAvailable => Ranking::Pids,
+            Signal::SwapAvailable => Ranking::Swap,
         }
     }
 
@@ -264,7 +282,7 @@ impl Signal {
             volumes: true,
         };
         match self.source() {
-            Source::Memcg(_) | Source::Pids => None,
+            Source::Memcg(_) | Source::Pids | Source::Swap => None,
             Source::Statfs(_) if !dedicated_imagefs => Some(all),
             Source::Statfs(Filesystem::Nodefs) => Some(PodParts {
                 rootfs: false,
@@ -300,6 +318,7 @@ mod tests {
             Signal::ImagefsAvailable => 4,
             Signal::ImagefsInodesFree => 5,
             Signal::PidAvailable => 6,
+            Signal::SwapAvailable => 7,
         }
     }
 
@@ -326,7 +345,8 @@ mod tests {
             ("imagefs.inodesFree", DiskPressure, "inodes"),
             ("pid.available", PIDPressure, "pids"),
         ];
-        assert_eq!(kubelet.len(), Signal::ALL.len());
+        // Every signal but criguard's own swap signal.
+        assert_eq!(kubelet.len(), Signal::ALL.len() - 1);
         for (name, condition, resource) in kubelet {
             let s = Signal::parse(name).unwrap();
             assert_eq!(s.condition(), condition, "{name}");
@@ -356,6 +376,9 @@ mod tests {
                 }
                 (Condition::PIDPressure, Ranking::Pids, Source::Pids, r, u) => {
                     r == Resource::Pids && u == Unit::Processes
+                }
+                (Condition::MemoryPressure, Ranking::Swap, Source::Swap, r, u) => {
+                    r == Resource::Swap && u == Unit::Bytes
                 }
                 _ => false,
             };
@@ -405,7 +428,17 @@ mod tests {
     }
 
     #[test]
-    fn rounds_act_on_memory_then_pids_then_disk() {
-        assert!(Ranking::Memory < Ranking::Pids && Ranking::Pids < Ranking::Disk);
+    fn rounds_act_on_memory_then_swap_then_pids_then_disk() {
+        assert!(Ranking::Memory < Ranking::Swap);
+        assert!(Ranking::Swap < Ranking::Pids && Ranking::Pids < Ranking::Disk);
+    }
+
+    #[test]
+    fn swap_is_criguards_memory_signal_of_its_own() {
+        let s = Signal::parse("swap.available").unwrap();
+        assert_eq!(s.condition(), Condition::MemoryPressure);
+        assert_eq!(s.resource().name(), "swap");
+        assert_eq!((s.source(), s.ranking()), (Source::Swap, Ranking::Swap));
+        assert!(s.is_bytes() && s.pod_parts(true).is_none());
     }
 }

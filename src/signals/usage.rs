@@ -182,10 +182,11 @@ impl NodeUsage {
 /// imagefs, nodefs signals count logs and volumes and imagefs signals the
 /// writable layers; without, both count all three. Bytes for
 /// `*.available`, inodes for `*.inodesFree`, processes for
-/// `pid.available`; `None` for memory signals (and unknown process counts).
+/// `pid.available`; `None` for memory and swap signals (and unknown
+/// process counts).
 pub fn counted(signal: Signal, pod: &PodUsage, dedicated_imagefs: bool) -> Option<u64> {
     match signal.source() {
-        Source::Memcg(_) => return None,
+        Source::Memcg(_) | Source::Swap => return None,
         Source::Pids => return pod.processes,
         Source::Statfs(_) => {}
     }

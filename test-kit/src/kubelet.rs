@@ -53,6 +53,9 @@ pub struct ContainerSpec {
     pub cpu_request_milli: i64,
     /// CPU limit in millicores (0: none).
     pub cpu_limit_milli: i64,
+    /// cgroup v2 files set as CRI's `unified` resources, as the kubelet sets
+    /// `memory.swap.max` for its swap behaviour (empty: none).
+    pub unified: std::collections::BTreeMap<String, String>,
 }
 
 /// A pod as the kubelet would run it.
@@ -270,6 +273,7 @@ impl PodSpec {
                     cpu_shares,
                     memory_limit_in_bytes: c.memory_limit,
                     oom_score_adj: self.oom_score_adj(c),
+                    unified: c.unified.clone().into_iter().collect(),
                     ..Default::default()
                 }),
                 security_context: Some(cri::LinuxContainerSecurityContext {

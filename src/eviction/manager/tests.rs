@@ -189,6 +189,18 @@ impl Rank for Node {
         futures::future::ready(self.ranked(tried)).boxed()
     }
 
+    /// Only the pods whose usage counts against swap: a round that asks
+    /// the wrong ranking picks another pod.
+    fn swap<'a>(&'a self, tried: &'a BTreeSet<String>) -> BoxFuture<'a, Vec<Victim>> {
+        let swapping: BTreeSet<String> = (self.state.lock().unwrap().pods.iter())
+            .filter(|p| p.signal == Signal::SwapAvailable)
+            .map(|p| p.pod.sandbox_id.clone())
+            .collect();
+        let mut ranked = self.ranked(tried);
+        ranked.retain(|v| swapping.contains(&v.pod.sandbox_id));
+        futures::future::ready(ranked).boxed()
+    }
+
     fn disk<'a>(&'a self, _: Signal, tried: &'a BTreeSet<String>) -> BoxFuture<'a, Vec<Victim>> {
         futures::future::ready(self.ranked(tried)).boxed()
     }
@@ -621,4 +633,35 @@ async fn memory_goes_before_disk_and_a_threshold_with_no_victim_ends_the_round()
     );
     let both = BTreeSet::from([Condition::MemoryPressure, Condition::DiskPressure]);
     assert_eq!(conditions(&status), both);
+}
+
+#[tokio::test]
+async fn a_swap_threshold_evicts_by_the_swap_ranking_and_admits_as_memory_pressure() {
+    let swap = Signal::SwapAvailable;
+    let node = Node::new(&[(swap, 100 * MI)]);
+    node.add("swapper", QosClass::Burstable, swap, 300 * MI);
+    // Larger, but its usage is memory: the memory ranking would pick it.
+    node.add(
+        "big",
+        QosClass::BestEffort,
+        Signal::MemoryAvailable,
+        600 * MI,
+    );
+    let (mut m, status) = manager(&node, config(vec![hard(swap, 200 * MI)], vec![]), false);
+    let made = m.round().await;
+    assert_eq!(names(&made), ["default/swapper"]);
+    assert!(
+        made[0].message.starts_with(
+            "The node was low on resource: swap. Threshold quantity: 200Mi, available: 100Mi."
+        ),
+        "{}",
+        made[0].message
+    );
+    assert!(conditions(&status).contains(&Condition::MemoryPressure));
+    let refused = |qos| decide(&status, "uid-new", qos, false, EPOCH_MS).err();
+    assert_eq!(
+        refused(QosClass::BestEffort).map(|r| r.0),
+        Some(Refusal::MemoryPressure)
+    );
+    assert!(refused(QosClass::Burstable).is_none());
 }

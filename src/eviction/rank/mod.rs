@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 
 use crate::config::Threshold;
 use crate::eviction::local_storage::{Exceeded, StorageUse, exceeded, fullness, has_limits};
-use crate::eviction::rank::order::{PodMemory, rank_memory};
+use crate::eviction::rank::order::{PodMemory, PodSwap, limited_swap, rank_memory, rank_swap};
 use crate::eviction::reclaim::{PodUse, UsageRequest, rank_usage};
 use crate::lock::RwLocked;
 use crate::model::spec::ApiPod;
@@ -152,6 +152,61 @@ impl Ranker {
                     let used = working_set(&c.cgroup_path)?;
                     Some((c.name.clone(), used, c.memory_request))
                 })
+                .max_by_key(|(_, u, _)| *u)
+        })
+    }
+
+    /// The swap ranking, read on the blocking pool (see
+    /// [`Ranker::swap_blocking`]).
+    pub async fn swap(&self, tried: &BTreeSet<String>) -> Vec<Victim> {
+        let (me, tried) = (self.clone(), tried.clone());
+        blocking(move || me.swap_blocking(&tried)).await
+    }
+
+    /// The swap ranking ([`rank_swap`]): each pod's `memory.swap.current`
+    /// against the `LimitedSwap` entitlement of its containers, out of the
+    /// node's swap now; the first victim's container using the most swap
+    /// named in the message. Blocking I/O.
+    pub fn swap_blocking(&self, tried: &BTreeSet<String>) -> Vec<Victim> {
+        let pods = self.candidates(tried);
+        let cgroups = &self.sources.cgroups;
+        let swap = |cgroup: &str| Some(cgroups.swap_current(cgroup).ok()? as i64);
+        let node_swap = match self.sources.swap() {
+            Ok(Some(o)) => o.capacity,
+            _ => 0,
+        };
+        let memory = self.sources.memory_capacity;
+        let entitled = |pod: &Pod, c: &crate::model::Container| {
+            limited_swap(
+                pod.qos,
+                pod.critical,
+                c.memory_request,
+                c.memory_limit,
+                memory,
+                node_swap,
+            )
+        };
+        let usage = per_pod(&pods, |p| swap(&p.cgroup()?));
+        let input: Vec<PodSwap> = pods
+            .iter()
+            .zip(usage)
+            .map(|(p, u)| PodSwap {
+                sandbox_id: p.sandbox_id.clone(),
+                priority: p.priority,
+                entitlement: p.containers.values().map(|c| entitled(p, c)).sum(),
+                usage: u,
+                critical: p.critical,
+            })
+            .collect();
+        let ranked = rank_swap(&input).into_iter().map(|r| Ranked {
+            sandbox_id: r.sandbox_id.clone(),
+            usage: r.usage,
+            request: r.entitlement,
+            reclaimable: r.usage.unwrap_or(0).max(0) as u64,
+        });
+        victims(pods, ranked, |pod| {
+            running(pod)
+                .filter_map(|c| Some((c.name.clone(), swap(&c.cgroup_path)?, entitled(pod, c))))
                 .max_by_key(|(_, u, _)| *u)
         })
     }

@@ -1,6 +1,9 @@
-//! The kubelet's eviction ranking (`pkg/kubelet/eviction/helpers.go`).
+//! The kubelet's eviction ranking (`pkg/kubelet/eviction/helpers.go`), and
+//! criguard's swap ranking in its spirit.
 
 use std::cmp::Ordering;
+
+use crate::model::qos::QosClass;
 
 /// What memory ranking needs to know of a pod.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,6 +41,68 @@ fn compare_memory(a: &PodMemory, b: &PodMemory) -> Ordering {
             .then(a.priority.cmp(&b.priority))
             .then((ub - b.request).cmp(&(ua - a.request))),
     }
+}
+
+/// What swap ranking needs to know of a pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodSwap {
+    /// Sandbox id.
+    pub sandbox_id: String,
+    /// Priority (lower is evicted first).
+    pub priority: i32,
+    /// The swap its containers may use under `LimitedSwap`, bytes.
+    pub entitlement: i64,
+    /// Swap in use (`memory.swap.current`), bytes; `None` when unread.
+    pub usage: Option<i64>,
+    /// Critical pods are never ranked.
+    pub critical: bool,
+}
+
+/// The swap the kubelet lets one container use under `LimitedSwap`
+/// (`pkg/kubelet/kuberuntime/kuberuntime_container_linux.go`,
+/// `GetContainerSwapBehavior` and `calcSwapForBurstablePods`): its memory
+/// request's share of the node's memory, of the node's swap; none for a
+/// critical pod, a pod that is not Burstable, a container that asks no
+/// memory or whose request equals its limit, or a request above the node's
+/// memory.
+pub fn limited_swap(
+    qos: QosClass,
+    critical: bool,
+    request: i64,
+    limit: i64,
+    node_memory: u64,
+    node_swap: u64,
+) -> i64 {
+    let no_swap = critical
+        || qos != QosClass::Burstable
+        || (request == 0 && limit == 0)
+        || request == limit
+        || node_memory == 0
+        || request < 0
+        || request as u64 > node_memory;
+    if no_swap {
+        return 0;
+    }
+    (request as f64 / node_memory as f64 * node_swap as f64) as i64
+}
+
+/// Orders pods for swap pressure, first victim first, after the kubelet's
+/// memory ranking: a pod without stats before one with; pods using more
+/// swap than their `LimitedSwap` entitlement first; then lower priority
+/// first; then more swap first. Critical pods are left out. Ties keep input
+/// order.
+pub fn rank_swap(pods: &[PodSwap]) -> Vec<&PodSwap> {
+    let mut ranked: Vec<&PodSwap> = pods.iter().filter(|p| !p.critical).collect();
+    ranked.sort_by(|a, b| match (a.usage, b.usage) {
+        (None, Some(_)) => Ordering::Less,
+        (Some(_), None) => Ordering::Greater,
+        (None, None) => a.priority.cmp(&b.priority),
+        (Some(ua), Some(ub)) => (ub > b.entitlement)
+            .cmp(&(ua > a.entitlement))
+            .then(a.priority.cmp(&b.priority))
+            .then(ub.cmp(&ua)),
+    });
+    ranked
 }
 
 /// Whether a signal with `available` units left is near a threshold at
@@ -118,5 +183,77 @@ mod tests {
         critical.critical = true;
         let pods = [pod("over", 0, 0, 50 * MI), unknown, critical];
         assert_eq!(order(&pods), ["unknown", "over"]);
+    }
+
+    fn swapping(id: &str, priority: i32, entitlement: i64, usage: Option<i64>) -> PodSwap {
+        PodSwap {
+            sandbox_id: id.into(),
+            priority,
+            entitlement,
+            usage,
+            critical: false,
+        }
+    }
+
+    #[test]
+    fn limited_swap_is_the_kubelets_share_of_the_nodes_swap() {
+        use QosClass::*;
+        let (mem, swap) = (8192 * MI as u64, 2048 * MI as u64);
+        // 1 GiB of 8 GiB requested: an eighth of the swap.
+        assert_eq!(
+            limited_swap(Burstable, false, 1024 * MI, 0, mem, swap),
+            256 * MI
+        );
+        assert_eq!(
+            limited_swap(Burstable, false, 1024 * MI, 2048 * MI, mem, swap),
+            256 * MI
+        );
+        // None: not Burstable, critical, request = limit, nothing asked,
+        // more asked than the node has.
+        assert_eq!(
+            limited_swap(Guaranteed, false, 1024 * MI, 1024 * MI, mem, swap),
+            0
+        );
+        assert_eq!(limited_swap(BestEffort, false, 0, 0, mem, swap), 0);
+        assert_eq!(limited_swap(Burstable, true, 1024 * MI, 0, mem, swap), 0);
+        assert_eq!(
+            limited_swap(Burstable, false, 512 * MI, 512 * MI, mem, swap),
+            0
+        );
+        assert_eq!(limited_swap(Burstable, false, 0, 0, mem, swap), 0);
+        assert_eq!(limited_swap(Burstable, false, 0, 512 * MI, mem, swap), 0);
+        assert_eq!(limited_swap(Burstable, false, 9000 * MI, 0, mem, swap), 0);
+        assert_eq!(limited_swap(Burstable, false, 1024 * MI, 0, 0, swap), 0);
+        assert_eq!(limited_swap(Burstable, false, 1024 * MI, 0, mem, 0), 0);
+    }
+
+    #[test]
+    fn swap_ranks_over_entitlement_then_priority_then_swap_used() {
+        let pods = [
+            swapping("within-low-priority", -10, 100 * MI, Some(50 * MI)),
+            swapping("over-small", 0, 10 * MI, Some(20 * MI)),
+            swapping("within-big", 0, 900 * MI, Some(800 * MI)),
+            swapping("over-big-high-priority", 100, 0, Some(300 * MI)),
+            swapping("over-big", 0, 0, Some(300 * MI)),
+            swapping("unread", 1000, 0, None),
+        ];
+        let order: Vec<&str> = rank_swap(&pods)
+            .iter()
+            .map(|p| p.sandbox_id.as_str())
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "unread",
+                "over-big",
+                "over-small",
+                "over-big-high-priority",
+                "within-low-priority",
+                "within-big"
+            ]
+        );
+        let mut critical = swapping("critical", -100, 0, Some(999 * MI));
+        critical.critical = true;
+        assert!(rank_swap(&[critical]).is_empty());
     }
 }

@@ -48,6 +48,7 @@ impl Ranker {
         for &s in signals {
             let ranked = match s.ranking() {
                 Ranking::Memory => self.memory(&none).await,
+                Ranking::Swap => self.swap(&none).await,
                 Ranking::Pids => self.pids(&none).await,
                 Ranking::Disk => {
                     let obs = observed.as_ref().and_then(|o| o.get(&s));
