@@ -235,6 +235,23 @@ impl CgroupFs {
         Ok(usage.saturating_sub(stat_value(&stat, key).unwrap_or(0)))
     }
 
+    /// `cgroup`'s memory stall: `some avg10` of its v2 `memory.pressure`, in
+    /// basis points of time; v1 has no PSI per cgroup (an error).
+    pub fn memory_stall(&self, cgroup: &str) -> Result<u64, ReadError> {
+        let path = self.memory_dir(cgroup).join("memory.pressure");
+        let unsupported = |path: PathBuf, why: &str| ReadError {
+            path,
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_owned()),
+        };
+        match self.layout {
+            Layout::V1 => Err(unsupported(path, "no PSI per cgroup on cgroup v1")),
+            Layout::V2 => {
+                let text = read(&path)?;
+                psi_avg10(&text, "some").ok_or_else(|| unsupported(path, &text))
+            }
+        }
+    }
+
     /// Swap `cgroup` uses: v2 `memory.swap.current`; v1 has no swap of its
     /// own to read (the kubelet gives pods no swap there), an error.
     pub fn swap_current(&self, cgroup: &str) -> Result<u64, ReadError> {
@@ -318,6 +335,20 @@ impl CgroupFs {
         }
         Ok(out)
     }
+}
+
+/// `avg10` of a PSI file's `line` (`some` or `full`), in basis points of
+/// time.
+pub fn psi_avg10(text: &str, line: &str) -> Option<u64> {
+    let avg = text
+        .lines()
+        .find_map(|l| l.strip_prefix(line)?.strip_prefix(' '))?
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("avg10="))?;
+    let pct: f64 = avg.parse().ok()?;
+    (0.0..=100.0)
+        .contains(&pct)
+        .then(|| (pct * 100.0).round() as u64)
 }
 
 /// Whether `e` is the v2 root's missing `memory.current`.
@@ -416,6 +447,36 @@ mod tests {
         let mut pids = fs.pids("/kubepods").unwrap();
         pids.sort();
         assert_eq!(pids, [11, 12, 13]);
+    }
+
+    #[test]
+    fn a_pods_memory_stall_is_its_v2_psi_some_avg10() {
+        let v2 = tempfile::tempdir().unwrap();
+        write(v2.path(), "cgroup.controllers", "memory\n");
+        write(
+            v2.path(),
+            "kubepods/pod1/memory.pressure",
+            "some avg10=3.25 avg60=1.00 avg300=0.10 total=9\nfull avg10=1.00 avg60=0.00 avg300=0.00 total=1\n",
+        );
+        let fs = CgroupFs::detect(v2.path());
+        assert_eq!(fs.memory_stall("/kubepods/pod1").unwrap(), 325);
+        assert_eq!(
+            psi_avg10("full avg10=100.00 avg60=0\n", "full"),
+            Some(10_000)
+        );
+        assert_eq!(psi_avg10("full avg10=100.01\n", "full"), None);
+        assert_eq!(psi_avg10("someone avg10=1.00\n", "some"), None);
+        let v1 = tempfile::tempdir().unwrap();
+        write(
+            v1.path(),
+            "memory/kubepods/pod1/memory.usage_in_bytes",
+            "1\n",
+        );
+        assert!(
+            CgroupFs::detect(v1.path())
+                .memory_stall("/kubepods/pod1")
+                .is_err()
+        );
     }
 
     #[test]

@@ -277,18 +277,12 @@ pub fn signals(node: &NodeArgs) -> ExitCode {
             println!("read at {}.{:03} (Unix time, s)", ms / 1000, ms % 1000);
             println!("{:<28} {:>16} {:>16}", "SIGNAL", "AVAILABLE", "CAPACITY");
             for (sig, o) in obs.signals {
-                let show = |v: i64| {
-                    if sig.is_bytes() && v >= 0 {
-                        criguard::quantity::format_bytes(v as u64)
-                    } else {
-                        v.to_string()
-                    }
-                };
+                let show = |v: i64| sig.show(v);
                 println!(
                     "{:<28} {:>16} {:>16}",
                     sig.name(),
                     show(o.available),
-                    show(o.capacity as i64)
+                    sig.show_capacity(o.capacity)
                 );
             }
             ExitCode::SUCCESS

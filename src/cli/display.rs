@@ -201,11 +201,7 @@ fn mib(bytes: i64) -> String {
 }
 
 fn amount(signal: Signal, v: i64) -> String {
-    if signal.is_bytes() && v >= 0 {
-        criguard::quantity::format_bytes(v as u64)
-    } else {
-        v.to_string()
-    }
+    signal.show(v)
 }
 
 /// Whether a connection answered, for the status screen.
@@ -335,7 +331,7 @@ fn signals_table(
             o.map_or("-".into(), |o| amount(s, o.available)),
             threshold.map_or("-".into(), |(_, shown)| shown),
             soft_threshold.map_or("-".into(), |(_, shown)| shown),
-            o.map_or("-".into(), |o| amount(s, o.capacity as i64)),
+            o.map_or("-".into(), |o| s.show_capacity(o.capacity)),
             met.to_owned(),
         ]);
     }

@@ -56,16 +56,17 @@ impl Table {
     }
 }
 
-/// The ranking as a table: one line per pod and signal, first victim first.
+/// The ranking as a table: one line per pod and signal, first victim first,
+/// with each pod's memory stall (PSI `some avg10` of its cgroup, v2).
 pub fn rank_table(entries: &[RankEntry]) -> String {
     let mut t = Table::new(
         "",
         &[
-            "SIGNAL", "RANK", "POD", "QOS", "PRIORITY", "USAGE", "REQUEST",
+            "SIGNAL", "RANK", "POD", "QOS", "PRIORITY", "USAGE", "REQUEST", "STALL",
         ],
     );
     for e in entries {
-        let bytes = Signal::parse(&e.signal).is_some_and(|s| s.is_bytes());
+        let bytes = Signal::parse(&e.signal).is_some_and(|s| s.ranks_bytes());
         let show = |v: i64| {
             if bytes {
                 format_bytes(v.max(0) as u64)
@@ -81,6 +82,8 @@ pub fn rank_table(entries: &[RankEntry]) -> String {
             e.priority.to_string(),
             e.usage.map_or("?".to_owned(), show),
             show(e.request),
+            e.stall
+                .map_or("-".to_owned(), |bp| format!("{:.1}%", bp as f64 / 100.0)),
         ]);
     }
     t.finish()

@@ -6,8 +6,10 @@
 use std::collections::BTreeMap;
 
 use super::ConfigError;
+use crate::signals::table::Signal;
 
-/// Parses `signal<amount,…` (the only operator the kubelet supports is `<`).
+/// Parses `signal<amount,…` (the only operator the kubelet supports is `<`;
+/// criguard's stall signals take `>`: `memory.pressure.some>20%`).
 pub fn thresholds(key: &str, text: &str) -> Result<BTreeMap<String, String>, ConfigError> {
     let mut out = BTreeMap::new();
     for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
@@ -23,12 +25,26 @@ pub fn thresholds(key: &str, text: &str) -> Result<BTreeMap<String, String>, Con
             .find(|c: char| !"<>=!".contains(c))
             .unwrap_or(rest.len());
         let (op, value) = rest.split_at(op_len);
-        if op != "<" {
-            return Err(ConfigError::new(
-                key,
-                entry,
-                format!("unsupported operator {op:?}; the kubelet supports only <"),
-            ));
+        let stall = Signal::parse(name.trim()).is_some_and(Signal::is_stall);
+        match (op, stall) {
+            ("<", false) | (">", true) => {}
+            (_, false) => {
+                return Err(ConfigError::new(
+                    key,
+                    entry,
+                    format!("unsupported operator {op:?}; the kubelet supports only <"),
+                ));
+            }
+            (_, true) => {
+                return Err(ConfigError::new(
+                    key,
+                    entry,
+                    format!(
+                        "unsupported operator {op:?}; a stall signal is met above its line: {}>20%",
+                        name.trim()
+                    ),
+                ));
+            }
         }
         insert_once(key, entry, &mut out, name, value)?;
     }
@@ -144,5 +160,16 @@ mod tests {
             assert!(e.to_string().contains(needle), "{text}: {e}");
         }
         assert!(pairs("--eviction-soft-grace-period", "memory.available").is_err());
+    }
+
+    #[test]
+    fn stall_signals_take_greater_than_and_no_other_operator() {
+        let t = thresholds(
+            "--eviction-hard",
+            "memory.pressure.some>20%,memory.available<1Gi",
+        );
+        assert_eq!(t.unwrap()["memory.pressure.some"], "20%");
+        let e = thresholds("--eviction-hard", "memory.pressure.full<20%").unwrap_err();
+        assert!(e.to_string().contains("memory.pressure.full>20%"), "{e}");
     }
 }

@@ -81,7 +81,18 @@ impl Threshold {
 
     /// The amount as configured (`100Mi`, `10%`).
     pub fn amount_display(&self) -> String {
-        self.amount.show(self.signal.is_bytes())
+        match (self.signal.is_stall(), self.amount) {
+            // Kept as the share not stalled: shown as the share stalled.
+            (true, Amount::Percentage(p)) => {
+                format!("{}%", ((100.0 - p) * 1000.0).round() / 1000.0)
+            }
+            _ => self.amount.show(self.signal.is_bytes()),
+        }
+    }
+
+    /// `<` for every signal but the stall signals, met above their line.
+    pub fn operator(&self) -> char {
+        if self.signal.is_stall() { '>' } else { '<' }
     }
 }
 
@@ -89,9 +100,10 @@ impl std::fmt::Display for Threshold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}<{}",
+            "{}{}{}",
             self.signal,
-            self.amount.show(self.signal.is_bytes())
+            self.operator(),
+            self.amount_display()
         )?;
         if let Some(g) = self.grace_period {
             write!(f, " for {}", quantity::format_duration(g))?;
@@ -189,6 +201,35 @@ fn signal(key: &str, name: &str) -> Result<Signal, ConfigError> {
     })
 }
 
+/// The window of the stall signals' PSI average (`avg10`).
+pub const PSI_WINDOW: Duration = Duration::from_secs(10);
+
+/// A threshold's amount for `sig`: as [`amount`], but for a stall signal a
+/// percentage of time stalled, in (0, 100), kept as the share not stalled.
+fn threshold_amount(
+    key: &str,
+    sig: Signal,
+    name: &str,
+    value: &str,
+) -> Result<Amount, ConfigError> {
+    if !sig.is_stall() {
+        return amount(key, name, value);
+    }
+    let bad = |why: &str| ConfigError::new(key, format!("{name}={value}"), why.to_owned());
+    match amount(key, name, value) {
+        Ok(Amount::Percentage(p)) if p < 100.0 => Ok(Amount::Percentage(100.0 - p)),
+        Ok(Amount::Percentage(_)) => Err(bad(
+            "a stall of 100% is never exceeded: give a share of time under 100%",
+        )),
+        Ok(Amount::Quantity(_)) => Err(bad(
+            "a stall threshold is a share of time, a percentage: e.g. 20%",
+        )),
+        Err(_) => Err(bad(
+            "a stall threshold is a percentage of time stalled between 0 and 100%",
+        )),
+    }
+}
+
 /// The largest threshold quantity: signals are compared as `int64`, as the
 /// kubelet's `resource.Quantity` values are (8Ei − 1).
 pub const MAX_QUANTITY: u64 = i64::MAX as u64;
@@ -284,6 +325,13 @@ impl RawEviction {
         let mut reclaim = BTreeMap::new();
         for (name, value) in &self.minimum_reclaim {
             let sig = signal("evictionMinimumReclaim", name)?;
+            if sig.is_stall() {
+                return Err(ConfigError::new(
+                    "evictionMinimumReclaim",
+                    format!("{name}={value}"),
+                    "a stall signal has no amount to reclaim",
+                ));
+            }
             reclaim.insert(sig, amount("evictionMinimumReclaim", name, value)?);
         }
         Ok(reclaim)
@@ -302,7 +350,7 @@ impl RawEviction {
         let mut hard = Vec::new();
         for (name, value) in self.hard.as_ref().unwrap_or(&defaults) {
             let sig = signal("evictionHard", name)?;
-            let amount = amount("evictionHard", name, value)?;
+            let amount = threshold_amount("evictionHard", sig, name, value)?;
             hard.push(Threshold {
                 signal: sig,
                 amount,
@@ -325,7 +373,15 @@ impl RawEviction {
                     "a grace period for a signal with no soft threshold (add it to evictionSoft)",
                 ));
             }
-            graces.insert(sig, duration("evictionSoftGracePeriod", value)?);
+            let grace = duration("evictionSoftGracePeriod", value)?;
+            if sig.is_stall() && grace < PSI_WINDOW {
+                return Err(ConfigError::new(
+                    "evictionSoftGracePeriod",
+                    format!("{name}={value}"),
+                    "shorter than PSI's shortest average (avg10): a stall window is at least 10s",
+                ));
+            }
+            graces.insert(sig, grace);
         }
         Ok(graces)
     }
@@ -340,7 +396,7 @@ impl RawEviction {
         let mut soft = Vec::new();
         for (name, value) in &self.soft {
             let sig = signal("evictionSoft", name)?;
-            let amount = amount("evictionSoft", name, value)?;
+            let amount = threshold_amount("evictionSoft", sig, name, value)?;
             let Some(grace) = graces.get(&sig).copied() else {
                 return Err(ConfigError::new(
                     "evictionSoft",
@@ -441,6 +497,56 @@ mod tests {
         assert!(c.soft.is_empty());
         assert_eq!(c.pressure_transition_period, Duration::from_secs(300));
         assert_eq!(c.housekeeping_interval, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn stall_thresholds_are_shares_of_time_with_a_psi_window() {
+        let raw =
+            |hard: &[(&str, &str)], soft: &[(&str, &str)], grace: &[(&str, &str)]| RawEviction {
+                hard: Some(map(hard)),
+                soft: map(soft),
+                soft_grace_period: map(grace),
+                ..Default::default()
+            };
+        let c = raw(
+            &[("memory.pressure.some", "20%")],
+            &[("memory.pressure.full", "5%")],
+            &[("memory.pressure.full", "30s")],
+        )
+        .validate()
+        .unwrap();
+        // Kept as the share not stalled; shown as the share stalled.
+        assert_eq!(c.hard[0].amount, Amount::Percentage(80.0));
+        assert_eq!(c.hard[0].to_string(), "memory.pressure.some>20%");
+        assert_eq!(c.soft[0].to_string(), "memory.pressure.full>5% for 30s");
+        for (value, needle) in [
+            ("150%", "between 0 and 100%"),
+            ("100%", "never exceeded"),
+            ("0%", "between 0 and 100%"),
+            ("100Mi", "a percentage"),
+        ] {
+            let e = raw(&[("memory.pressure.some", value)], &[], &[])
+                .validate()
+                .unwrap_err();
+            assert_eq!(e.key, "evictionHard");
+            assert!(e.to_string().contains(needle), "{value}: {e}");
+        }
+        let e = raw(
+            &[],
+            &[("memory.pressure.some", "20%")],
+            &[("memory.pressure.some", "5s")],
+        )
+        .validate()
+        .unwrap_err();
+        assert!(e.to_string().contains("at least 10s"), "{e}");
+        let mut r = raw(&[("memory.pressure.some", "20%")], &[], &[]);
+        r.minimum_reclaim = map(&[("memory.pressure.some", "1%")]);
+        assert!(
+            r.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("no amount to reclaim")
+        );
     }
 
     #[test]

@@ -106,6 +106,9 @@ pub struct EvictionManager {
     reloads: Option<tokio::sync::watch::Receiver<Arc<Reloadable>>>,
     /// Sandboxes of evicted pods this process has asked the runtime to stop.
     stops_taken: BTreeSet<String>,
+    /// No stall threshold acts before this: PSI's average lags an eviction's
+    /// relief by up to its window, and the round would evict again meanwhile.
+    stall_hold: Option<std::time::Instant>,
 }
 
 /// What a configuration reload changes in a running manager: everything
@@ -153,6 +156,7 @@ impl EvictionManager {
             pressure: PressureMemory::default(),
             reloads: None,
             stops_taken: BTreeSet::new(),
+            stall_hold: None,
         }
     }
 
@@ -411,6 +415,8 @@ impl EvictionManager {
         let mut reclaimed = BTreeSet::new();
         loop {
             let (obs, mut act_on) = self.observe().await;
+            let held = self.stall_hold.is_some_and(|h| self.clock.now() < h);
+            act_on.retain(|t| !(held && t.signal.is_stall()));
             act_on.sort_by_key(|t| t.signal.ranking());
             let Some(t) = act_on.into_iter().next() else {
                 break;
@@ -446,6 +452,9 @@ impl EvictionManager {
                 "victim chosen"
             );
             tried.insert(victim.pod.sandbox_id.clone());
+            if t.signal.is_stall() {
+                self.stall_hold = Some(self.clock.now() + crate::config::PSI_WINDOW);
+            }
             let e = self.evict(&victim, &t, &obs).await;
             made.push(e);
             if self.dry_run {

@@ -18,17 +18,27 @@ pub fn eviction_message(
     heaviest: Option<&(String, i64, i64)>,
 ) -> String {
     let res = t.signal.resource().name();
+    // What pods use: bytes for every byte signal and for the stall signals,
+    // which rank pods by memory.
     let show = |v: i64| {
-        if t.signal.is_bytes() {
+        if t.signal.is_bytes() || t.signal.is_stall() {
             format_bytes(v.max(0) as u64)
         } else {
             v.to_string()
         }
     };
+    let available = match t.signal.is_stall() {
+        true => t.signal.show(available),
+        false => show(available),
+    };
     let mut m = format!(
-        "The node was low on resource: {res}. Threshold quantity: {}, available: {}. ",
+        "The node was low on resource: {res}. Threshold quantity: {}{}, available: {available}. ",
+        if t.signal.is_stall() {
+            "stalled more than "
+        } else {
+            ""
+        },
         t.amount_display(),
-        show(available)
     );
     if res == "memory"
         && let Some((name, used, request)) = pod_level

@@ -24,7 +24,7 @@ pub enum NodeAction {
 pub fn node_actions(signal: Signal, dedicated_imagefs: bool) -> &'static [NodeAction] {
     use NodeAction::*;
     match signal.source() {
-        Source::Memcg(_) | Source::Pids | Source::Swap => &[],
+        Source::Memcg(_) | Source::Pids | Source::Swap | Source::Psi(_) => &[],
         Source::Statfs(Filesystem::Nodefs) if dedicated_imagefs => &[ContainerGc],
         Source::Statfs(Filesystem::Nodefs | Filesystem::Imagefs) => &[ContainerGc, ImageGc],
     }

@@ -115,30 +115,40 @@ pub fn announce(
     }
 }
 
-/// Says, once at start, which signals with a threshold this node cannot
-/// observe: `swap.available` on a node without swap is absent, and its
-/// thresholds never cross (`criguard status` shows it unobserved).
+/// Says, once at start, which of criguard's own signals this node cannot
+/// observe: `swap.available` without swap, the stall signals on a kernel
+/// without PSI. Absent, they never cross; `criguard status` shows them
+/// unobserved. A warning when a threshold names one.
 pub fn absent_signals(
     eviction: &criguard::config::EvictionConfig,
     sources: &criguard::signals::node::NodeSources,
 ) {
-    let swap = criguard::signals::table::Signal::SwapAvailable;
-    let configured = eviction
-        .hard
-        .iter()
-        .chain(&eviction.soft)
-        .any(|t| t.signal == swap);
-    match sources.swap() {
-        Ok(Some(_)) => {}
-        Ok(None) if configured => tracing::warn!(
-            signal = %swap,
-            "this node has no swap: the signal is absent and its thresholds never cross"
-        ),
-        Ok(None) => tracing::info!(signal = %swap, "this node has no swap: the signal is absent"),
-        Err(err) if configured => {
-            tracing::warn!(signal = %swap, %err, "swap cannot be read: the signal is absent")
+    use criguard::signals::table::{Signal, Source};
+    let configured = |s: Signal| {
+        eviction
+            .hard
+            .iter()
+            .chain(&eviction.soft)
+            .any(|t| t.signal == s)
+    };
+    for s in Signal::ALL {
+        let why = match s.source() {
+            Source::Swap => match sources.swap() {
+                Ok(Some(_)) => continue,
+                Ok(None) => "this node has no swap".to_owned(),
+                Err(err) => format!("swap cannot be read: {err}"),
+            },
+            Source::Psi(line) => match sources.stall(line) {
+                Ok(_) => continue,
+                Err(err) => format!("no PSI on this kernel (CONFIG_PSI, psi=1): {err}"),
+            },
+            Source::Memcg(_) | Source::Statfs(_) | Source::Pids => continue,
+        };
+        if configured(s) {
+            tracing::warn!(signal = %s, "{why}: the signal is absent and its thresholds never cross");
+        } else {
+            tracing::info!(signal = %s, "{why}: the signal is absent");
         }
-        Err(_) => {}
     }
 }
 

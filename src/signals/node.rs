@@ -16,7 +16,7 @@ pub use super::probe::{FsStats, fs_stats, fs_stats_id};
 use super::{ReadError, probe, read};
 use crate::cgroup::fs::CgroupFs;
 use crate::eviction::thresholds::{Observation, Observations};
-use crate::signals::table::{Filesystem, MemoryScope, Signal, Source, Unit};
+use crate::signals::table::{Filesystem, MemoryScope, STALL_CAPACITY, Signal, Source, Stall, Unit};
 
 /// Where the node's signals come from.
 #[derive(Clone, Debug)]
@@ -176,6 +176,7 @@ impl NodeSources {
                     }
                 },
                 Source::Pids => self.pids(),
+                Source::Psi(line) => self.stall(line),
                 Source::Swap => match self.swap() {
                     Ok(Some(o)) => Ok(o),
                     // No swap: the signal is absent, not zero.
@@ -256,6 +257,33 @@ impl NodeSources {
             capacity: total,
         }))
     }
+}
+
+impl NodeSources {
+    /// A stall signal from `/proc/pressure/memory`: `avg10` of `line`, as
+    /// basis points of time not stalled out of [`STALL_CAPACITY`]. A kernel
+    /// without PSI has no such file: the signal is absent.
+    pub fn stall(&self, line: Stall) -> Result<Observation, ReadError> {
+        let p = self.proc_root.join("pressure/memory");
+        let text = read(&p)?;
+        let stalled = psi_avg10(&text, line).ok_or_else(|| ReadError {
+            path: p,
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, text.clone()),
+        })?;
+        Ok(Observation {
+            available: STALL_CAPACITY as i64 - stalled as i64,
+            capacity: STALL_CAPACITY,
+        })
+    }
+}
+
+/// `avg10` of a PSI file's `some` or `full` line, in basis points.
+pub fn psi_avg10(text: &str, line: Stall) -> Option<u64> {
+    let name = match line {
+        Stall::Some => "some",
+        Stall::Full => "full",
+    };
+    crate::cgroup::fs::psi_avg10(text, name)
 }
 
 /// A `/proc/meminfo` field in bytes (its lines are in KiB).
@@ -431,6 +459,40 @@ mod tests {
         };
         assert_eq!(src.swap().unwrap(), Some(want));
         assert_eq!(src.observe().signals[&Signal::SwapAvailable], want);
+    }
+
+    #[test]
+    fn stall_is_read_from_proc_pressure_memory_as_the_share_not_stalled() {
+        let text = "some avg10=12.34 avg60=5.00 avg300=1.00 total=123\nfull avg10=2.50 avg60=1.00 avg300=0.00 total=45\n";
+        assert_eq!(psi_avg10(text, Stall::Some), Some(1234));
+        assert_eq!(psi_avg10(text, Stall::Full), Some(250));
+        assert_eq!(psi_avg10("some avg60=1.00\n", Stall::Some), None);
+        let t = tempfile::tempdir().unwrap();
+        let proc = proc_fixture(t.path());
+        let src = NodeSources {
+            cgroups: CgroupFs::detect(t.path()),
+            proc_root: proc.clone(),
+            memory_capacity: 10_000,
+            pods_cgroup: "/kubepods".into(),
+            nodefs: t.path().to_owned(),
+            imagefs: t.path().to_owned(),
+        };
+        // A kernel without PSI: absent.
+        assert!(
+            !src.observe()
+                .signals
+                .contains_key(&Signal::MemoryPressureSome)
+        );
+        write(&proc, "pressure/memory", text);
+        let o = src.observe();
+        assert_eq!(
+            o.signals[&Signal::MemoryPressureSome].available,
+            10_000 - 1234
+        );
+        assert_eq!(
+            o.signals[&Signal::MemoryPressureFull].capacity,
+            STALL_CAPACITY
+        );
     }
 
     #[test]

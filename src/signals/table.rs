@@ -28,7 +28,28 @@ pub enum Signal {
     /// `swap.available`: free swap of the node (`SwapFree`); not a kubelet
     /// signal, which evicts on no swap signal (KEP-2400 left it out).
     SwapAvailable,
+    /// `memory.pressure.some`: the node's memory stall, PSI `some avg10`
+    /// (the share of the last 10 s in which some task waited on memory);
+    /// not a kubelet signal. Its thresholds read `>`: stalled more than.
+    MemoryPressureSome,
+    /// `memory.pressure.full`: PSI `full avg10`, the share in which every
+    /// non-idle task waited on memory at once.
+    MemoryPressureFull,
 }
+
+/// Which PSI line a stall signal reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stall {
+    /// `some`: at least one task stalled.
+    Some,
+    /// `full`: every non-idle task stalled.
+    Full,
+}
+
+/// A stall signal's capacity: its amounts are basis points of time, the
+/// observation's "available" the share *not* stalled, so that a threshold
+/// is met below it as for every other signal.
+pub const STALL_CAPACITY: u64 = 10_000;
 
 /// Why a sandbox was refused; its name labels the refusal metric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -101,6 +122,8 @@ pub enum Unit {
     Inodes,
     /// Processes (pids).
     Processes,
+    /// Basis points of time not stalled (out of [`STALL_CAPACITY`]).
+    Stall,
 }
 
 /// A filesystem the disk signals watch.
@@ -134,6 +157,8 @@ pub enum Source {
     Pids,
     /// The node's swap (`SwapTotal`, `SwapFree` of `/proc/meminfo`).
     Swap,
+    /// The node's memory pressure (`/proc/pressure/memory`).
+    Psi(Stall),
 }
 
 /// How pods are ranked for a signal. The order of the variants is the order
@@ -166,7 +191,7 @@ pub struct PodParts {
 
 impl Signal {
     /// Every signal, in display order.
-    pub const ALL: [Signal; 8] = [
+    pub const ALL: [Signal; 10] = [
         Signal::MemoryAvailable,
         Signal::AllocatableMemoryAvailable,
         Signal::NodefsAvailable,
@@ -175,6 +200,8 @@ impl Signal {
         Signal::ImagefsInodesFree,
         Signal::PidAvailable,
         Signal::SwapAvailable,
+        Signal::MemoryPressureSome,
+        Signal::MemoryPressureFull,
     ];
 
     /// The kubelet's name of the signal.
@@ -188,6 +215,8 @@ impl Signal {
             Signal::ImagefsInodesFree => "imagefs.inodesFree",
             Signal::PidAvailable => "pid.available",
             Signal::SwapAvailable => "swap.available",
+            Signal::MemoryPressureSome => "memory.pressure.some",
+            Signal::MemoryPressureFull => "memory.pressure.full",
         }
     }
 
@@ -203,7 +232,9 @@ impl Signal {
         match self {
             Signal::MemoryAvailable
             | Signal::AllocatableMemoryAvailable
-            | Signal::SwapAvailable => Condition::MemoryPressure,
+            | Signal::SwapAvailable
+            | Signal::MemoryPressureSome
+            | Signal::MemoryPressureFull => Condition::MemoryPressure,
             Signal::NodefsAvailable
             | Signal::NodefsInodesFree
             | Signal::ImagefsAvailable
@@ -216,7 +247,10 @@ impl Signal {
     /// `signalToResource`).
     pub fn resource(self) -> Resource {
         match self {
-            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Resource::Memory,
+            Signal::MemoryAvailable
+            | Signal::AllocatableMemoryAvailable
+            | Signal::MemoryPressureSome
+            | Signal::MemoryPressureFull => Resource::Memory,
             Signal::NodefsAvailable | Signal::ImagefsAvailable => Resource::EphemeralStorage,
             Signal::NodefsInodesFree | Signal::ImagefsInodesFree => Resource::Inodes,
             Signal::PidAvailable => Resource::Pids,
@@ -234,12 +268,46 @@ impl Signal {
             | Signal::SwapAvailable => Unit::Bytes,
             Signal::NodefsInodesFree | Signal::ImagefsInodesFree => Unit::Inodes,
             Signal::PidAvailable => Unit::Processes,
+            Signal::MemoryPressureSome | Signal::MemoryPressureFull => Unit::Stall,
         }
     }
 
-    /// Whether the signal counts bytes (else inodes or pids).
+    /// Whether the signal counts bytes (else inodes, pids or stall).
     pub fn is_bytes(self) -> bool {
         self.unit() == Unit::Bytes
+    }
+
+    /// Its capacity for people: a stall signal's is all the time (`100%`).
+    pub fn show_capacity(self, capacity: u64) -> String {
+        match self.unit() {
+            Unit::Stall => "100%".to_owned(),
+            _ => self.show(capacity as i64),
+        }
+    }
+
+    /// Whether the usage pods are ranked by for it is bytes: memory for
+    /// every memory ranking (the stall signals' too), swap, disk space.
+    pub fn ranks_bytes(self) -> bool {
+        self.is_bytes() || self.ranking() == Ranking::Memory
+    }
+
+    /// Whether it is a stall signal, whose thresholds read `>`.
+    pub fn is_stall(self) -> bool {
+        self.unit() == Unit::Stall
+    }
+
+    /// An amount of it for people: bytes as `100Mi`, a stall as the share
+    /// stalled (`12.5% stalled`, from the share not stalled), else the
+    /// number.
+    pub fn show(self, v: i64) -> String {
+        match self.unit() {
+            Unit::Bytes if v >= 0 => crate::quantity::format_bytes(v as u64),
+            Unit::Stall => {
+                let stalled = STALL_CAPACITY as i64 - v;
+                format!("{:.2}% stalled", stalled as f64 / 100.0)
+            }
+            _ => v.to_string(),
+        }
     }
 
     /// Where it is read from.
@@ -255,13 +323,18 @@ impl Signal {
             }
             Signal::PidAvailable => Source::Pids,
             Signal::SwapAvailable => Source::Swap,
+            Signal::MemoryPressureSome => Source::Psi(Stall::Some),
+            Signal::MemoryPressureFull => Source::Psi(Stall::Full),
         }
     }
 
     /// How pods are ranked for it (the kubelet's `signalToRankFunc`).
     pub fn ranking(self) -> Ranking {
         match self {
-            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Ranking::Memory,
+            Signal::MemoryAvailable
+            | Signal::AllocatableMemoryAvailable
+            | Signal::MemoryPressureSome
+            | Signal::MemoryPressureFull => Ranking::Memory,
             Signal::NodefsAvailable
             | Signal::NodefsInodesFree
             | Signal::ImagefsAvailable
@@ -282,7 +355,7 @@ impl Signal {
             volumes: true,
         };
         match self.source() {
-            Source::Memcg(_) | Source::Pids | Source::Swap => None,
+            Source::Memcg(_) | Source::Pids | Source::Swap | Source::Psi(_) => None,
             Source::Statfs(_) if !dedicated_imagefs => Some(all),
             Source::Statfs(Filesystem::Nodefs) => Some(PodParts {
                 rootfs: false,
@@ -319,6 +392,8 @@ mod tests {
             Signal::ImagefsInodesFree => 5,
             Signal::PidAvailable => 6,
             Signal::SwapAvailable => 7,
+            Signal::MemoryPressureSome => 8,
+            Signal::MemoryPressureFull => 9,
         }
     }
 
@@ -345,8 +420,8 @@ mod tests {
             ("imagefs.inodesFree", DiskPressure, "inodes"),
             ("pid.available", PIDPressure, "pids"),
         ];
-        // Every signal but criguard's own swap signal.
-        assert_eq!(kubelet.len(), Signal::ALL.len() - 1);
+        // Every signal but criguard's own swap and stall signals.
+        assert_eq!(kubelet.len(), Signal::ALL.len() - 3);
         for (name, condition, resource) in kubelet {
             let s = Signal::parse(name).unwrap();
             assert_eq!(s.condition(), condition, "{name}");
@@ -379,6 +454,9 @@ mod tests {
                 }
                 (Condition::MemoryPressure, Ranking::Swap, Source::Swap, r, u) => {
                     r == Resource::Swap && u == Unit::Bytes
+                }
+                (Condition::MemoryPressure, Ranking::Memory, Source::Psi(_), r, u) => {
+                    r == Resource::Memory && u == Unit::Stall
                 }
                 _ => false,
             };
@@ -431,6 +509,29 @@ mod tests {
     fn rounds_act_on_memory_then_swap_then_pids_then_disk() {
         assert!(Ranking::Memory < Ranking::Swap);
         assert!(Ranking::Swap < Ranking::Pids && Ranking::Pids < Ranking::Disk);
+    }
+
+    #[test]
+    fn stall_signals_rank_as_memory_and_show_the_share_stalled() {
+        for (name, line) in [
+            ("memory.pressure.some", Stall::Some),
+            ("memory.pressure.full", Stall::Full),
+        ] {
+            let s = Signal::parse(name).unwrap();
+            assert_eq!(s.source(), Source::Psi(line));
+            assert_eq!(
+                (s.condition(), s.ranking()),
+                (Condition::MemoryPressure, Ranking::Memory)
+            );
+            assert!(s.is_stall() && !s.is_bytes());
+            assert_eq!(s.show(8750), "12.50% stalled");
+        }
+        assert_eq!(
+            Signal::MemoryPressureFull.show_capacity(STALL_CAPACITY),
+            "100%"
+        );
+        assert_eq!(Signal::MemoryAvailable.show(100 << 20), "100Mi");
+        assert_eq!(Signal::PidAvailable.show(42), "42");
     }
 
     #[test]

@@ -186,7 +186,7 @@ impl NodeUsage {
 /// process counts).
 pub fn counted(signal: Signal, pod: &PodUsage, dedicated_imagefs: bool) -> Option<u64> {
     match signal.source() {
-        Source::Memcg(_) | Source::Swap => return None,
+        Source::Memcg(_) | Source::Swap | Source::Psi(_) => return None,
         Source::Pids => return pod.processes,
         Source::Statfs(_) => {}
     }

@@ -4,11 +4,11 @@
 //!
 //! On the host, [`vm_tier_scenarios_pass_inside_the_vm`] boots the VM and
 //! runs this same binary's ignored tests inside it, one at a time; it fails
-//! when any of them fails there. Those tests (the seven scenarios: the units
+//! when any of them fails there. Those tests (the eight scenarios: the units
 //! under systemd, the systemd cgroup driver, v2 memory pressure, v2 memory
 //! pressure with containerd frozen, the kubelet's real scores, the Debian
-//! package installed, upgraded under load and removed, and a node that
-//! swaps) reconfigure the machine they run on (containerd's
+//! package installed, upgraded under load and removed, a node that swaps,
+//! and a node whose page cache thrashes) reconfigure the machine they run on (containerd's
 //! config, criguard's units, `kubepods.slice`), so they refuse to run
 //! anywhere but in the VM (`CRIGUARD_VM_GUEST`, set by the guest's runner).
 //!
@@ -20,6 +20,7 @@ mod guest;
 mod package;
 mod pressure;
 mod scores;
+mod stall;
 mod swap;
 mod systemd_driver;
 mod units;

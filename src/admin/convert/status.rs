@@ -59,6 +59,7 @@ impl From<&RankEntry> for pb::RankEntry {
             priority: e.priority,
             usage: e.usage,
             request: e.request,
+            stall: e.stall,
         }
     }
 }
@@ -73,6 +74,7 @@ impl From<pb::RankEntry> for RankEntry {
             priority: e.priority,
             usage: e.usage,
             request: e.request,
+            stall: e.stall,
         }
     }
 }
@@ -215,6 +217,7 @@ mod tests {
             priority: -3,
             usage: None,
             request: 0,
+            stall: Some(1234),
         };
         assert_eq!(RankEntry::from(pb::RankEntry::from(&r)), r);
         let n = NotRanked {

@@ -665,3 +665,27 @@ async fn a_swap_threshold_evicts_by_the_swap_ranking_and_admits_as_memory_pressu
     );
     assert!(refused(QosClass::Burstable).is_none());
 }
+
+#[tokio::test]
+async fn a_stall_threshold_evicts_once_per_psi_window_by_the_memory_ranking() {
+    let stall = Signal::MemoryPressureSome;
+    // 50% stalled; evicting a pod does not lower PSI's average at once.
+    let node = Node::new(&[(stall, 5_000), (Memory, 8 * GI)]);
+    node.add("big", QosClass::BestEffort, Memory, 600 * MI);
+    node.add("small", QosClass::BestEffort, Memory, 200 * MI);
+    let (mut m, status) = manager(&node, config(vec![hard(stall, 8_000)], vec![]), false);
+    let made = m.round().await;
+    assert_eq!(names(&made), ["default/big"], "one pod per round, not both");
+    assert!(
+        made[0].message.starts_with(
+            "The node was low on resource: memory. Threshold quantity: stalled more than"
+        ),
+        "{}",
+        made[0].message
+    );
+    assert!(conditions(&status).contains(&Condition::MemoryPressure));
+    node.advance(Duration::from_secs(5));
+    assert!(m.round().await.is_empty(), "within PSI's window");
+    node.advance(Duration::from_secs(5));
+    assert_eq!(names(&m.round().await), ["default/small"]);
+}

@@ -30,6 +30,10 @@ pub struct RankEntry {
     pub usage: Option<i64>,
     /// Its request for that resource (memory only).
     pub request: i64,
+    /// Its memory stall, PSI `some avg10` of its cgroup in basis points of
+    /// time (cgroup v2 only).
+    #[serde(default)]
+    pub stall: Option<u64>,
 }
 
 impl Ranker {
@@ -61,17 +65,41 @@ impl Ranker {
                     self.disk(s, &none).await
                 }
             };
-            out.extend(ranked.into_iter().enumerate().map(|(i, v)| RankEntry {
-                signal: s.to_string(),
-                rank: i + 1,
-                pod: format!("{}/{}", v.pod.namespace, v.pod.name),
-                qos: format!("{:?}", v.pod.qos),
-                priority: v.pod.priority,
-                usage: v.usage,
-                request: v.request,
-            }));
+            let stalls = self.stalls(&ranked).await;
+            out.extend(
+                ranked
+                    .into_iter()
+                    .zip(stalls)
+                    .enumerate()
+                    .map(|(i, (v, stall))| RankEntry {
+                        signal: s.to_string(),
+                        rank: i + 1,
+                        pod: format!("{}/{}", v.pod.namespace, v.pod.name),
+                        qos: format!("{:?}", v.pod.qos),
+                        priority: v.pod.priority,
+                        usage: v.usage,
+                        request: v.request,
+                        stall,
+                    }),
+            );
         }
         (out, not_ranked)
+    }
+}
+
+impl Ranker {
+    /// Each victim's memory stall (its cgroup's PSI `some avg10`), read on
+    /// the blocking pool.
+    async fn stalls(&self, victims: &[super::Victim]) -> Vec<Option<u64>> {
+        let cgroups: Vec<Option<String>> = victims.iter().map(|v| v.pod.cgroup()).collect();
+        let fs = self.sources.cgroups.clone();
+        super::blocking(move || {
+            cgroups
+                .iter()
+                .map(|c| fs.memory_stall(c.as_deref()?).ok())
+                .collect()
+        })
+        .await
     }
 }
 

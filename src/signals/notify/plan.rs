@@ -102,7 +102,7 @@ pub fn signal_cgroup(signal: Signal, pods_cgroup: &str) -> Option<&str> {
     match signal.source() {
         Source::Memcg(MemoryScope::Node) => Some("/"),
         Source::Memcg(MemoryScope::Pods) => Some(pods_cgroup),
-        Source::Statfs(_) | Source::Pids | Source::Swap => None,
+        Source::Statfs(_) | Source::Pids | Source::Swap | Source::Psi(_) => None,
     }
 }
 
