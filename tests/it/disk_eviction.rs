@@ -306,7 +306,9 @@ async fn inode_pressure_takes_the_pod_with_most_inodes() {
     let e = &evictions[0];
     assert_eq!(e.sandbox_id, many_sb, "{e:?}");
     assert_eq!(e.signal, "imagefs.inodesFree");
-    assert!(e.usage >= 2000, "its inodes: {e:?}");
+    // Observed while it writes (the crossing comes some 500 files in), or
+    // after: either way more than the small pod's 100.
+    assert!(e.usage > 100, "its inodes: {e:?}");
     assert!(
         e.message
             .starts_with("The node was low on resource: inodes."),
