@@ -329,9 +329,27 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
         exited.saturating_sub(e.at_unix_ms)
     );
 
-    // 1. The status, before the stop, exactly the kubelet's.
+    let hog_uid = hog.uid.as_str();
+    let patch = the_status_before_the_stop(&t, hog_uid, &e, exited).await;
+    one_evicted_event(&t, hog_uid, &e, &patch).await;
+    the_node_is_marked_before_the_status(&t, &node_path, &patch).await;
+    the_status_is_reasserted(&t, &kubelet, hog_uid, &e).await;
+    the_node_settles(&t).await;
+    the_counts_agree(port, &guard, &t).await;
+    guard.remove_all_pods().await;
+}
+
+/// The status, written before the stop, exactly the kubelet's: Failed,
+/// Evicted, its message, the DisruptionTarget condition merged by type.
+/// criguard's status patch.
+async fn the_status_before_the_stop(
+    t: &Tenant,
+    hog_uid: &str,
+    e: &criguard::eviction::Eviction,
+    exited: u64,
+) -> Request {
     let pod = common::poll_until(Duration::from_secs(10), "the Failed phase", || async {
-        get_pod(&t, "hog")
+        get_pod(t, "hog")
             .await
             .filter(|p| p["status"]["phase"] == "Failed")
     })
@@ -349,11 +367,7 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
     // The audit log has no Content-Type: that this was a strategic merge
     // patch shows in the conditions merged by type below (a JSON merge
     // patch would have replaced the list).
-    assert_eq!(
-        patch.body["metadata"]["uid"],
-        hog.uid.as_str(),
-        "UID precondition"
-    );
+    assert_eq!(patch.body["metadata"]["uid"], hog_uid, "UID precondition");
     let patch_ms = unix_ms(patch.at);
     assert!(
         patch_ms <= exited,
@@ -394,8 +408,17 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
     );
     assert_eq!(dt["message"], e.message.as_str());
     assert!(dt["lastTransitionTime"].as_str().unwrap().ends_with('Z'));
+    patch.clone()
+}
 
-    // 2. The event.
+/// One Warning Evicted event, after the status, with the kubelet's
+/// annotations.
+async fn one_evicted_event(
+    t: &Tenant,
+    hog_uid: &str,
+    e: &criguard::eviction::Eviction,
+    patch: &Request,
+) {
     let events = format!("/api/v1/namespaces/{}/events", t.ns);
     let ev = common::poll_until(Duration::from_secs(10), "the Evicted event", || async {
         let list = t.admin.get(&events).await?;
@@ -408,7 +431,7 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
     .await;
     assert_eq!(ev["type"], "Warning");
     assert_eq!(ev["message"], e.message.as_str());
-    assert_eq!(ev["involvedObject"]["uid"], hog.uid.as_str());
+    assert_eq!(ev["involvedObject"]["uid"], hog_uid);
     assert_eq!(ev["involvedObject"]["kind"], "Pod");
     assert_eq!(
         ev["source"],
@@ -423,11 +446,14 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
         .unwrap()
         .at;
     assert!(event_at >= patch.at, "event after the status");
+}
 
-    // Node: criguard's condition and taint while the pressure lasts, the
-    // kubelet's condition and the other taint untouched.
+/// Node: criguard's condition and taint while the pressure lasts, the
+/// kubelet's condition and the other taint untouched.
+/// The taint is written before the pod's Failed status, through a 409.
+async fn the_node_is_marked_before_the_status(t: &Tenant, node_path: &str, patch: &Request) {
     let node = common::poll_until(Duration::from_secs(15), "criguard's taint", || async {
-        Some(get_node(&t).await)
+        Some(get_node(t).await)
             .filter(|n| taint_keys(n).contains(&"criguard.io/memory-pressure".to_owned()))
     })
     .await;
@@ -474,18 +500,25 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
         "taint written {:?} after the pod's Failed status",
         taint_at.duration_since(patch.at).unwrap_or_default()
     );
+}
 
-    // 3. The kubelet's status manager writes its cached Running back:
-    // criguard writes its status again (the pod stays, as with the kubelet
-    // alone); then the kubelet's own first Failed blanks reason and
-    // message: written again too.
+/// The kubelet's status manager writes its cached Running back:
+/// criguard writes its status again (the pod stays, as with the kubelet
+/// alone); then the kubelet's own first Failed blanks reason and
+/// message: written again too.
+async fn the_status_is_reasserted(
+    t: &Tenant,
+    kubelet: &Kube,
+    hog_uid: &str,
+    e: &criguard::eviction::Eviction,
+) {
     assert_eq!(
         kubelet
             .patch_pod_status(&t.ns, "hog", json!({"status": {"phase": "Running"}}))
             .await,
         200
     );
-    let pod = reasserted(&t, "hog", &e.message, "criguard's status after Running").await;
+    let pod = reasserted(t, "hog", &e.message, "criguard's status after Running").await;
     assert_eq!(condition(&pod, "DisruptionTarget")["status"], "True");
     assert_eq!(condition_types(&pod).len(), 5);
     assert_eq!(
@@ -499,7 +532,7 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
         200
     );
     reasserted(
-        &t,
+        t,
         "hog",
         &e.message,
         "criguard's status after a blank reason",
@@ -508,9 +541,7 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
     let patches = status_patches(&t.requests(), &t.ns, "hog");
     assert_eq!(patches.len(), 3, "the first write and two again");
     assert!(
-        patches
-            .iter()
-            .all(|p| p.body["metadata"]["uid"] == hog.uid.as_str()),
+        patches.iter().all(|p| p.body["metadata"]["uid"] == hog_uid),
         "each with the UID precondition"
     );
     assert_eq!(
@@ -519,13 +550,15 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
         "the condition's transition time is the eviction's"
     );
     assert!(t.requests().iter().all(|r| r.method != "DELETE"));
+}
 
-    // Pressure over: the condition and the taint go, everything else stays.
+/// Pressure over: the condition and the taint go, everything else stays.
+async fn the_node_settles(t: &Tenant) {
     common::poll_until(
         Duration::from_secs(30),
         "criguard's taint removed",
         || async {
-            Some(get_node(&t).await).filter(|n| taint_keys(n) == ["example.com/dedicated"])
+            Some(get_node(t).await).filter(|n| taint_keys(n) == ["example.com/dedicated"])
         },
     )
     .await;
@@ -533,12 +566,16 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
         Duration::from_secs(10),
         "criguard's condition removed",
         || async {
-            Some(get_node(&t).await).filter(|n| condition_types(n) == ["Ready", "MemoryPressure"])
+            Some(get_node(t).await).filter(|n| condition_types(n) == ["Ready", "MemoryPressure"])
         },
     )
     .await;
     assert_eq!(node["status"]["conditions"][0]["reason"], "KubeletReady");
+}
 
+/// The metrics' counts, and the same counts typed in `criguard status`;
+/// criguard's requests carry its User-Agent and none was refused.
+async fn the_counts_agree(port: u16, guard: &common::containerd::CriguardProcess, t: &Tenant) {
     let m = parse(&scrape(port));
     let pods = |o| value(&m, "criguard_kube_evicted_pods_total", &[("outcome", o)]);
     assert_eq!(
@@ -588,7 +625,6 @@ async fn eviction_is_reported_like_the_kubelet_before_the_pod_stops_and_the_node
     let requests = t.requests();
     assert_user_agent(&requests);
     assert_no_403(&requests);
-    guard.remove_all_pods().await;
 }
 
 /// How long after criguard decided the eviction the pod's container exited.
