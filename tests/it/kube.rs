@@ -557,9 +557,7 @@ async fn the_node_settles(t: &Tenant) {
     common::poll_until(
         Duration::from_secs(30),
         "criguard's taint removed",
-        || async {
-            Some(get_node(t).await).filter(|n| taint_keys(n) == ["example.com/dedicated"])
-        },
+        || async { Some(get_node(t).await).filter(|n| taint_keys(n) == ["example.com/dedicated"]) },
     )
     .await;
     let node = common::poll_until(
