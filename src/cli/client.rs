@@ -277,11 +277,10 @@ pub fn signals(node: &NodeArgs) -> ExitCode {
             println!("read at {}.{:03} (Unix time, s)", ms / 1000, ms % 1000);
             println!("{:<28} {:>16} {:>16}", "SIGNAL", "AVAILABLE", "CAPACITY");
             for (sig, o) in obs.signals {
-                let show = |v: i64| sig.show(v);
                 println!(
                     "{:<28} {:>16} {:>16}",
                     sig.name(),
-                    show(o.available),
+                    sig.show(o.available),
                     sig.show_capacity(o.capacity)
                 );
             }

@@ -200,10 +200,6 @@ fn mib(bytes: i64) -> String {
     }
 }
 
-fn amount(signal: Signal, v: i64) -> String {
-    signal.show(v)
-}
-
 /// Whether a connection answered, for the status screen.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reach {
@@ -306,7 +302,7 @@ fn signals_table(
         let resolve = |t: &Threshold| match o {
             Some(o) => {
                 let t = t.amount.resolve(o.capacity) as i64;
-                (Some(t), amount(s, t))
+                (Some(t), s.show(t))
             }
             None => (None, t.amount_display()),
         };
@@ -328,7 +324,7 @@ fn signals_table(
         };
         t.row([
             s.name().to_owned(),
-            o.map_or("-".into(), |o| amount(s, o.available)),
+            o.map_or("-".into(), |o| s.show(o.available)),
             threshold.map_or("-".into(), |(_, shown)| shown),
             soft_threshold.map_or("-".into(), |(_, shown)| shown),
             o.map_or("-".into(), |o| s.show_capacity(o.capacity)),

@@ -18,10 +18,10 @@ pub fn eviction_message(
     heaviest: Option<&(String, i64, i64)>,
 ) -> String {
     let res = t.signal.resource().name();
-    // What pods use: bytes for every byte signal and for the stall signals,
-    // which rank pods by memory.
+    // What pods use: bytes wherever pods are ranked by bytes (the stall
+    // signals rank them by memory).
     let show = |v: i64| {
-        if t.signal.is_bytes() || t.signal.is_stall() {
+        if t.signal.ranks_bytes() {
             format_bytes(v.max(0) as u64)
         } else {
             v.to_string()

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 pub use super::probe::{FsStats, fs_stats, fs_stats_id};
 use super::{ReadError, probe, read};
-use crate::cgroup::fs::CgroupFs;
+use crate::cgroup::fs::{CgroupFs, psi_avg10};
 use crate::eviction::thresholds::{Observation, Observations};
 use crate::signals::table::{Filesystem, MemoryScope, STALL_CAPACITY, Signal, Source, Stall, Unit};
 
@@ -237,9 +237,7 @@ impl NodeSources {
             _ => node,
         })
     }
-}
 
-impl NodeSources {
     /// `swap.available`: `SwapFree` of `SwapTotal`; `None` on a node
     /// without swap.
     pub fn swap(&self) -> Result<Option<Observation>, ReadError> {
@@ -257,16 +255,14 @@ impl NodeSources {
             capacity: total,
         }))
     }
-}
 
-impl NodeSources {
     /// A stall signal from `/proc/pressure/memory`: `avg10` of `line`, as
     /// basis points of time not stalled out of [`STALL_CAPACITY`]. A kernel
     /// without PSI has no such file: the signal is absent.
     pub fn stall(&self, line: Stall) -> Result<Observation, ReadError> {
         let p = self.proc_root.join("pressure/memory");
         let text = read(&p)?;
-        let stalled = psi_avg10(&text, line).ok_or_else(|| ReadError {
+        let stalled = psi_avg10(&text, line.name()).ok_or_else(|| ReadError {
             path: p,
             source: std::io::Error::new(std::io::ErrorKind::InvalidData, text.clone()),
         })?;
@@ -275,15 +271,6 @@ impl NodeSources {
             capacity: STALL_CAPACITY,
         })
     }
-}
-
-/// `avg10` of a PSI file's `some` or `full` line, in basis points.
-pub fn psi_avg10(text: &str, line: Stall) -> Option<u64> {
-    let name = match line {
-        Stall::Some => "some",
-        Stall::Full => "full",
-    };
-    crate::cgroup::fs::psi_avg10(text, name)
 }
 
 /// A `/proc/meminfo` field in bytes (its lines are in KiB).
@@ -324,6 +311,19 @@ mod tests {
         proc
     }
 
+    /// Sources over cgroup root `cg`, with `fs` as nodefs and imagefs,
+    /// procfs `proc` and 10 000 bytes of memory.
+    fn sources(cg: &Path, fs: &Path, proc: &Path) -> NodeSources {
+        NodeSources {
+            cgroups: CgroupFs::detect(cg),
+            proc_root: proc.to_owned(),
+            memory_capacity: 10_000,
+            pods_cgroup: "/kubepods".into(),
+            nodefs: fs.to_owned(),
+            imagefs: fs.to_owned(),
+        }
+    }
+
     #[test]
     fn memory_and_pid_signals_from_a_v2_fixture_tree() {
         let t = tempfile::tempdir().unwrap();
@@ -336,14 +336,7 @@ mod tests {
         write(&cg, "kubepods/memory.stat", "inactive_file 500\n");
         write(&cg, "kubepods/memory.max", "4000\n");
         let proc = proc_fixture(t.path());
-        let src = NodeSources {
-            cgroups: CgroupFs::detect(&cg),
-            proc_root: proc,
-            memory_capacity: 10_000,
-            pods_cgroup: "/kubepods".into(),
-            nodefs: t.path().to_owned(),
-            imagefs: t.path().to_owned(),
-        };
+        let src = sources(&cg, t.path(), &proc);
         let before = std::time::Instant::now();
         let o = src.observe();
         assert!(
@@ -387,14 +380,7 @@ mod tests {
         write(&cg, "unlimited/pids.current", "90\n");
         write(&cg, "unlimited/pids.max", "max\n");
         let proc = proc_fixture(t.path());
-        let mut src = NodeSources {
-            cgroups: CgroupFs::detect(&cg),
-            proc_root: proc,
-            memory_capacity: 10_000,
-            pods_cgroup: "/kubepods".into(),
-            nodefs: t.path().to_owned(),
-            imagefs: t.path().to_owned(),
-        };
+        let mut src = sources(&cg, t.path(), &proc);
         let pid = |src: &NodeSources| *src.observe().get(&Signal::PidAvailable).unwrap();
         let bounded = Observation {
             available: 10,
@@ -432,14 +418,7 @@ mod tests {
     fn swap_is_observed_from_meminfo_and_absent_without_swap() {
         let t = tempfile::tempdir().unwrap();
         let proc = proc_fixture(t.path());
-        let src = NodeSources {
-            cgroups: CgroupFs::detect(t.path()),
-            proc_root: proc.clone(),
-            memory_capacity: 10_000,
-            pods_cgroup: "/kubepods".into(),
-            nodefs: t.path().to_owned(),
-            imagefs: t.path().to_owned(),
-        };
+        let src = sources(t.path(), t.path(), &proc);
         assert!(src.swap().is_err(), "no meminfo: an error, not a guess");
         write(
             &proc,
@@ -464,19 +443,12 @@ mod tests {
     #[test]
     fn stall_is_read_from_proc_pressure_memory_as_the_share_not_stalled() {
         let text = "some avg10=12.34 avg60=5.00 avg300=1.00 total=123\nfull avg10=2.50 avg60=1.00 avg300=0.00 total=45\n";
-        assert_eq!(psi_avg10(text, Stall::Some), Some(1234));
-        assert_eq!(psi_avg10(text, Stall::Full), Some(250));
-        assert_eq!(psi_avg10("some avg60=1.00\n", Stall::Some), None);
+        assert_eq!(psi_avg10(text, Stall::Some.name()), Some(1234));
+        assert_eq!(psi_avg10(text, Stall::Full.name()), Some(250));
+        assert_eq!(psi_avg10("some avg60=1.00\n", "some"), None);
         let t = tempfile::tempdir().unwrap();
         let proc = proc_fixture(t.path());
-        let src = NodeSources {
-            cgroups: CgroupFs::detect(t.path()),
-            proc_root: proc.clone(),
-            memory_capacity: 10_000,
-            pods_cgroup: "/kubepods".into(),
-            nodefs: t.path().to_owned(),
-            imagefs: t.path().to_owned(),
-        };
+        let src = sources(t.path(), t.path(), &proc);
         // A kernel without PSI: absent.
         assert!(
             !src.observe()

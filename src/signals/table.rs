@@ -46,6 +46,16 @@ pub enum Stall {
     Full,
 }
 
+impl Stall {
+    /// The PSI file's line: `some` or `full`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stall::Some => "some",
+            Stall::Full => "full",
+        }
+    }
+}
+
 /// A stall signal's capacity: its amounts are basis points of time, the
 /// observation's "available" the share *not* stalled, so that a threshold
 /// is met below it as for every other signal.

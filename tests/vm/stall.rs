@@ -19,7 +19,7 @@ const MI: i64 = 1 << 20;
 /// The node's `some avg10`, percent.
 fn node_stall() -> f64 {
     let text = std::fs::read_to_string("/proc/pressure/memory").unwrap();
-    criguard::signals::node::psi_avg10(&text, Stall::Some).unwrap() as f64 / 100.0
+    criguard::cgroup::fs::psi_avg10(&text, Stall::Some.name()).unwrap() as f64 / 100.0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

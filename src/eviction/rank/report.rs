@@ -45,6 +45,9 @@ impl Ranker {
         let none = BTreeSet::new();
         let mut out = Vec::new();
         let mut not_ranked = Vec::new();
+        // Each entry's pod cgroup: its stall is read once per pod, after
+        // every signal is ranked.
+        let mut cgroups = Vec::new();
         let observed = match signals.iter().any(|s| s.ranking() == Ranking::Disk) {
             true => Some(self.sources.observe_bounded().await),
             false => None,
@@ -65,38 +68,42 @@ impl Ranker {
                     self.disk(s, &none).await
                 }
             };
-            let stalls = self.stalls(&ranked).await;
-            out.extend(
-                ranked
-                    .into_iter()
-                    .zip(stalls)
-                    .enumerate()
-                    .map(|(i, (v, stall))| RankEntry {
-                        signal: s.to_string(),
-                        rank: i + 1,
-                        pod: format!("{}/{}", v.pod.namespace, v.pod.name),
-                        qos: format!("{:?}", v.pod.qos),
-                        priority: v.pod.priority,
-                        usage: v.usage,
-                        request: v.request,
-                        stall,
-                    }),
-            );
+            for (i, v) in ranked.into_iter().enumerate() {
+                cgroups.push(v.pod.cgroup());
+                out.push(RankEntry {
+                    signal: s.to_string(),
+                    rank: i + 1,
+                    pod: format!("{}/{}", v.pod.namespace, v.pod.name),
+                    qos: format!("{:?}", v.pod.qos),
+                    priority: v.pod.priority,
+                    usage: v.usage,
+                    request: v.request,
+                    stall: None,
+                });
+            }
+        }
+        for (e, stall) in out.iter_mut().zip(self.stalls(cgroups).await) {
+            e.stall = stall;
         }
         (out, not_ranked)
     }
 }
 
 impl Ranker {
-    /// Each victim's memory stall (its cgroup's PSI `some avg10`), read on
-    /// the blocking pool.
-    async fn stalls(&self, victims: &[super::Victim]) -> Vec<Option<u64>> {
-        let cgroups: Vec<Option<String>> = victims.iter().map(|v| v.pod.cgroup()).collect();
+    /// The memory stall of each of `cgroups` (PSI `some avg10`), each
+    /// cgroup read once however often it is listed, on the blocking pool.
+    async fn stalls(&self, cgroups: Vec<Option<String>>) -> Vec<Option<u64>> {
         let fs = self.sources.cgroups.clone();
         super::blocking(move || {
+            let mut read: std::collections::HashMap<String, Option<u64>> = Default::default();
             cgroups
-                .iter()
-                .map(|c| fs.memory_stall(c.as_deref()?).ok())
+                .into_iter()
+                .map(|c| {
+                    let c = c?;
+                    *read
+                        .entry(c)
+                        .or_insert_with_key(|c| fs.memory_stall(c).ok())
+                })
                 .collect()
         })
         .await
