@@ -67,10 +67,12 @@ use super::metrics::{
     ConditionLabels, EvictionLabels, EvictionMetrics, LimitLabels, SignalLabels, TriggerLabels,
 };
 use super::pressure::PressureMemory;
+use super::ready::{self, Ready};
 use super::seams::{Clock, NodeReclaim, PodKiller, Rank, Reporter, Signals};
 use super::status::{Eviction, NodeStatus};
 use super::store::{self, EvictedStore};
 use super::unfinished::unfinished;
+use fast::PreKilled;
 
 /// The collaborators every manager needs (the optional ones, node-level
 /// reclaim and the API report, come with the builders).
@@ -109,6 +111,10 @@ pub struct EvictionManager {
     /// No stall threshold acts before this: PSI's average lags an eviction's
     /// relief by up to its window, and the round would evict again meanwhile.
     stall_hold: Option<std::time::Instant>,
+    /// The memory ranking kept ready near a hard memory threshold.
+    ready: Option<Ready<Victim>>,
+    /// A pod killed at a crossing whose eviction the next round records.
+    pre_killed: Option<PreKilled>,
 }
 
 /// What a configuration reload changes in a running manager: everything
@@ -157,6 +163,8 @@ impl EvictionManager {
             reloads: None,
             stops_taken: BTreeSet::new(),
             stall_hold: None,
+            ready: None,
+            pre_killed: None,
         }
     }
 
@@ -253,7 +261,10 @@ impl EvictionManager {
     }
 
     async fn observe(&mut self) -> (Observations, Vec<Threshold>) {
-        let obs = self.signals.observe().await;
+        let mut obs = self.signals.observe().await;
+        if let Some(pk) = &self.pre_killed {
+            ready::merge(&mut obs, pk.threshold.signal, &pk.reading);
+        }
         let d = self.state.step(&self.config, &obs, obs.at);
         let mut conditions = d.conditions;
         conditions.extend(self.remember_pressure(&obs));
@@ -337,6 +348,7 @@ impl EvictionManager {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut deadline = None;
         loop {
+            let refresh = self.ready_refresh();
             let trigger = tokio::select! {
                 _ = tick.tick() => "tick",
                 r = next_reload(&mut self.reloads) => {
@@ -356,7 +368,14 @@ impl EvictionManager {
                 () = until(deadline) => "deadline",
                 ev = next_event(&mut events) => {
                     tracing::debug!(watch = %ev.watch, detail = %ev.detail, "memory event: observing now");
+                    if let Some(c) = &ev.crossed {
+                        self.kill_at_crossing(c);
+                    }
                     ev.watch.kind()
+                }
+                () = until(refresh) => {
+                    self.keep_ready().await;
+                    continue;
                 }
                 Some(over) = found.recv() => {
                     self.evict_over_limits(over).await;
@@ -370,6 +389,7 @@ impl EvictionManager {
             let labels = TriggerLabels { trigger };
             self.metrics.rounds.get_or_create(&labels).inc();
             self.round().await;
+            self.evict_pre_killed().await;
             store::persist(&self.status, self.store.as_ref()).await;
             self.save_pressure(None).await;
             let Some(obs) = self.last_observations() else {
@@ -383,21 +403,8 @@ impl EvictionManager {
             .flatten()
             .filter(|d| *d > obs.at)
             .min();
-            if let Some(mut ev) = events.take() {
-                // Registering a memcg threshold waits for an RCU grace period
-                // in the kernel (milliseconds): off the proxy's thread.
-                let rearmed = tokio::task::spawn_blocking(move || {
-                    ev.rearm(&obs);
-                    ev
-                });
-                events = match rearmed.await {
-                    Ok(ev) => Some(ev),
-                    Err(err) => {
-                        tracing::error!(%err, "re-arming memory events failed; the housekeeping tick goes on alone");
-                        None
-                    }
-                };
-            }
+            events = rearm(events, obs).await;
+            self.keep_ready().await;
         }
     }
 
@@ -423,7 +430,10 @@ impl EvictionManager {
             };
             let ranking = self.clock.now();
             let victim = match t.signal.ranking() {
-                Ranking::Memory => self.rank.memory(&tried).await.into_iter().next(),
+                Ranking::Memory => match self.pre_killed.take() {
+                    Some(pk) => Some(pk.victim),
+                    None => self.rank.memory(&tried).await.into_iter().next(),
+                },
                 Ranking::Swap => self.rank.swap(&tried).await.into_iter().next(),
                 Ranking::Pids => self.rank.pids(&tried).await.into_iter().next(),
                 Ranking::Disk => {
@@ -864,6 +874,25 @@ async fn next_reload(
     std::future::pending().await
 }
 
+/// `events` re-armed after `obs` (none without events, or when re-arming
+/// failed: the housekeeping tick goes on alone).
+async fn rearm(events: Option<MemoryEvents>, obs: Observations) -> Option<MemoryEvents> {
+    let mut ev = events?;
+    // Registering a memcg threshold waits for an RCU grace period in the
+    // kernel (milliseconds): off the proxy's thread.
+    let rearmed = tokio::task::spawn_blocking(move || {
+        ev.rearm(&obs);
+        ev
+    });
+    match rearmed.await {
+        Ok(ev) => Some(ev),
+        Err(err) => {
+            tracing::error!(%err, "re-arming memory events failed; the housekeeping tick goes on alone");
+            None
+        }
+    }
+}
+
 /// The next memory event, or never when there are no events.
 async fn next_event(events: &mut Option<MemoryEvents>) -> MemoryEvent {
     match events {
@@ -872,5 +901,6 @@ async fn next_event(events: &mut Option<MemoryEvents>) -> MemoryEvent {
     }
 }
 
+mod fast;
 #[cfg(test)]
 mod tests;

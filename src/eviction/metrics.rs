@@ -110,6 +110,9 @@ pub struct EvictionMetrics {
     pub pressure_to_kill: Histogram,
     /// Eviction rounds, by what started them.
     pub rounds: Family<TriggerLabels, Counter>,
+    /// Pods killed at a poll's crossing by the ranking kept ready, before
+    /// the round that records their eviction.
+    pub crossing_kills: Counter,
     /// Pods evicted for a local-storage limit, by the limit.
     pub local_storage: Family<LimitLabels, Counter>,
 }
@@ -125,6 +128,7 @@ impl Default for EvictionMetrics {
             pressure_to_action: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             pressure_to_kill: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             rounds: Family::default(),
+            crossing_kills: Counter::default(),
             local_storage: Family::default(),
         }
     }
@@ -172,6 +176,11 @@ impl EvictionMetrics {
             "criguard_eviction_rounds",
             "Eviction rounds (observe, decide, act), by what started them: the housekeeping tick, a deadline or a memory event",
             self.rounds.clone(),
+        );
+        registry.register(
+            "criguard_crossing_kills",
+            "Pods killed the moment a poll saw a hard memory threshold crossed, by the memory ranking kept ready near the line, before the round that records their eviction",
+            self.crossing_kills.clone(),
         );
         registry.register(
             "criguard_local_storage_evictions",

@@ -30,6 +30,7 @@ pub mod message;
 pub mod metrics;
 mod pressure;
 pub mod rank;
+pub mod ready;
 pub mod reclaim;
 pub mod records;
 pub mod seams;

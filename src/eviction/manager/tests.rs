@@ -689,3 +689,83 @@ async fn a_stall_threshold_evicts_once_per_psi_window_by_the_memory_ranking() {
     node.advance(Duration::from_secs(5));
     assert_eq!(names(&m.round().await), ["default/small"]);
 }
+
+/// A poll's reading of `memory.available` at `available`.
+fn crossing(available: i64) -> crate::signals::notify::Crossing {
+    crate::signals::notify::Crossing {
+        signal: Memory,
+        reading: Observation {
+            available,
+            capacity: CAPACITY,
+        },
+    }
+}
+
+#[tokio::test]
+async fn a_crossing_kills_the_ready_victim_at_once_and_the_round_records_it() {
+    let node = Node::new(&[(Memory, 300 * MI)]);
+    node.add("grower", QosClass::BestEffort, Memory, 500 * MI);
+    node.add("steady", QosClass::BestEffort, Memory, 100 * MI);
+    let (mut m, status) = manager(&node, config(vec![hard(Memory, 200 * MI)], vec![]), false);
+    // 100Mi above the line: no eviction, a ranking kept ready.
+    assert!(m.round().await.is_empty());
+    m.keep_ready().await;
+    assert!(m.ready_refresh().is_some(), "near the line");
+    // A fresh ranking would now choose the steady pod; the crossing kills
+    // by the ranking it kept, before any observation.
+    node.with(|s| s.pods[1].usage = 900 * MI);
+    m.kill_at_crossing(&crossing(190 * MI));
+    assert_eq!(node.log(), ["kill grower"]);
+    // The kill already gave the memory back: the round still records the
+    // eviction of that pod, by the crossing's reading, and of no other.
+    node.set(Memory, 600 * MI);
+    let made = m.round().await;
+    assert_eq!(names(&made), ["default/grower"]);
+    assert!(
+        made[0].message.contains("available: 190Mi"),
+        "{}",
+        made[0].message
+    );
+    assert_eq!(
+        node.log(),
+        [
+            "kill grower",
+            "report grower",
+            "kill grower",
+            "stop grower grace 0"
+        ]
+    );
+    assert!(conditions(&status).contains(&Condition::MemoryPressure));
+    assert!(m.round().await.is_empty(), "relieved");
+}
+
+#[tokio::test]
+async fn no_kill_at_a_crossing_without_a_fresh_ranking_or_a_hard_threshold() {
+    let node = Node::new(&[(Memory, 300 * MI)]);
+    node.add("grower", QosClass::BestEffort, Memory, 500 * MI);
+    let far = config(vec![hard(Memory, 100 * MI)], vec![]);
+    let (mut m, _) = manager(&node, far, false);
+    // 200Mi above its line: no ranking kept, nothing killed at a crossing.
+    m.round().await;
+    m.keep_ready().await;
+    assert!(m.ready_refresh().is_none());
+    m.kill_at_crossing(&crossing(90 * MI));
+    // Near, but the ranking has gone stale.
+    let (mut m, _) = manager(&node, config(vec![hard(Memory, 200 * MI)], vec![]), false);
+    m.round().await;
+    m.keep_ready().await;
+    node.advance(crate::eviction::ready::MAX_AGE + Duration::from_millis(1));
+    m.kill_at_crossing(&crossing(190 * MI));
+    // A soft threshold waits for its grace period: never killed at once.
+    let grace = config(vec![], vec![soft(Memory, 200 * MI, 10)]);
+    let (mut m, _) = manager(&node, grace, false);
+    m.round().await;
+    m.keep_ready().await;
+    m.kill_at_crossing(&crossing(190 * MI));
+    // A dry run kills nothing.
+    let (mut m, _) = manager(&node, config(vec![hard(Memory, 200 * MI)], vec![]), true);
+    m.round().await;
+    m.keep_ready().await;
+    m.kill_at_crossing(&crossing(190 * MI));
+    assert_eq!(node.log(), Vec::<String>::new());
+}

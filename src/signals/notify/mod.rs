@@ -32,7 +32,9 @@ use futures::FutureExt;
 use super::node::NodeSources;
 use crate::cgroup::fs::{CgroupFs, Layout};
 use crate::config::{EvictionConfig, Threshold};
-use crate::eviction::thresholds::{Observations, deficit};
+use crate::eviction::ready;
+use crate::eviction::thresholds::{Observation, Observations, deficit};
+use crate::signals::table::Signal;
 pub use plan::{MemcgReading, Watch, plan_polls, plan_v1, plan_v2, poll_interval, signal_cgroup};
 use v1::UsageThreshold;
 use v2::{FileModified, PsiSettings, PsiTrigger};
@@ -86,46 +88,76 @@ enum Source {
 struct MemoryPoll {
     cgroups: CgroupFs,
     cgroup: String,
+    signal: Signal,
     capacity: u64,
     below: u64,
+    near: bool,
 }
 
 impl MemoryPoll {
-    /// Reads until the signal's available memory is below the threshold;
-    /// says how far below. The first read comes after [`plan::POLL_MIN`],
-    /// never at once: a signal still below its line when the eviction loop
-    /// asks again (before its observation re-plans the watches) wakes it at
-    /// most that often, and [`MemoryEvents::drain`] never finds a poll
-    /// ready. A read that fails ends the poll (re-armed after the next
-    /// observation).
-    async fn fired(&self) -> Result<String, EventError> {
+    /// Reads until the signal's available memory is below the threshold,
+    /// and says so with the reading, or until it first comes within
+    /// [`ready::BAND`] of it (unless `near` already), and says that. The
+    /// first read comes after [`plan::POLL_MIN`], never at once: a signal
+    /// still below its line when the eviction loop asks again (before its
+    /// observation re-plans the watches) wakes it at most that often, and
+    /// [`MemoryEvents::drain`] never finds a poll ready. A read that fails
+    /// ends the poll (re-armed after the next observation).
+    async fn fired(&self) -> Result<(String, Option<Crossing>), EventError> {
         let mut wait = plan::POLL_MIN;
         loop {
             tokio::time::sleep(wait).await;
             let m = (self.cgroups.memory(&self.cgroup))
                 .map_err(|e| EventError::new("read", &e.path, e.source))?;
             let available = self.capacity as i64 - m.working_set as i64;
-            if available < self.below as i64 {
-                return Ok(format!("available {available} below {}", self.below));
+            let headroom = available - self.below as i64;
+            if headroom < 0 {
+                let reading = Observation {
+                    available,
+                    capacity: self.capacity,
+                };
+                let crossing = Crossing {
+                    signal: self.signal,
+                    reading,
+                };
+                let detail = format!("available {available} below {}", self.below);
+                return Ok((detail, Some(crossing)));
             }
-            wait = poll_interval((available - self.below as i64) as u64);
+            if !self.near && headroom < ready::BAND as i64 {
+                return Ok((format!("available {available} near {}", self.below), None));
+            }
+            wait = poll_interval(headroom as u64);
         }
     }
+}
+
+/// A poll's reading past its line: what the eviction loop may act on at
+/// once ([`crate::eviction::ready`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Crossing {
+    /// The signal read.
+    pub signal: Signal,
+    /// What was read.
+    pub reading: Observation,
 }
 
 impl Source {
     fn arm(w: &Watch, psi: &PsiSettings, cgroups: &CgroupFs) -> Result<Self, EventError> {
         Ok(match w {
             Watch::Poll {
+                signal,
                 cgroup,
                 capacity,
                 below,
+                near,
                 ..
             } => Source::Poll(MemoryPoll {
                 cgroups: cgroups.clone(),
                 cgroup: cgroup.clone(),
+                signal: *signal,
                 capacity: *capacity,
                 below: *below,
+                near: *near,
             }),
             Watch::Usage { dir, bytes, .. } => {
                 Source::Usage(UsageThreshold::register(dir, *bytes)?)
@@ -144,9 +176,13 @@ impl Source {
         }
     }
 
-    /// Waits for the source to fire; says what it saw.
-    async fn fired(&mut self) -> Result<String, EventError> {
-        Ok(match self {
+    /// Waits for the source to fire; says what it saw, and the reading
+    /// when a poll saw its line crossed.
+    async fn fired(&mut self) -> Result<(String, Option<Crossing>), EventError> {
+        if let Source::Poll(s) = self {
+            return s.fired().await;
+        }
+        let detail = match self {
             Source::Usage(s) => format!("{} crossing(s)", s.fired().await?),
             Source::Pressure(s) => {
                 s.fired().await?;
@@ -161,8 +197,9 @@ impl Source {
                     .collect();
                 up.join(", ")
             }
-            Source::Poll(s) => s.fired().await?,
-        })
+            Source::Poll(_) => unreachable!("answered above"),
+        };
+        Ok((detail, None))
     }
 }
 
@@ -175,6 +212,8 @@ pub struct MemoryEvent {
     pub detail: String,
     /// When criguard saw it.
     pub at: Instant,
+    /// A poll's reading past its threshold.
+    pub crossed: Option<Crossing>,
 }
 
 /// The node's memory events, armed from the eviction configuration.
@@ -300,6 +339,7 @@ impl MemoryEvents {
                             watch: w.clone(),
                             detail: "crossed while being armed".into(),
                             at: Instant::now(),
+                            crossed: None,
                         });
                     }
                     self.armed.push((w, s));
@@ -327,11 +367,12 @@ impl MemoryEvents {
             let (result, i, rest) = futures::future::select_all(waits).await;
             drop(rest);
             match result {
-                Ok(detail) => {
+                Ok((detail, crossed)) => {
                     return MemoryEvent {
                         watch: self.armed[i].0.clone(),
                         detail,
                         at: Instant::now(),
+                        crossed,
                     };
                 }
                 Err(err) => {
@@ -374,27 +415,45 @@ mod tests {
                 &format!("anon {anon}\nfile 0\ninactive_file 0\n"),
             )
         };
-        write(700 * MI);
+        write(600 * MI);
         write_fixture_controllers(t.path());
-        let w = Watch::Poll {
+        let poll = |near| Watch::Poll {
             signal: Signal::MemoryAvailable,
             soft: false,
             cgroup: "/".into(),
             capacity: 1024 * MI,
             below: 200 * MI,
+            near,
         };
         let cgroups = CgroupFs::detect(t.path());
         assert_eq!(cgroups.layout(), Layout::V2);
-        let mut src = Source::arm(&w, &PsiSettings::default(), &cgroups).unwrap();
-        // 324Mi available: still waiting after several reads.
+        let mut src = Source::arm(&poll(false), &PsiSettings::default(), &cgroups).unwrap();
+        // 424Mi available: still waiting after several reads.
         let early = tokio::time::timeout(plan::POLL_MIN * 4, src.fired()).await;
-        assert!(early.is_err(), "fired above the threshold: {early:?}");
+        assert!(early.is_err(), "fired far from the threshold: {early:?}");
+        // 324Mi: within the band, it says so without a reading.
+        write(700 * MI);
+        let secs = std::time::Duration::from_secs(5);
+        let near = tokio::time::timeout(secs, src.fired()).await.unwrap();
+        assert_eq!(
+            near.unwrap(),
+            (format!("available {} near {}", 324 * MI, 200 * MI), None)
+        );
+        // Armed again as near: quiet until the line.
+        let mut src = Source::arm(&poll(true), &PsiSettings::default(), &cgroups).unwrap();
+        let quiet = tokio::time::timeout(plan::POLL_MIN * 4, src.fired()).await;
+        assert!(quiet.is_err(), "fired above the threshold: {quiet:?}");
         write(900 * MI);
-        let fired = tokio::time::timeout(std::time::Duration::from_secs(5), src.fired())
+        let (detail, crossed) = tokio::time::timeout(secs, src.fired())
             .await
             .expect("a read below the threshold fires")
             .unwrap();
-        assert_eq!(fired, format!("available {} below {}", 124 * MI, 200 * MI));
+        assert_eq!(detail, format!("available {} below {}", 124 * MI, 200 * MI));
+        let reading = crossed.expect("a crossing carries its reading").reading;
+        assert_eq!(
+            (reading.available, reading.capacity),
+            (124 * MI as i64, 1024 * MI)
+        );
         // Still below: the next ask waits its first interval (no busy loop
         // while the eviction loop has yet to observe), then fires again.
         let again = src.fired();
@@ -427,6 +486,7 @@ mod tests {
             cgroup: "/".into(),
             capacity: 100 * MI,
             below: 200 * MI,
+            near: true,
         };
         let src = Source::arm(&w, &PsiSettings::default(), &ev.sources.cgroups).unwrap();
         ev.armed.push((w, src));

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use super::v1::usage_threshold;
 use crate::config::Threshold;
+use crate::eviction::ready;
 use crate::eviction::thresholds::Observations;
 use crate::signals::node::NodeSources;
 use crate::signals::table::{MemoryScope, Signal, Source};
@@ -48,6 +49,10 @@ pub enum Watch {
         capacity: u64,
         /// The threshold: it fires when available falls below this, bytes.
         below: u64,
+        /// Whether the eviction loop needs no word when the signal comes
+        /// within [`crate::eviction::ready::BAND`] of the line: it was
+        /// there already, or the threshold keeps no ranking ready.
+        near: bool,
     },
 }
 
@@ -151,12 +156,14 @@ pub fn plan_polls(thresholds: &[Threshold], obs: &Observations, pods_cgroup: &st
             let o = obs.get(&t.signal)?;
             let cgroup = signal_cgroup(t.signal, pods_cgroup)?;
             let below = t.amount.resolve(o.capacity);
-            (o.available >= below as i64).then(|| Watch::Poll {
+            let headroom = o.available - below as i64;
+            (headroom >= 0).then(|| Watch::Poll {
                 signal: t.signal,
                 soft: t.grace_period.is_some(),
                 cgroup: cgroup.to_owned(),
                 capacity: o.capacity,
                 below,
+                near: !ready::fast(t) || headroom < ready::BAND as i64,
             })
         })
         .collect()
@@ -165,9 +172,9 @@ pub fn plan_polls(thresholds: &[Threshold], obs: &Observations, pods_cgroup: &st
 /// How long a poll waits before it reads again, with `headroom` bytes left
 /// above the threshold: the time memory growing at [`POLL_RATE`] takes to
 /// use it all, bounded by [`POLL_MIN`] and [`POLL_MAX`], so a node far from
-/// its threshold costs one read a second and one within 80 MiB of it fifty
-/// (each a read of the signal cgroup's `memory.stat`, and of its
-/// `memory.current` below the root).
+/// its threshold costs one read a second, one 80 MiB from it fifty, and
+/// one within 20 MiB of it two hundred (each a read of the signal cgroup's
+/// `memory.stat`, and of its `memory.current` below the root).
 pub fn poll_interval(headroom: u64) -> std::time::Duration {
     let s = headroom as f64 / POLL_RATE as f64;
     std::time::Duration::from_secs_f64(s).clamp(POLL_MIN, POLL_MAX)
@@ -177,9 +184,8 @@ pub fn poll_interval(headroom: u64) -> std::time::Duration {
 /// process can touch new pages on the machines criguard runs on.
 pub const POLL_RATE: u64 = 4 << 30;
 /// The shortest wait between two reads of a poll: near the line, half of
-/// it is the mean delay from the crossing to the read that sees it (the
-/// VM tier's OOM race at 50 ms: about 25 of criguard's 47-89 ms p50).
-pub const POLL_MIN: std::time::Duration = std::time::Duration::from_millis(20);
+/// it is the mean delay from the crossing to the read that sees it.
+pub const POLL_MIN: std::time::Duration = std::time::Duration::from_millis(5);
 /// The longest wait between two reads of a poll.
 pub const POLL_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -324,18 +330,31 @@ pub(super) mod tests {
             ),
             threshold(Signal::PidAvailable, Amount::Quantity(10), None),
         ];
-        let poll = |soft, below| Watch::Poll {
+        let poll = |soft, below, near| Watch::Poll {
             signal: Signal::MemoryAvailable,
             soft,
             cgroup: "/".into(),
             capacity: 1024 * MI,
             below,
+            near,
         };
+        // 400Mi above the hard line: it says when it comes within the band
+        // where a ranking is kept ready; the soft one keeps none.
         assert_eq!(
             plan_polls(&thresholds, &obs, "/kubepods.slice"),
-            [poll(false, 200 * MI), poll(true, 300 * MI)]
+            [poll(false, 200 * MI, false), poll(true, 300 * MI, true)]
         );
-        assert_eq!(poll(false, 200 * MI).kind(), "poll");
+        let mut close = obs.clone();
+        close
+            .signals
+            .get_mut(&Signal::MemoryAvailable)
+            .unwrap()
+            .available = 250 * MI as i64;
+        assert_eq!(
+            plan_polls(&thresholds[..1], &close, "/kubepods.slice"),
+            [poll(false, 200 * MI, true)]
+        );
+        assert_eq!(poll(false, 200 * MI, false).kind(), "poll");
         // 4 GiB/s: a second for 4Gi of headroom, the floor near the line.
         assert_eq!(poll_interval(64 << 30), POLL_MAX);
         assert_eq!(
@@ -346,7 +365,7 @@ pub(super) mod tests {
             poll_interval(200 * MI),
             std::time::Duration::from_secs_f64(200.0 / 4096.0)
         );
-        assert_eq!(poll_interval(64 * MI), POLL_MIN);
+        assert_eq!(poll_interval(20 * MI), POLL_MIN);
         assert_eq!(poll_interval(0), POLL_MIN);
     }
 
