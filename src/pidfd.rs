@@ -1,7 +1,7 @@
-//! Process file descriptors (`pidfd_open(2)`, `pidfd_send_signal(2)`,
-//! `process_mrelease(2)`): a handle that pins one process, so a signal
-//! sent through it cannot reach another that reused the pid, and that
-//! polls readable once the process has exited.
+//! Process file descriptors (`pidfd_open(2)`, `pidfd_send_signal(2)`):
+//! a handle that pins one process, so a signal sent through it cannot
+//! reach another that reused the pid, and that polls readable once the
+//! process has exited.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -45,38 +45,6 @@ pub fn send_signal(pidfd: &OwnedFd, signal: i32) -> io::Result<bool> {
     Ok(true)
 }
 
-/// What [`release_memory`] did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Released {
-    /// The process's memory was freed in the caller's context.
-    Freed,
-    /// Nothing to free: the process has exited, or it is not dying (the
-    /// kernel releases only a process killed by SIGKILL) or its memory is
-    /// shared with a live one.
-    Nothing,
-    /// The kernel has no `process_mrelease(2)` (before Linux 5.15).
-    Unsupported,
-}
-
-/// Frees the memory of the process `pidfd` pins at once, in the caller's
-/// context (`process_mrelease(2)`), instead of when the process is next
-/// scheduled and unmaps it itself: the same reaping the kernel's OOM
-/// reaper does. Only a process already sent SIGKILL is released; any other
-/// is left alone, so a pid reused since it was read is never harmed.
-pub fn release_memory(pidfd: &OwnedFd) -> io::Result<Released> {
-    // SAFETY: process_mrelease(2) takes a pidfd and flags (0).
-    let r = unsafe { libc::syscall(libc::SYS_process_mrelease, pidfd.as_raw_fd(), 0) };
-    if r < 0 {
-        let err = io::Error::last_os_error();
-        return match err.raw_os_error() {
-            Some(libc::ENOSYS) => Ok(Released::Unsupported),
-            Some(libc::ESRCH | libc::EINVAL | libc::EAGAIN | libc::EINTR) => Ok(Released::Nothing),
-            _ => Err(err),
-        };
-    }
-    Ok(Released::Freed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,27 +63,5 @@ mod tests {
         // Reaped: the pidfd still names it, and it is gone.
         assert!(!send_signal(&fd, libc::SIGKILL).unwrap());
         assert!(open(i32::MAX).unwrap().is_none(), "no such pid");
-    }
-
-    #[test]
-    fn only_a_killed_process_has_its_memory_released() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("60")
-            .spawn()
-            .unwrap();
-        let fd = open(child.id() as i32).unwrap().expect("the child exists");
-        // Alive and not killed: the kernel refuses, and the child lives on.
-        assert_ne!(release_memory(&fd).unwrap(), Released::Freed);
-        assert!(send_signal(&fd, 0).unwrap(), "still alive");
-        assert!(send_signal(&fd, libc::SIGKILL).unwrap());
-        // Killed: released while dying (Freed), or already gone (Nothing).
-        let after = release_memory(&fd).unwrap();
-        assert_ne!(
-            after,
-            Released::Unsupported,
-            "Linux 5.15+ has process_mrelease"
-        );
-        child.wait().unwrap();
-        assert_eq!(release_memory(&fd).unwrap(), Released::Nothing, "reaped");
     }
 }

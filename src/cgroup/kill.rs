@@ -15,17 +15,11 @@
 //! cgroup (a pid read from `cgroup.procs` may have exited and been reused
 //! since), and signalled through that pidfd, so no other process can ever
 //! be hit.
-//!
-//! After the SIGKILL, [`release_cgroup`] frees the killed processes'
-//! memory in criguard's own context (`process_mrelease(2)`, Linux 5.15+):
-//! a dying process otherwise unmaps its memory itself when it is next
-//! scheduled, which on a node short of memory and CPU comes late.
 
 use std::io;
 
 use super::fs::{CgroupFs, Layout};
 use super::path::Controller;
-use crate::pidfd::Released;
 
 /// How a pod's processes were killed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,47 +65,6 @@ pub fn kill_cgroup(fs: &CgroupFs, cgroup: &str) -> io::Result<Killed> {
         }
     }
     Ok(Killed::Processes(killed.len()))
-}
-
-/// How many of a killed cgroup's processes had their memory released.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Release {
-    /// Processes whose memory was freed by criguard.
-    pub freed: usize,
-    /// Processes with nothing left to free (exited, or sharing memory
-    /// with one that was freed).
-    pub nothing: usize,
-    /// The kernel has no `process_mrelease(2)`: nothing was tried.
-    pub unsupported: bool,
-}
-
-/// Frees the memory of every process in `cgroup` and its descendants that
-/// is dying from a SIGKILL (`process_mrelease(2)` through a pidfd); a
-/// process that is not dying is left alone, so calling it after
-/// [`kill_cgroup`] can harm nothing. Blocking: the release runs in the
-/// caller's context, tens of milliseconds for hundreds of MiB.
-pub fn release_cgroup(fs: &CgroupFs, cgroup: &str) -> io::Result<Release> {
-    let mut out = Release::default();
-    let pids = match fs.pids(cgroup) {
-        Ok(pids) => pids,
-        Err(e) if e.source.kind() == io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(io::Error::new(e.source.kind(), e.to_string())),
-    };
-    for pid in pids {
-        let Some(pidfd) = crate::pidfd::open(pid)? else {
-            out.nothing += 1;
-            continue;
-        };
-        match crate::pidfd::release_memory(&pidfd)? {
-            Released::Freed => out.freed += 1,
-            Released::Nothing => out.nothing += 1,
-            Released::Unsupported => {
-                out.unsupported = true;
-                break;
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// Whether `cgroup` is the kubelet's cgroup for the pod with `uid`: its

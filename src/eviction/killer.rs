@@ -32,9 +32,6 @@ impl RuntimeKiller {
     /// A killer stopping pods through `upstream` and killing their
     /// processes in `cgroups`.
     pub fn new(upstream: Upstream, cgroups: CgroupFs) -> Self {
-        // The release thread waits from the start: a kill must not wait
-        // for it to be created.
-        releaser();
         Self { upstream, cgroups }
     }
 
@@ -115,7 +112,6 @@ impl PodKiller for RuntimeKiller {
         match kill::kill_cgroup(&self.cgroups, &cgroup) {
             Ok(killed) => {
                 tracing::debug!(sandbox = %pod.sandbox_id, %cgroup, ?killed, "pod's processes killed");
-                release_in_background(self.cgroups.clone(), cgroup, pod.sandbox_id.clone());
                 true
             }
             Err(err) => {
@@ -149,55 +145,6 @@ impl PodKiller for RuntimeKiller {
             }
         }
         .boxed()
-    }
-}
-
-/// A killed pod's cgroup whose memory is to be released, and its sandbox.
-type ToRelease = (CgroupFs, String, String);
-
-/// Frees the killed pod's memory on criguard's release thread
-/// ([`kill::release_cgroup`]), started with the first kill and kept: the
-/// release takes as long as unmapping the victims' memory, which must not
-/// hold up the eviction loop, and a thread started per kill would start
-/// late on a node short of CPU.
-fn release_in_background(cgroups: CgroupFs, cgroup: String, sandbox: String) {
-    if let Some(tx) = releaser() {
-        let _ = tx.send((cgroups, cgroup, sandbox));
-    }
-}
-
-/// The release thread's queue, the thread started on the first call.
-fn releaser() -> &'static Option<std::sync::mpsc::Sender<ToRelease>> {
-    static RELEASER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<ToRelease>>> =
-        std::sync::OnceLock::new();
-    RELEASER.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<ToRelease>();
-        let spawned = std::thread::Builder::new()
-            .name("criguard-release".into())
-            .spawn(move || rx.into_iter().for_each(|(fs, cg, sb)| release(&fs, &cg, &sb)));
-        match spawned {
-            Ok(_) => Some(tx),
-            Err(err) => {
-                tracing::warn!(%err, "no thread to release killed pods' memory; they free it as they exit");
-                None
-            }
-        }
-    })
-}
-
-/// Releases the memory of the killed processes in `cgroup`, and logs it.
-fn release(cgroups: &CgroupFs, cgroup: &str, sandbox: &str) {
-    static UNSUPPORTED: std::sync::Once = std::sync::Once::new();
-    let started = Instant::now();
-    match kill::release_cgroup(cgroups, cgroup) {
-        Ok(r) if r.unsupported => UNSUPPORTED.call_once(|| {
-            tracing::info!("this kernel has no process_mrelease (Linux 5.15+): killed pods free their memory as they exit");
-        }),
-        Ok(r) => tracing::debug!(
-            %sandbox, freed = r.freed, nothing = r.nothing,
-            release_ms = ms(started.elapsed()), "killed pod's memory released"
-        ),
-        Err(err) => tracing::debug!(%sandbox, %err, "releasing the killed pod's memory failed; it is freed as its processes exit"),
     }
 }
 
