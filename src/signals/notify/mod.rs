@@ -30,12 +30,14 @@ use std::time::Instant;
 use futures::FutureExt;
 
 use super::node::NodeSources;
-use crate::cgroup::fs::{CgroupFs, Layout};
+use crate::cgroup::fs::Layout;
 use crate::config::{EvictionConfig, Threshold};
 use crate::eviction::ready;
 use crate::eviction::thresholds::{Observation, Observations, deficit};
 use crate::signals::table::Signal;
-pub use plan::{MemcgReading, Watch, plan_polls, plan_v1, plan_v2, poll_interval, signal_cgroup};
+pub use plan::{
+    MemcgReading, PollFrom, Watch, plan_polls, plan_v1, plan_v2, poll_interval, signal_cgroup,
+};
 use v1::UsageThreshold;
 use v2::{FileModified, PsiSettings, PsiTrigger};
 
@@ -82,12 +84,12 @@ enum Source {
     Poll(MemoryPoll),
 }
 
-/// A memory signal read again and again ([`Watch::Poll`]), sooner the
-/// nearer it is to its threshold ([`poll_interval`]).
+/// A memory or swap signal read again and again ([`Watch::Poll`]), sooner
+/// the nearer it is to its threshold ([`poll_interval`]).
 #[derive(Debug)]
 struct MemoryPoll {
-    cgroups: CgroupFs,
-    cgroup: String,
+    sources: NodeSources,
+    from: PollFrom,
     signal: Signal,
     capacity: u64,
     below: u64,
@@ -107,9 +109,7 @@ impl MemoryPoll {
         let mut wait = plan::POLL_MIN;
         loop {
             tokio::time::sleep(wait).await;
-            let m = (self.cgroups.memory(&self.cgroup))
-                .map_err(|e| EventError::new("read", &e.path, e.source))?;
-            let available = self.capacity as i64 - m.working_set as i64;
+            let available = self.read()?;
             let headroom = available - self.below as i64;
             if headroom < 0 {
                 let reading = Observation {
@@ -131,6 +131,21 @@ impl MemoryPoll {
     }
 }
 
+impl MemoryPoll {
+    /// The signal's available bytes now (a node without swap any more has
+    /// none left).
+    fn read(&self) -> Result<i64, EventError> {
+        let failed = |e: crate::cgroup::ReadError| EventError::new("read", &e.path, e.source);
+        Ok(match &self.from {
+            PollFrom::Memcg(cgroup) => {
+                let m = self.sources.cgroups.memory(cgroup).map_err(failed)?;
+                self.capacity as i64 - m.working_set as i64
+            }
+            PollFrom::Swap => (self.sources.swap().map_err(failed)?).map_or(0, |o| o.available),
+        })
+    }
+}
+
 /// A poll's reading past its line: what the eviction loop may act on at
 /// once ([`crate::eviction::ready`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,18 +157,18 @@ pub struct Crossing {
 }
 
 impl Source {
-    fn arm(w: &Watch, psi: &PsiSettings, cgroups: &CgroupFs) -> Result<Self, EventError> {
+    fn arm(w: &Watch, psi: &PsiSettings, sources: &NodeSources) -> Result<Self, EventError> {
         Ok(match w {
             Watch::Poll {
                 signal,
-                cgroup,
+                from,
                 capacity,
                 below,
                 near,
                 ..
             } => Source::Poll(MemoryPoll {
-                cgroups: cgroups.clone(),
-                cgroup: cgroup.clone(),
+                sources: sources.clone(),
+                from: from.clone(),
                 signal: *signal,
                 capacity: *capacity,
                 below: *below,
@@ -229,13 +244,13 @@ pub struct MemoryEvents {
     failing: BTreeSet<String>,
 }
 
-/// The thresholds of `config` that memory events watch.
+/// The thresholds of `config` that memory events watch: memory's and swap's.
 fn memory_thresholds(config: &EvictionConfig) -> Vec<Threshold> {
     config
         .hard
         .iter()
         .chain(&config.soft)
-        .filter(|t| signal_cgroup(t.signal, "").is_some())
+        .filter(|t| signal_cgroup(t.signal, "").is_some() || t.signal == Signal::SwapAvailable)
         .cloned()
         .collect()
 }
@@ -288,13 +303,15 @@ impl MemoryEvents {
                         }
                     }
                 }
-                plan_v1(&self.thresholds, obs, &memcgs)
+                let mut watches = plan_v1(&self.thresholds, obs, &memcgs);
+                watches.extend(plan_polls(&self.thresholds, obs, &kubepods, false));
+                watches
             }
             Layout::V2 => {
                 let signals = self.thresholds.iter().map(|t| t.signal).collect();
                 let mut watches = plan_v2(&self.sources, &signals);
                 let kubepods = self.sources.kubepods();
-                watches.extend(plan_polls(&self.thresholds, obs, &kubepods));
+                watches.extend(plan_polls(&self.thresholds, obs, &kubepods, true));
                 watches
             }
         }
@@ -327,7 +344,7 @@ impl MemoryEvents {
                 continue;
             }
             let place = w.place();
-            match Source::arm(&w, &self.psi, &self.sources.cgroups) {
+            match Source::arm(&w, &self.psi, &self.sources) {
                 Ok(s) => {
                     if self.failing.remove(&place) {
                         tracing::info!(watch = %w, "memory event armed again");
@@ -420,14 +437,14 @@ mod tests {
         let poll = |near| Watch::Poll {
             signal: Signal::MemoryAvailable,
             soft: false,
-            cgroup: "/".into(),
+            from: PollFrom::Memcg("/".into()),
             capacity: 1024 * MI,
             below: 200 * MI,
             near,
         };
-        let cgroups = CgroupFs::detect(t.path());
-        assert_eq!(cgroups.layout(), Layout::V2);
-        let mut src = Source::arm(&poll(false), &PsiSettings::default(), &cgroups).unwrap();
+        let srcs = sources(t.path(), t.path());
+        assert_eq!(srcs.cgroups.layout(), Layout::V2);
+        let mut src = Source::arm(&poll(false), &PsiSettings::default(), &srcs).unwrap();
         // 424Mi available: still waiting after several reads.
         let early = tokio::time::timeout(plan::POLL_MIN * 4, src.fired()).await;
         assert!(early.is_err(), "fired far from the threshold: {early:?}");
@@ -440,7 +457,7 @@ mod tests {
             (format!("available {} near {}", 324 * MI, 200 * MI), None)
         );
         // Armed again as near: quiet until the line.
-        let mut src = Source::arm(&poll(true), &PsiSettings::default(), &cgroups).unwrap();
+        let mut src = Source::arm(&poll(true), &PsiSettings::default(), &srcs).unwrap();
         let quiet = tokio::time::timeout(plan::POLL_MIN * 4, src.fired()).await;
         assert!(quiet.is_err(), "fired above the threshold: {quiet:?}");
         write(900 * MI);
@@ -460,6 +477,54 @@ mod tests {
         tokio::pin!(again);
         assert!(futures::poll!(again.as_mut()).is_pending());
         assert!(again.await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_swap_poll_reads_swap_free_on_either_cgroup_version() {
+        // A v1 hierarchy (no cgroup.controllers) and a node with 384Mi of swap.
+        let t = tempfile::tempdir().unwrap();
+        let meminfo = |free_kib: u64| {
+            crate::signals::write_fixture(
+                t.path(),
+                "meminfo",
+                &format!("MemTotal: 1024000 kB\nSwapTotal: 393216 kB\nSwapFree: {free_kib} kB\n"),
+            )
+        };
+        meminfo(300 * 1024);
+        let srcs = sources(t.path(), t.path());
+        assert_eq!(srcs.cgroups.layout(), Layout::V1);
+        let config = EvictionConfig {
+            hard: vec![threshold(
+                Signal::SwapAvailable,
+                Amount::Quantity(128 * MI),
+                None,
+            )],
+            soft: vec![],
+            max_pod_grace_period: None,
+            pressure_transition_period: std::time::Duration::from_secs(300),
+            housekeeping_interval: std::time::Duration::from_secs(10),
+        };
+        let mut ev = MemoryEvents::new(srcs, &config, PsiSettings::default());
+        let obs = ev.sources.observe();
+        ev.rearm(&obs);
+        let poll = Watch::Poll {
+            signal: Signal::SwapAvailable,
+            soft: false,
+            from: PollFrom::Swap,
+            capacity: 384 * MI,
+            below: 128 * MI,
+            near: true,
+        };
+        assert_eq!(ev.armed(), [poll]);
+        meminfo(100 * 1024);
+        let fired = tokio::time::timeout(std::time::Duration::from_secs(5), ev.next())
+            .await
+            .expect("swap below its line fires");
+        let reading = fired.crossed.expect("with its reading").reading;
+        assert_eq!(
+            (reading.available, reading.capacity),
+            (100 * MI as i64, 384 * MI)
+        );
     }
 
     #[tokio::test]
@@ -483,12 +548,12 @@ mod tests {
         let w = Watch::Poll {
             signal: Signal::MemoryAvailable,
             soft: false,
-            cgroup: "/".into(),
+            from: PollFrom::Memcg("/".into()),
             capacity: 100 * MI,
             below: 200 * MI,
             near: true,
         };
-        let src = Source::arm(&w, &PsiSettings::default(), &ev.sources.cgroups).unwrap();
+        let src = Source::arm(&w, &PsiSettings::default(), &ev.sources).unwrap();
         ev.armed.push((w, src));
         // Always below its line: drain must still come back.
         let drained = tokio::time::timeout(std::time::Duration::from_secs(5), async { ev.drain() })
@@ -502,12 +567,13 @@ mod tests {
     }
 
     #[test]
-    fn only_memory_thresholds_are_watched() {
+    fn only_memory_and_swap_thresholds_are_watched() {
         let t = tempfile::tempdir().unwrap();
         let config = EvictionConfig {
             hard: vec![
                 threshold(Signal::MemoryAvailable, Amount::Quantity(MI), None),
                 threshold(Signal::PidAvailable, Amount::Quantity(100), None),
+                threshold(Signal::SwapAvailable, Amount::Quantity(MI), None),
             ],
             soft: vec![threshold(
                 Signal::AllocatableMemoryAvailable,
@@ -522,7 +588,11 @@ mod tests {
         let signals: Vec<Signal> = ev.thresholds.iter().map(|t| t.signal).collect();
         assert_eq!(
             signals,
-            [Signal::MemoryAvailable, Signal::AllocatableMemoryAvailable]
+            [
+                Signal::MemoryAvailable,
+                Signal::SwapAvailable,
+                Signal::AllocatableMemoryAvailable
+            ]
         );
         assert!(
             ev.armed().is_empty(),

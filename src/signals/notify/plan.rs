@@ -36,15 +36,16 @@ pub enum Watch {
         /// The file.
         path: PathBuf,
     },
-    /// cgroup v2: the signal read every few tens of milliseconds while it
-    /// nears its threshold (the kernel has no usage threshold there).
+    /// The signal read every few milliseconds to a second, sooner the
+    /// nearer its threshold: memory on cgroup v2 (the kernel has no usage
+    /// threshold there), swap on both (the kernel signals none).
     Poll {
         /// The signal whose threshold this is.
         signal: Signal,
         /// Whether the threshold is soft.
         soft: bool,
-        /// The cgroup it is read from, from the hierarchy root.
-        cgroup: String,
+        /// Where it is read.
+        from: PollFrom,
         /// The signal's capacity, bytes.
         capacity: u64,
         /// The threshold: it fires when available falls below this, bytes.
@@ -80,13 +81,15 @@ impl Watch {
             Watch::Pressure { path } => format!("PSI trigger on {}", path.display()),
             Watch::Modified { path } => format!("changes of {}", path.display()),
             Watch::Poll {
-                signal,
-                soft,
-                cgroup,
-                ..
+                signal, soft, from, ..
             } => {
                 let kind = if *soft { "soft" } else { "hard" };
-                format!("{kind} {signal} threshold polled on {cgroup}")
+                match from {
+                    PollFrom::Memcg(cgroup) => {
+                        format!("{kind} {signal} threshold polled on {cgroup}")
+                    }
+                    PollFrom::Swap => format!("{kind} {signal} threshold polled in /proc/meminfo"),
+                }
             }
         }
     }
@@ -100,6 +103,15 @@ impl std::fmt::Display for Watch {
             _ => f.write_str(&self.place()),
         }
     }
+}
+
+/// Where a poll reads its signal.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PollFrom {
+    /// A memcg, from the hierarchy root: capacity − its working set.
+    Memcg(String),
+    /// The node's swap: `SwapFree` of `/proc/meminfo`.
+    Swap,
 }
 
 /// The cgroup a memory signal is read from, or `None` for other signals.
@@ -143,24 +155,35 @@ pub fn plan_v1(
         .collect()
 }
 
-/// cgroup v2: a poll of each memory threshold not met in `obs` (one that is
-/// met needs no wake-up: the eviction loop is acting on it). The kernel
-/// tells a v2 memcg's usage crossing a line only at its limits, and PSI
-/// only once the node stalls, which on a node without swap comes late:
-/// reading the signal itself near its threshold is what v1's usage
-/// threshold does in the kernel.
-pub fn plan_polls(thresholds: &[Threshold], obs: &Observations, pods_cgroup: &str) -> Vec<Watch> {
+/// A poll of each memory (cgroup v2) and swap threshold not met in `obs`
+/// (one that is met needs no wake-up: the eviction loop is acting on it).
+/// The kernel tells a v2 memcg's usage crossing a line only at its limits,
+/// and PSI only once the node stalls, which on a node without swap comes
+/// late; it tells nothing of swap on either version: reading the signal
+/// itself near its threshold is what v1's usage threshold does in the
+/// kernel. `memory` says whether memory signals are polled (v2) or left to
+/// the usage thresholds (v1).
+pub fn plan_polls(
+    thresholds: &[Threshold],
+    obs: &Observations,
+    pods_cgroup: &str,
+    memory: bool,
+) -> Vec<Watch> {
     thresholds
         .iter()
         .filter_map(|t| {
             let o = obs.get(&t.signal)?;
-            let cgroup = signal_cgroup(t.signal, pods_cgroup)?;
+            let from = match (t.signal.source(), signal_cgroup(t.signal, pods_cgroup)) {
+                (_, Some(cgroup)) if memory => PollFrom::Memcg(cgroup.to_owned()),
+                (Source::Swap, _) => PollFrom::Swap,
+                _ => return None,
+            };
             let below = t.amount.resolve(o.capacity);
             let headroom = o.available - below as i64;
             (headroom >= 0).then(|| Watch::Poll {
                 signal: t.signal,
                 soft: t.grace_period.is_some(),
-                cgroup: cgroup.to_owned(),
+                from,
                 capacity: o.capacity,
                 below,
                 near: !ready::fast(t) || headroom < ready::BAND as i64,
@@ -333,7 +356,7 @@ pub(super) mod tests {
         let poll = |soft, below, near| Watch::Poll {
             signal: Signal::MemoryAvailable,
             soft,
-            cgroup: "/".into(),
+            from: PollFrom::Memcg("/".into()),
             capacity: 1024 * MI,
             below,
             near,
@@ -341,7 +364,7 @@ pub(super) mod tests {
         // 400Mi above the hard line: it says when it comes within the band
         // where a ranking is kept ready; the soft one keeps none.
         assert_eq!(
-            plan_polls(&thresholds, &obs, "/kubepods.slice"),
+            plan_polls(&thresholds, &obs, "/kubepods.slice", true),
             [poll(false, 200 * MI, false), poll(true, 300 * MI, true)]
         );
         let mut close = obs.clone();
@@ -351,7 +374,7 @@ pub(super) mod tests {
             .unwrap()
             .available = 250 * MI as i64;
         assert_eq!(
-            plan_polls(&thresholds[..1], &close, "/kubepods.slice"),
+            plan_polls(&thresholds[..1], &close, "/kubepods.slice", true),
             [poll(false, 200 * MI, true)]
         );
         assert_eq!(poll(false, 200 * MI, false).kind(), "poll");
