@@ -45,7 +45,11 @@
 #   earlyoom         Debian's (1.7), -M at the threshold (both its SIGTERM
 #                    and SIGKILL levels: always SIGKILL, as a hard eviction),
 #                    less the difference between memory.available and the
-#                    MemAvailable earlyoom reads, measured at its start;
+#                    MemAvailable earlyoom reads, measured at its start; as
+#                    that difference drifts while the machine fills, its
+#                    grower stops 24 MiB above whichever line comes first
+#                    and its figures count from its own line (MemAvailable
+#                    below -M, sampled);
 #   systemd-oomd     Debian's (the guest's systemd's version),
 #                    ManagedOOMMemoryPressure=kill on kubepods.slice with
 #                    oomd.conf's defaults (60 % for 20 s);
@@ -59,7 +63,14 @@
 # (contender=N,...), CRIGUARD_OOM_SKIP (contender-rate-run,...: runs left
 # out), CRIGUARD_OOM_RATES, CRIGUARD_OOM_CONTENDERS
 # (criguard-events,earlyoom,kernel,criguard-tick,systemd-oomd),
-# CRIGUARD_OOM_SAMPLE_US (5000), CRIGUARD_OOM_VM_TIMEOUT (3600 s). On an
+# CRIGUARD_OOM_SAMPLE_US (5000), CRIGUARD_OOM_VM_TIMEOUT (3600 s),
+# CRIGUARD_OOM_BINS (NAME=PATH,...: other criguard builds, raced as the
+# contenders criguard-NAME beside criguard-events; criguard-nice is the
+# shipped build at nice -10).
+# CRIGUARD_OOM_SCENARIO=swap: a node that swaps (hack/bench-oom/vm-guest.sh
+# says how; CRIGUARD_OOM_SWAP_MIB, CRIGUARD_OOM_SWAP_LINE_MIB,
+# CRIGUARD_OOM_STALL_PCT), analysed by hack/bench-oom/swap.py into
+# runs-swap.csv, table.md and swap-freed.png. On an
 # idle 2-core host 5/5/2/3/2 runs per rate (earlyoom, criguard-events,
 # kernel, criguard-tick, systemd-oomd) took 37 minutes; the kernel's and
 # systemd-oomd's runs are the long ones (up to 90 s of thrashing each).
@@ -67,7 +78,10 @@
 # records (runs/, samples/, kmsg.txt, the contenders' logs) to the results
 # directory (default a new one under /tmp).
 #
-# Usage: hack/bench-oom.sh [host|vm]   (root; about 10 minutes for the host
+# hack/bench-oom.sh cost: what criguard's v2 poll and its ranking kept
+# ready cost while the node sits near the line (hack/bench-oom/vm-cost.sh).
+#
+# Usage: hack/bench-oom.sh [host|vm|cost]   (root; about 10 minutes for the host
 #   contenders, 15 for the kubelet's, on 2 cores)
 #   CRIGUARD_OOM_RUNS (5), CRIGUARD_OOM_RATES (e.g. 8,128,0; 0 = full speed),
 #   CRIGUARD_OOM_CONTENDERS (kernel,criguard-events,criguard-tick; "" skips
@@ -75,7 +89,8 @@
 #   CRIGUARD_OOM_KUBELET (kubelet-memcg,kubelet-tick,kubelet-memcg-settled;
 #   "" skips the kubelet), CRIGUARD_OOM_LIMIT_MIB (768),
 #   CRIGUARD_OOM_THRESHOLD_MIB (100), CRIGUARD_BIN (a criguard binary
-#   instead of building one), CRIGUARD_OOM_OUT (results directory; default
+#   instead of building one), CRIGUARD_OOM_BINS (NAME=PATH,...: other
+#   builds, the contenders criguard-NAME), CRIGUARD_OOM_OUT (results directory; default
 #   a new one under /tmp).
 # Prints the table (rate x contender) and writes runs.csv, table.md,
 # losses.txt (the contender's log around each run it lost), the samples,
@@ -90,12 +105,33 @@ if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-matplotlib >&2
 fi
 tier="${1:-${CRIGUARD_OOM_TIER:-host}}"
-[[ "$tier" == host || "$tier" == vm ]] || { echo "bench-oom.sh: tier host or vm, not $tier" >&2; exit 2; }
+[[ "$tier" == host || "$tier" == vm || "$tier" == cost ]] ||
+    { echo "bench-oom.sh: tier host, vm or cost, not $tier" >&2; exit 2; }
 if [[ -z "${CRIGUARD_BIN:-}" ]]; then
     cargo build --release --bin criguard >&2
     CRIGUARD_BIN="$PWD/target/release/criguard"
 fi
 crictl="$(hack/k8s/build.sh --path cri-tools)/crictl"
+if [[ "$tier" == cost ]]; then
+    # What the v2 poll and the ranking kept ready cost near the line
+    # (hack/bench-oom/vm-cost.sh): CRIGUARD_BIN as "events", and each of
+    # CRIGUARD_OOM_BINS by its name.
+    tools="$PWD/target/bench-oom-vm/tools"
+    out="${CRIGUARD_OOM_OUT:-$(mktemp -d /tmp/criguard-oom-cost.XXXXXX)}"
+    mkdir -p "$tools" "$out"
+    out="$(readlink -f "$out")"
+    gcc -O2 -Wall -static -o "$tools/grower" hack/bench-oom/grower.c
+    cp "$CRIGUARD_BIN" "$tools/criguard-events"
+    names=(events)
+    for b in ${CRIGUARD_OOM_BINS:+${CRIGUARD_OOM_BINS//,/ }}; do
+        cp "${b#*=}" "$tools/criguard-${b%%=*}"
+        names+=("${b%%=*}")
+    done
+    CRIGUARD_VM_MEM="${CRIGUARD_VM_MEM:-1024}" hack/vm.sh run --timeout 900 --share-rw "$out" \
+        -- hack/bench-oom/vm-cost.sh "$out" "$tools" "${names[@]}" >&2
+    cat "$out/cost.txt"
+    exit 0
+fi
 if [[ "$tier" == vm ]]; then
     # The VM tier: everything the guest needs in a directory under the
     # repository (shared read-only with the guest), the results in a
@@ -109,6 +145,10 @@ if [[ "$tier" == vm ]]; then
     gcc -O2 -Wall -static -o "$tools/sampler" hack/bench-oom/sampler.c
     cp "$crictl" "$tools/"
     cp "$CRIGUARD_BIN" "$tools/criguard"
+    # Other builds to race side by side (contender criguard-NAME).
+    for b in ${CRIGUARD_OOM_BINS:+${CRIGUARD_OOM_BINS//,/ }}; do
+        cp "${b#*=}" "$tools/criguard-${b%%=*}"
+    done
     # Debian's systemd-oomd (its version must be the guest's systemd's) and
     # earlyoom, installed in the guest's copy-on-write root at run time.
     systemd="$(dpkg-query -W -f '${Version}' systemd)"
@@ -117,7 +157,8 @@ if [[ "$tier" == vm ]]; then
     envs=()
     for k in CRIGUARD_OOM_CONTENDERS CRIGUARD_OOM_RATES CRIGUARD_OOM_RUNS CRIGUARD_OOM_THRESHOLD_MIB \
         CRIGUARD_OOM_LEAD_MIB CRIGUARD_OOM_TAIL_S CRIGUARD_OOM_SAMPLE_US CRIGUARD_OOM_PHYSICAL \
-        CRIGUARD_OOM_KERNEL_RUNS CRIGUARD_OOM_KERNEL_TAIL_S CRIGUARD_OOM_RUNS_BY CRIGUARD_OOM_SKIP; do
+        CRIGUARD_OOM_KERNEL_RUNS CRIGUARD_OOM_KERNEL_TAIL_S CRIGUARD_OOM_RUNS_BY CRIGUARD_OOM_SKIP \
+        CRIGUARD_OOM_SCENARIO CRIGUARD_OOM_SWAP_MIB CRIGUARD_OOM_SWAP_LINE_MIB CRIGUARD_OOM_STALL_PCT; do
         [[ -z "${!k:-}" ]] || envs+=(--env "$k=${!k}")
     done
     t0=$SECONDS
@@ -126,8 +167,12 @@ if [[ "$tier" == vm ]]; then
     # A VM that timed out leaves the runs it finished: they are analysed.
     echo "vm: $((SECONDS - t0)) s wall time, hack/vm.sh exit status ${vm_status:-0}" >"$out/load.txt"
     export PYTHONDONTWRITEBYTECODE=1
-    /usr/bin/python3 hack/bench-oom/vm.py "$out"
-    /usr/bin/python3 hack/bench-oom/report.py "$out"
+    if [[ "${CRIGUARD_OOM_SCENARIO:-memory}" == swap ]]; then
+        /usr/bin/python3 hack/bench-oom/swap.py "$out"
+    else
+        /usr/bin/python3 hack/bench-oom/vm.py "$out"
+        /usr/bin/python3 hack/bench-oom/report.py "$out"
+    fi
     echo "results: $out" >&2
     # A VM that timed out (124) still gave its finished runs; any other
     # failure of the guest's script fails the bench.

@@ -163,9 +163,9 @@ class Pod:
 class Criguard:
     """`criguard serve` in front of the private containerd."""
 
-    def __init__(self, binary, workdir, containerd_sock, events, out_dir):
+    def __init__(self, binary, workdir, containerd_sock, events, out_dir, name):
         self.sock = f"{workdir}/criguard.sock"
-        self.logpath = f"{out_dir}/criguard-{'events' if events else 'tick'}.log"
+        self.logpath = f"{out_dir}/{name}.log"
         args = [binary, "serve", "--listen", self.sock, "--admin-socket", f"{workdir}/admin.sock",
                 "--metrics-address", "none", "--state-dir", f"{workdir}/state",
                 "--runtime-endpoint", "unix://" + containerd_sock,
@@ -196,21 +196,18 @@ class Criguard:
 
 
 def criguard_evictions(lines):
-    """(monotonic ns, pod uid) per eviction in criguard's JSON log lines: the
-    SIGKILL through the pod's cgroup when logged, else the decision."""
-    out = []
+    """(monotonic ns, pod uid) per eviction in criguard's JSON log lines
+    (race.criguard_acts)."""
+    records = []
     for l in lines:
         try:
             j = json.loads(l)
         except ValueError:
             continue
-        msg = j.get("fields", {}).get("message", "")
+        fields = j.get("fields", {})
         stamp = race.wall_to_mono(j.get("timestamp", ""))
-        if msg.startswith("evicting pod"):
-            out.append([stamp, j["fields"].get("uid", "")])
-        elif msg.startswith("pod's processes killed") and out and stamp is not None:
-            out[-1][0] = stamp
-    return out
+        records.append((stamp, fields.get("message", ""), fields.get("uid", "")))
+    return race.criguard_acts(records)
 
 
 class HostNode:
@@ -300,6 +297,7 @@ def rates_for(physical):
 def main():
     workdir, containerd_sock, crictl, criguard, tools, out_dir = sys.argv[1:7]
     names = os.environ.get("CRIGUARD_OOM_CONTENDERS", "kernel,criguard-events,criguard-tick").split(",")
+    builds = dict(b.split("=", 1) for b in os.environ.get("CRIGUARD_OOM_BINS", "").split(",") if b)
     os.makedirs(f"{MEMCG}{ROOT}/kubepods", exist_ok=True)
     with open(f"{MEMCG}{ROOT}/kubepods/memory.limit_in_bytes", "w") as f:
         f.write(str(LIMIT * MI))
@@ -323,11 +321,14 @@ def main():
     def contender(name):
         if name == "kernel":
             return name, lambda: node.use(None), lambda: None
-        events = name == "criguard-events"
+        # criguard-events: as shipped; criguard-tick: without memory
+        # events; criguard-NAME: the build CRIGUARD_OOM_BINS names NAME.
+        events = name != "criguard-tick"
+        binary = builds.get(name.removeprefix("criguard-"), criguard)
         holder = {}
 
         def start():
-            holder["g"] = Criguard(criguard, workdir, containerd_sock, events, out_dir)
+            holder["g"] = Criguard(binary, workdir, containerd_sock, events, out_dir, name)
             node.use(holder["g"])
 
         def stop():

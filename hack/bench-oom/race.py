@@ -141,6 +141,28 @@ def wall_to_mono(stamp):
         return None
 
 
+def criguard_acts(records):
+    """[stamp, pod uid] per eviction from criguard's log records (stamp,
+    message, uid), in order: the SIGKILL through the pod's cgroup when it
+    is logged ("pod's processes killed"), else the decision ("evicting
+    pod"). A pod killed the moment a poll saw the line crossed ("pod killed
+    as the poll saw ...") is logged before its "evicting pod": that kill is
+    its act."""
+    out, kill, crossing = [], None, None
+    for stamp, msg, uid in records:
+        if msg.startswith("pod's processes killed"):
+            if out and not out[-1][2]:
+                out[-1][0], out[-1][2] = stamp, True
+            else:
+                kill = stamp
+        elif msg.startswith("pod killed as the poll saw"):
+            crossing = kill if kill is not None else stamp
+        elif msg.startswith("evicting pod"):
+            out.append([crossing if crossing is not None else stamp, uid, crossing is not None])
+            kill = crossing = None
+    return [[stamp, uid] for stamp, uid, _ in out]
+
+
 def kubelet_first(pods, usage):
     """The pod the kubelet's memory ranking puts first
     (pkg/kubelet/eviction/helpers.go rankMemoryPressure): usage above request
@@ -209,10 +231,12 @@ def one_run(node, steady, contender, rate, run, out_dir):
 
 
 def analyse(samples, steady, grower, kernel_kills_seen, counted, evictions, dead, limit,
-            since=None):
+            since=None, own_crossing=None):
     """One run's row from its samples (see the module's doc); `since`
     (CLOCK_MONOTONIC ns): actions from then on count, instead of from 100 ms
-    before the crossing (the VM tier, where each run has its own window)."""
+    before the crossing (the VM tier, where each run has its own window);
+    `own_crossing` (CLOCK_MONOTONIC ns): the contender's own line crossed,
+    its figures counted from there (earlyoom's MemAvailable line)."""
     rows = []
     with open(samples) as f:
         for line in f:
@@ -221,6 +245,8 @@ def analyse(samples, steady, grower, kernel_kills_seen, counted, evictions, dead
     thr = THRESHOLD * MI
     avail = [(r[0], limit - (r[1] - max(r[2], 0))) for r in rows]
     crossing = next((i for i, (t, a) in enumerate(avail) if a < thr), None)
+    if own_crossing is not None:
+        crossing = next((i for i, r in enumerate(rows) if r[0] >= own_crossing), None)
     kernel_kills = max(counted, len(kernel_kills_seen))
     res = {"crossed": crossing is not None, "kernel_kills": kernel_kills,
            "psi_full_peak": max(r[2 + 1] for r in rows) / 100,

@@ -5,7 +5,8 @@
  * samples up with wall-clock log stamps.
  *
  * A spec is a path (its first number) or PATH:KEY (the number after KEY on
- * the line that starts with KEY; for a PSI line, its avg10). A file that
+ * the line that starts with KEY and a space or a colon, as /proc/meminfo's
+ * "SwapFree:"; for a PSI line, its avg10). A file that
  * cannot be read gives -1 (a removed cgroup, a dead pod).
  *
  * Usage: sampler OUT INTERVAL_US MAX_S STOPFILE SPEC...
@@ -52,7 +53,7 @@ static double value(struct spec *specs, int i) {
 	if (!s->key)
 		return strtod(buf, NULL);
 	for (char *line = buf; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-		if (strncmp(line, s->key, s->keylen) == 0 && line[s->keylen] == ' ') {
+		if (strncmp(line, s->key, s->keylen) == 0 && (line[s->keylen] == ' ' || line[s->keylen] == ':')) {
 			char *avg = strstr(line, "avg10=");
 			char *eol = strchr(line, '\n');
 			if (avg && (!eol || avg < eol))

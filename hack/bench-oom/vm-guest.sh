@@ -24,13 +24,44 @@
 # per run: the pods, their cgroups and processes, the marks), the samples
 # (OUT/samples/), OUT/kmsg.txt (the kernel log), the contenders' logs
 # (criguard-*.log, systemd-oomd.log, earlyoom.log).
+#
+# CRIGUARD_OOM_SCENARIO=swap: a node that swaps. A CRIGUARD_OOM_SWAP_MIB
+# (384) swap file; the steady pods get no swap (memory.swap.max 0); the
+# grower is a Burstable pod (request 16 MiB, limit 64 MiB) whose swap is
+# unbounded (memory.swap.max max, far above its LimitedSwap entitlement of
+# some 6 MiB), so what it touches past its limit goes to swap:
+# memory.available hardly moves and swap fills. It prefills swap to
+# CRIGUARD_OOM_LEAD_MIB above the line CRIGUARD_OOM_SWAP_LINE_MIB (128 MiB
+# free), then grows at the run's rate. Contenders (CRIGUARD_OOM_CONTENDERS,
+# by default all): criguard-swap (swap.available<LINE), criguard-stall
+# (memory.pressure.some>CRIGUARD_OOM_STALL_PCT %, 10), earlyoom (-S at the
+# line; -m 99, its highest, so that swap alone decides, as earlyoom acts only when both
+# memory and swap are low), systemd-oomd (ManagedOOMSwap=kill on
+# kubepods.slice, SwapUsedLimit at the line), limitedswap (the grower's
+# memory.swap.max set to its LimitedSwap entitlement as the kubelet sets
+# it: the kernel's memcg OOM killer acts at the limit; the kubelet's
+# eviction manager has no swap signal), kernel (nothing: the memcg OOM
+# killer once swap is full). Each run also records PSI's full and some
+# totals before and after, and the samples read SwapFree.
 set -uo pipefail
 out="$1"
 tools="$2"
 # The bench itself must outlive every kill.
 echo -1000 >/proc/self/oom_score_adj
 
-CONTENDERS="${CRIGUARD_OOM_CONTENDERS:-criguard-events,earlyoom,kernel,criguard-tick,systemd-oomd}"
+SCENARIO="${CRIGUARD_OOM_SCENARIO:-memory}"
+if [[ "$SCENARIO" == swap ]]; then
+    CONTENDERS="${CRIGUARD_OOM_CONTENDERS:-criguard-swap,earlyoom,systemd-oomd,criguard-stall,limitedswap,kernel}"
+else
+    CONTENDERS="${CRIGUARD_OOM_CONTENDERS:-criguard-events,earlyoom,kernel,criguard-tick,systemd-oomd}"
+fi
+SWAP_MIB="${CRIGUARD_OOM_SWAP_MIB:-384}"
+SWAP_LINE="${CRIGUARD_OOM_SWAP_LINE_MIB:-128}"
+STALL_PCT="${CRIGUARD_OOM_STALL_PCT:-10}"
+# The swap node's grower: a Burstable pod, request and limit in MiB.
+GROWER_REQUEST=16
+GROWER_LIMIT=64
+SWAP_FILE=/var/tmp/oombench-swap
 RUNS="${CRIGUARD_OOM_RUNS:-5}"
 # The kernel's runs are the longest (the machine thrashes its page cache
 # for a minute or more before the OOM killer fires): fewer of them.
@@ -88,6 +119,12 @@ setup() {
     systemctl daemon-reload
     systemctl start kubepods.slice
     systemctl start containerd.service
+    if [[ "$SCENARIO" == swap ]]; then
+        swapoff -a 2>/dev/null
+        dd if=/dev/zero of="$SWAP_FILE" bs=1M count="$SWAP_MIB" status=none
+        chmod 600 "$SWAP_FILE"
+        mkswap -q "$SWAP_FILE" && swapon "$SWAP_FILE" || log "swapon $SWAP_FILE failed"
+    fi
     local tar
     for tar in $(hack/images.sh "$CRIGUARD_IMAGE_CACHE"); do
         ctr -n k8s.io images import --snapshotter overlayfs "$tar" >/dev/null
@@ -97,7 +134,12 @@ setup() {
 measure() {
     local best=0 r i
     for i in 1 2 3; do
-        r="$(systemd-run --scope -q -p MemoryAccounting=yes "$bench/grower" --measure 256)"
+        # Swap: touching past a 64 MiB limit, as fast as pages go to swap.
+        if [[ "$SCENARIO" == swap ]]; then
+            r="$(systemd-run --scope -q -p MemoryMax=${GROWER_LIMIT}M -p MemorySwapMax=infinity "$bench/grower" --measure 256)"
+        else
+            r="$(systemd-run --scope -q -p MemoryAccounting=yes "$bench/grower" --measure 256)"
+        fi
         ((r > best)) && best=$r
     done
     echo "$best"
@@ -119,6 +161,7 @@ oom_adj() {
     esac
 }
 
+POD_UNIFIED=""
 # pod_run NAME QOS REQUEST LIMIT ARGS...: runs a pod of one container
 # (/bench/grower ARGS); sets POD_UID POD_SB POD_CTR POD_PID POD_CG.
 pod_run() {
@@ -143,6 +186,9 @@ pod_run() {
  "linux": {"cgroup_parent": "$parent",
            "security_context": {"namespace_options": {"network": 2, "pid": 0, "ipc": 0}}}}
 EOF
+    # POD_UNIFIED: the container's cgroup v2 files, as JSON members.
+    local unified=""
+    [[ -n "$POD_UNIFIED" ]] && unified=", \"unified\": {$POD_UNIFIED}"
     cat >"$work/$uid-ctr.json" <<EOF
 {"metadata": {"name": "app", "attempt": 0}, "image": {"image": "docker.io/library/busybox:criguard"},
  "command": [$cmd], "log_path": "app/0.log",
@@ -150,7 +196,7 @@ EOF
  "annotations": {"io.kubernetes.container.restartCount": "0", "io.kubernetes.pod.terminationGracePeriod": "30"},
  "mounts": [{"container_path": "/bench", "host_path": "$bench", "readonly": true}],
  "linux": {"resources": {"cpu_period": 100000, "cpu_quota": $((cpu * 100)), "cpu_shares": $((cpu * 1024 / 1000 > 2 ? cpu * 1024 / 1000 : 2)),
-           "memory_limit_in_bytes": $((lim * MI)), "oom_score_adj": $(oom_adj "$qos" "$req")},
+           "memory_limit_in_bytes": $((lim * MI)), "oom_score_adj": $(oom_adj "$qos" "$req")$unified},
            "security_context": {"namespace_options": {"network": 2, "pid": 1, "ipc": 0}}}}
 EOF
     POD_UID="$uid"
@@ -188,7 +234,10 @@ declare -a S_UID S_SB S_PID S_CG
 steady_pod() {
     local i="$1" name qos req lim held
     read -r name qos req lim held <<<"${STEADY[$i]}"
-    pod_run "$name" "$qos" "$req" "$lim" "$held" 0 "$held" || return 1
+    # On the swap node they get none (the kubelet's NoSwap).
+    [[ "$SCENARIO" == swap ]] && POD_UNIFIED='"memory.swap.max": "0"'
+    pod_run "$name" "$qos" "$req" "$lim" "$held" 0 "$held" || { POD_UNIFIED=""; return 1; }
+    POD_UNIFIED=""
     S_UID[i]="$POD_UID" S_SB[i]="$POD_SB" S_PID[i]="$POD_PID" S_CG[i]="$POD_CG"
 }
 
@@ -216,12 +265,13 @@ revive() {
 # ---- contenders ---------------------------------------------------------------
 
 GUARD_PID=""
+EARLYOOM_KIB=0
 JOURNAL_PID=""
 start_contender() {
     endpoint="$CTRD"
     case "$1" in
-        kernel) ;;
-        criguard-events | criguard-tick)
+        kernel | limitedswap) ;;
+        criguard-*)
             # The binary may still be building on the host when the VM
             # starts (tools/criguard.building): until it is there.
             local w
@@ -229,16 +279,32 @@ start_contender() {
                 [[ -e "$tools/criguard.building" ]] || break
                 sleep 1
             done
-            local ev=true
-            [[ "$1" == criguard-tick ]] && ev=false
+            # criguard-events: as shipped; criguard-tick: without memory
+            # events; criguard-swap and criguard-stall: as shipped, with the
+            # swap and the stall signal; criguard-NAME: the build
+            # tools/criguard-NAME (CRIGUARD_OOM_BINS), events on. A name
+            # ending in -nice runs at nice -10 (criguard-nice: as shipped).
+            local ev=true bin="$tools/criguard" prefix=() hard="memory.available<${THRESHOLD}Mi"
+            local base="$1"
+            if [[ "$base" == *-nice ]]; then
+                prefix=(nice -n -10)
+                base="${base%-nice}"
+            fi
+            case "$base" in
+                criguard | criguard-events) ;;
+                criguard-tick) ev=false ;;
+                criguard-swap) hard+=",swap.available<${SWAP_LINE}Mi" ;;
+                criguard-stall) hard+=",memory.pressure.some>${STALL_PCT}%" ;;
+                *) bin="$tools/$base" ;;
+            esac
             rm -rf "$work/criguard"
             mkdir -p "$work/criguard"
             CRIGUARD_LOG="info,criguard::eviction=debug" \
-                "$tools/criguard" serve --listen "$work/criguard/criguard.sock" \
+                "${prefix[@]}" "$bin" serve --listen "$work/criguard/criguard.sock" \
                 --admin-socket "$work/criguard/admin.sock" --metrics-address none \
                 --state-dir "$work/criguard/state" --runtime-endpoint "unix://$CTRD" \
                 --nodefs "$work" --imagefs "$work" --housekeeping-interval="${HOUSEKEEPING}s" \
-                --eviction-hard="memory.available<${THRESHOLD}Mi" \
+                --eviction-hard="$hard" \
                 --eviction-pressure-transition-period=1s --memory-events=$ev --log-format json \
                 >>"$out/$1.log" 2>&1 &
             GUARD_PID=$!
@@ -258,6 +324,14 @@ start_contender() {
             # for 20 s).
             mkdir -p /run/systemd/system/kubepods.slice.d
             printf '[Slice]\nManagedOOMMemoryPressure=kill\n' >/run/systemd/system/kubepods.slice.d/oomd.conf
+            if [[ "$SCENARIO" == swap ]]; then
+                # Swap: the descendant using the most swap is killed once
+                # the swap used passes SwapUsedLimit, set at the line.
+                printf '[Slice]\nManagedOOMSwap=kill\n' >/run/systemd/system/kubepods.slice.d/oomd.conf
+                mkdir -p /run/systemd/oomd.conf.d
+                printf '[OOM]\nSwapUsedLimit=%d%%\n' $((100 - SWAP_LINE * 100 / SWAP_MIB)) \
+                    >/run/systemd/oomd.conf.d/bench.conf
+            fi
             systemctl daemon-reload
             systemctl start systemd-oomd.service
             journalctl -f -n 20 -u systemd-oomd.service -o short-unix --no-pager >"$out/systemd-oomd.log" &
@@ -277,7 +351,15 @@ start_contender() {
             local kib=$(((THRESHOLD - diff) * 1024))
             ((kib < 10240)) && kib=10240
             echo "earlyoom_M_kib=$kib memavailable_offset_mib=$diff" >>"$out/meta.txt"
-            echo "EARLYOOM_ARGS=\"-M $kib,$kib -r 60\"" >/etc/default/earlyoom
+            EARLYOOM_KIB=$kib
+            if [[ "$SCENARIO" == swap ]]; then
+                # Swap alone decides: earlyoom acts when both memory and
+                # swap are low, so its memory minimum is its highest, 99 %.
+                echo "EARLYOOM_ARGS=\"-m 99,99 -S $((SWAP_LINE * 1024)),$((SWAP_LINE * 1024)) -r 60\"" \
+                    >/etc/default/earlyoom
+            else
+                echo "EARLYOOM_ARGS=\"-M $kib,$kib -r 60\"" >/etc/default/earlyoom
+            fi
             systemctl start earlyoom.service
             journalctl -f -n 20 -u earlyoom.service -o short-unix --no-pager >"$out/earlyoom.log" &
             JOURNAL_PID=$!
@@ -292,10 +374,11 @@ stop_contender() {
             kill "$GUARD_PID" 2>/dev/null
             wait "$GUARD_PID" 2>/dev/null
             GUARD_PID=""
+EARLYOOM_KIB=0
             ;;
         systemd-oomd)
             systemctl stop systemd-oomd.service systemd-oomd.socket
-            rm -rf /run/systemd/system/kubepods.slice.d
+            rm -rf /run/systemd/system/kubepods.slice.d /run/systemd/oomd.conf.d
             systemctl daemon-reload
             kill "$JOURNAL_PID"
             ;;
@@ -309,6 +392,9 @@ stop_contender() {
 
 # ---- one run --------------------------------------------------------------------
 
+# PSI's full and some totals of the machine, microseconds stalled.
+psi_totals() { awk '{ for (i = 2; i <= NF; i++) if ($i ~ /^total=/) t[$1] = substr($i, 7) } END { print t["full"], t["some"] }' /proc/pressure/memory; }
+
 pods_oom_kills() { awk '$1 == "oom_kill" { print $2 }' /sys/fs/cgroup/kubepods.slice/memory.events; }
 
 one_run() {
@@ -321,27 +407,70 @@ one_run() {
     avail="$(available_mib)"
     prefill=$((avail - THRESHOLD - LEAD))
     ((prefill < 0)) && prefill=0
-    local gofile="go-$tag"
+    local gofile="go-$tag" most=$((CAPACITY / MI + 64)) kills_before
+    # Before the grower exists: limitedswap's kill comes during its prefill.
+    kills_before="$(pods_oom_kills)"
     rm -f "$bench/$gofile" "$work/stop"
-    pod_run grower BestEffort 0 0 "$prefill" "$rate" $((CAPACITY / MI + 64)) "/bench/$gofile" ||
-        { log "$tag: no grower pod"; return 0; }
+    if [[ "$SCENARIO" == swap ]]; then
+        # Its limit, then swap to LEAD above the line; swap unbounded, or
+        # LimitedSwap's entitlement: request / node memory x swap.
+        local swap_free
+        swap_free=$(awk '$1 == "SwapFree:" { print int($2 / 1024) }' /proc/meminfo)
+        prefill=$((GROWER_LIMIT + swap_free - SWAP_LINE - LEAD))
+        most=$((GROWER_LIMIT + SWAP_MIB + 64))
+        POD_UNIFIED='"memory.swap.max": "max"'
+        [[ "$c" == limitedswap ]] &&
+            POD_UNIFIED="\"memory.swap.max\": \"$((GROWER_REQUEST * MI * SWAP_MIB / (CAPACITY / MI)))\""
+        pod_run grower Burstable "$GROWER_REQUEST" "$GROWER_LIMIT" "$prefill" "$rate" "$most" "/bench/$gofile"
+        local ran=$?
+        POD_UNIFIED=""
+        ((ran == 0)) || { log "$tag: no grower pod"; return 0; }
+    else
+        # earlyoom's line is MemAvailable's, which drifts from
+        # memory.available as the machine fills: its grower stops LEAD
+        # above whichever line comes first, so that the race starts below
+        # neither.
+        if [[ "$c" == earlyoom ]]; then
+            local own
+            own=$(($(awk '$1 == "MemAvailable:" { print int($2 / 1024) }' /proc/meminfo) - EARLYOOM_KIB / 1024 - LEAD))
+            ((own < prefill)) && prefill=$own
+            ((prefill < 0)) && prefill=0
+        fi
+        pod_run grower BestEffort 0 0 "$prefill" "$rate" "$most" "/bench/$gofile" ||
+            { log "$tag: no grower pod"; return 0; }
+    fi
     local g_sb="$POD_SB" g_pid="$POD_PID" g_cg="$POD_CG" g_uid="$POD_UID"
-    # Until the grower holds its prefill.
-    for i in $(seq 300); do
-        (($(cat "$g_cg/memory.current" 2>/dev/null || echo 0) >= prefill * MI * 9 / 10)) && break
+    # Until the grower holds its prefill (in memory and swap), or stops
+    # growing (limitedswap: killed at its limit).
+    for i in $(seq 600); do
+        local held=$(($(cat "$g_cg/memory.current" 2>/dev/null || echo 0) + $(cat "$g_cg/memory.swap.current" 2>/dev/null || echo 0)))
+        ((held >= prefill * MI * 9 / 10)) && break
+        alive "$g_pid" || break
         sleep 0.1
     done
-    specs=(/sys/fs/cgroup/memory.stat:anon /sys/fs/cgroup/memory.stat:inactive_file
-        /proc/pressure/memory:full "$g_cg/memory.current")
+    if [[ "$SCENARIO" == swap ]]; then
+        specs=(/proc/meminfo:SwapFree /proc/pressure/memory:full "$g_cg/memory.current"
+            "$g_cg/memory.swap.current")
+    else
+        specs=(/sys/fs/cgroup/memory.stat:anon /sys/fs/cgroup/memory.stat:inactive_file
+            /proc/pressure/memory:full "$g_cg/memory.current")
+    fi
     for i in "${!STEADY[@]}"; do specs+=("${S_CG[i]}/memory.current"); done
     # The pods' OOM kills as they happen (the kernel log's stamps drift
-    # from CLOCK_MONOTONIC under TCG), then the root's file pages.
-    specs+=(/sys/fs/cgroup/kubepods.slice/memory.events:oom_kill /sys/fs/cgroup/memory.stat:file)
+    # from CLOCK_MONOTONIC under TCG), then the root's file pages (swap:
+    # PSI some).
+    specs+=(/sys/fs/cgroup/kubepods.slice/memory.events:oom_kill)
+    # (Memory: then MemAvailable, earlyoom's own signal.)
+    if [[ "$SCENARIO" == swap ]]; then
+        specs+=(/proc/pressure/memory:some)
+    else
+        specs+=(/sys/fs/cgroup/memory.stat:file /proc/meminfo:MemAvailable)
+    fi
+    local psi_before
+    psi_before="$(psi_totals)"
     "$bench/sampler" "$out/samples/$tag.samples" "$SAMPLE_US" 300 "$work/stop" "${specs[@]}" &
     local sampler=$!
     echo -1000 >/proc/$sampler/oom_score_adj
-    local kills_before
-    kills_before="$(pods_oom_kills)"
     local mark
     mark="$(rt_ns)"
     echo "criguard-oombench mark $tag $mark" >/dev/kmsg
@@ -353,7 +482,9 @@ one_run() {
     t0=$SECONDS
     local tail=$TAIL
     [[ "$c" == kernel ]] && tail=$KERNEL_TAIL
-    if ((rate > 0)); then budget=$(((LEAD + THRESHOLD) / rate + tail)); else budget=$tail; fi
+    local span=$((LEAD + THRESHOLD))
+    [[ "$SCENARIO" == swap ]] && span=$((LEAD + SWAP_LINE))
+    if ((rate > 0)); then budget=$((span / rate + tail)); else budget=$tail; fi
     while ((SECONDS - t0 < budget)) && alive "$g_pid"; do sleep 0.05; done
     sleep 1.5
     : >"$work/stop"
@@ -378,6 +509,7 @@ one_run() {
         echo "budget_s=$budget"
         echo "load1=$(cut -d' ' -f1 /proc/loadavg)"
         echo "prefill_mib=$prefill"
+        echo "psi_totals_us=$psi_before $(psi_totals)"
     } >"$rec"
     ((survived)) && kill -KILL "$g_pid"
     pod_rm "$g_sb"
@@ -407,6 +539,12 @@ fi
     echo "rates=$rates"
     echo "capacity_bytes=$CAPACITY"
     echo "threshold_mib=$THRESHOLD"
+    echo "scenario=$SCENARIO"
+    echo "swap_mib=$SWAP_MIB"
+    echo "swap_line_mib=$SWAP_LINE"
+    echo "stall_pct=$STALL_PCT"
+    echo "grower_request_mib=$GROWER_REQUEST"
+    echo "grower_limit_mib=$GROWER_LIMIT"
     echo "runs=$RUNS"
     echo "kernel_runs=$KERNEL_RUNS"
     echo "tail_s=$TAIL"
@@ -416,6 +554,7 @@ fi
     echo "nproc=$(nproc)"
     echo "systemd=$(systemctl --version | awk 'NR == 1 { print $2 }')"
     echo "sample_us=$SAMPLE_US"
+    echo "cgroup_subtree_control=$(cat /sys/fs/cgroup/cgroup.subtree_control)"
     echo "idle_available_mib=$(available_mib)"
     echo "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
 } >"$out/meta.txt"

@@ -10,6 +10,10 @@ realtime - monotonic in their header; criguard's and the journal's stamps
 are realtime; the kernel log's stamps are put on realtime through the mark
 the guest writes to /dev/kmsg at the start of each run.
 
+earlyoom acts on MemAvailable, not on memory.available: its runs are
+judged from its own line (the first sample with MemAvailable below its -M),
+each other contender's from the kubelet's.
+
 Usage: vm.py OUT   (then: report.py OUT)
 """
 
@@ -67,11 +71,11 @@ def rfc3339_ns(stamp):
 
 
 def criguard_actions(path):
-    """(realtime ns, pod uid, line) per eviction in criguard's JSON log: the
-    SIGKILL through the pod's cgroup when logged, else the decision."""
-    out, lines = [], []
+    """(realtime ns, pod uid) per eviction in criguard's JSON log
+    (race.criguard_acts), and all its lines."""
+    records, lines = [], []
     if not os.path.exists(path):
-        return out, lines
+        return [], lines
     for l in open(path, errors="replace"):
         l = l.rstrip("\n")
         try:
@@ -80,12 +84,9 @@ def criguard_actions(path):
             continue
         stamp = rfc3339_ns(j.get("timestamp", ""))
         lines.append((stamp, l))
-        msg = j.get("fields", {}).get("message", "")
-        if msg.startswith("evicting pod"):
-            out.append([stamp, j["fields"].get("uid", "")])
-        elif msg.startswith("pod's processes killed") and out and stamp is not None:
-            out[-1][0] = stamp
-    return out, lines
+        fields = j.get("fields", {})
+        records.append((stamp, fields.get("message", ""), fields.get("uid", "")))
+    return race.criguard_acts(records), lines
 
 
 def journal_actions(path, pattern):
@@ -109,27 +110,28 @@ def journal_actions(path, pattern):
 
 def samples_with_node_usage(src, dst):
     """The samples as race.analyse reads them: column 1 the root cgroup's
-    usage (anon + file, the last column), without the last two columns
-    (kubepods' oom_kill, file). Returns the guest's realtime - monotonic
-    (ns) and the CLOCK_MONOTONIC stamps at which kubepods' oom_kill rose,
-    one per kill."""
-    offset, rises, last = 0, [], None
+    usage (anon + file), without the last three columns (kubepods'
+    oom_kill, file, MemAvailable). Returns the guest's realtime - monotonic
+    (ns), the CLOCK_MONOTONIC stamps at which kubepods' oom_kill rose, one
+    per kill, and (stamp, MemAvailable kB) per sample."""
+    offset, rises, last, memavail = 0, [], None, []
     with open(src) as f, open(dst, "w") as o:
         for line in f:
             if line.startswith("#"):
                 offset = int(line.split()[-1])
                 continue
             r = line.split()
-            if len(r) < 4:
+            if len(r) < 5:
                 continue
-            r[1] = str(int(r[1]) + int(r[-1]))
-            kills = int(r[-2])
+            r[1] = str(int(r[1]) + int(r[-2]))
+            kills = int(r[-3])
             if last is not None and kills > last:
                 rises += [int(r[0])] * (kills - last)
             if kills >= 0:
                 last = kills
-            o.write(" ".join(r[:-2]) + "\n")
-    return offset, rises
+            memavail.append((int(r[0]), int(r[-1])))
+            o.write(" ".join(r[:-3]) + "\n")
+    return offset, rises, memavail
 
 
 def main():
@@ -140,8 +142,9 @@ def main():
     race.THRESHOLD = int(meta["threshold_mib"])
     kmsg = kmsg_records(f"{out}/kmsg.txt")
     logs = {}
-    for c in ("criguard-events", "criguard-tick"):
-        logs[c] = criguard_actions(f"{out}/{c}.log")
+    for c in meta["contenders"].split(","):
+        if c.startswith("criguard-"):
+            logs[c] = criguard_actions(f"{out}/{c}.log")
     logs["systemd-oomd"] = journal_actions(f"{out}/systemd-oomd.log", r"Killed (\S+) due to")
     logs["earlyoom"] = journal_actions(f"{out}/earlyoom.log", r"sending SIG\w+ to process (\d+)")
     rows = []
@@ -156,7 +159,7 @@ def main():
         if not os.path.exists(src):
             continue
         tmp = f"{out}/samples/{tag}.node"
-        offset, rises = samples_with_node_usage(src, tmp)  # realtime - monotonic
+        offset, rises, memavail = samples_with_node_usage(src, tmp)  # realtime - monotonic
         name, uid, pid = rec["grower"].split(":")
         grower = Pod(name, uid, int(pid))
         steady, dead = [], []
@@ -214,8 +217,13 @@ def main():
                          f"during its prefill, before the race ({first[4]} bytes at the start)\n")
             os.unlink(tmp)
             continue
+        # earlyoom is judged from its own line: MemAvailable below its -M.
+        own = None
+        if c == "earlyoom" and "earlyoom_M_kib" in meta:
+            line_kb = int(meta["earlyoom_M_kib"].split()[0])
+            own = next((t for t, kb in memavail if t >= go_mono and 0 <= kb < line_kb), None)
         res = race.analyse(tmp, steady, grower, kills, after - before, evictions, dead, cap,
-                           since=go_mono - 1_000_000_000)
+                           since=go_mono - 1_000_000_000, own_crossing=own)
         if res["actor"] == "none" and evictions:
             # Acted before the kubelet's memory.available crossed (earlyoom
             # reads MemAvailable, another figure): the right victim is the
