@@ -493,17 +493,14 @@ mod tests {
         meminfo(300 * 1024);
         let srcs = sources(t.path(), t.path());
         assert_eq!(srcs.cgroups.layout(), Layout::V1);
-        let config = EvictionConfig {
-            hard: vec![threshold(
+        let config = config(
+            vec![threshold(
                 Signal::SwapAvailable,
                 Amount::Quantity(128 * MI),
                 None,
             )],
-            soft: vec![],
-            max_pod_grace_period: None,
-            pressure_transition_period: std::time::Duration::from_secs(300),
-            housekeeping_interval: std::time::Duration::from_secs(10),
-        };
+            vec![],
+        );
         let mut ev = MemoryEvents::new(srcs, &config, PsiSettings::default());
         let obs = ev.sources.observe();
         ev.rearm(&obs);
@@ -532,17 +529,14 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         write_fixture_controllers(t.path());
         crate::signals::write_fixture(t.path(), "memory.stat", "anon 1000\nfile 0\n");
-        let config = EvictionConfig {
-            hard: vec![threshold(
+        let config = config(
+            vec![threshold(
                 Signal::MemoryAvailable,
                 Amount::Quantity(200 * MI),
                 None,
             )],
-            soft: vec![],
-            max_pod_grace_period: None,
-            pressure_transition_period: std::time::Duration::from_secs(300),
-            housekeeping_interval: std::time::Duration::from_secs(10),
-        };
+            vec![],
+        );
         let mut ev =
             MemoryEvents::new(sources(t.path(), t.path()), &config, PsiSettings::default());
         let w = Watch::Poll {
@@ -562,6 +556,18 @@ mod tests {
         assert!(drained.len() <= 1, "{drained:?}");
     }
 
+    /// The eviction configuration with `hard` and `soft` thresholds and
+    /// the kubelet's other defaults.
+    fn config(hard: Vec<Threshold>, soft: Vec<Threshold>) -> EvictionConfig {
+        EvictionConfig {
+            hard,
+            soft,
+            max_pod_grace_period: None,
+            pressure_transition_period: std::time::Duration::from_secs(300),
+            housekeeping_interval: std::time::Duration::from_secs(10),
+        }
+    }
+
     fn write_fixture_controllers(root: &std::path::Path) {
         crate::signals::write_fixture(root, "cgroup.controllers", "cpu memory pids\n");
     }
@@ -569,21 +575,18 @@ mod tests {
     #[test]
     fn only_memory_and_swap_thresholds_are_watched() {
         let t = tempfile::tempdir().unwrap();
-        let config = EvictionConfig {
-            hard: vec![
+        let config = config(
+            vec![
                 threshold(Signal::MemoryAvailable, Amount::Quantity(MI), None),
                 threshold(Signal::PidAvailable, Amount::Quantity(100), None),
                 threshold(Signal::SwapAvailable, Amount::Quantity(MI), None),
             ],
-            soft: vec![threshold(
+            vec![threshold(
                 Signal::AllocatableMemoryAvailable,
                 Amount::Quantity(MI),
                 Some(30),
             )],
-            max_pod_grace_period: None,
-            pressure_transition_period: std::time::Duration::from_secs(300),
-            housekeeping_interval: std::time::Duration::from_secs(10),
-        };
+        );
         let ev = MemoryEvents::new(sources(t.path(), t.path()), &config, PsiSettings::default());
         let signals: Vec<Signal> = ev.thresholds.iter().map(|t| t.signal).collect();
         assert_eq!(
