@@ -110,7 +110,7 @@ pub struct EvictionMetrics {
     pub pressure_to_kill: Histogram,
     /// Eviction rounds, by what started them.
     pub rounds: Family<TriggerLabels, Counter>,
-    /// Pods killed at a poll's crossing by the ranking kept ready, before
+    /// Pods killed at a memory event's crossing by the ranking kept ready, before
     /// the round that records their eviction.
     pub crossing_kills: Counter,
     /// Pods evicted for a local-storage limit, by the limit.
@@ -179,7 +179,7 @@ impl EvictionMetrics {
         );
         registry.register(
             "criguard_crossing_kills",
-            "Pods killed the moment a poll saw a hard memory threshold crossed, by the memory ranking kept ready near the line, before the round that records their eviction",
+            "Pods killed the moment a memory event read a hard memory threshold crossed, by the memory ranking kept ready near the line, before the round that records their eviction",
             self.crossing_kills.clone(),
         );
         registry.register(

@@ -1,5 +1,6 @@
 //! The memory ranking kept ready while a hard memory threshold is near,
-//! so that the poll that sees the line crossed can kill at once: no
+//! so that the memory event that reads the line crossed (a cgroup v2 poll,
+//! a cgroup v1 usage line read back when it fires) can kill at once: no
 //! observation and no ranking stand between the crossing and the SIGKILL.
 //!
 //! While the last observation puts a hard memory threshold (no grace
@@ -66,7 +67,7 @@ impl<V> Ready<V> {
     }
 }
 
-/// `obs` with `signal` read as `reading` where that is lower: the poll's
+/// `obs` with `signal` read as `reading` where that is lower: the event's
 /// reading was observed, milliseconds before, and the kill since may
 /// already have given memory back.
 pub fn merge(obs: &mut Observations, signal: Signal, reading: &Observation) {

@@ -15,6 +15,7 @@ use std::time::Duration;
 use common::memcg::{Filler, MEMORY, Proc, TestCgroup, UNIFIED, in_cgroups};
 use criguard::cgroup::fs::{CgroupFs, stat_value};
 use criguard::config::{Amount, EvictionConfig, Threshold};
+use criguard::eviction::ready::BAND;
 use criguard::signals::node::NodeSources;
 use criguard::signals::notify::v2::{FileModified, PsiSettings, PsiTrigger, psi_total};
 use criguard::signals::notify::{MemoryEvent, MemoryEvents, Watch, v1::usage_threshold};
@@ -110,6 +111,15 @@ async fn memcg_threshold_event_fires_after_usage_crosses_the_kubelets_line_and_n
     }
     let ev = seen.expect("an event once usage crossed the line");
     assert_eq!(ev.watch, armed[0]);
+    // Read back when it fired: the signal below its threshold, which the
+    // eviction loop may kill at once for.
+    let crossed = ev.crossed.expect("the crossing's reading");
+    assert_eq!(crossed.signal, Signal::AllocatableMemoryAvailable);
+    assert_eq!(crossed.reading.capacity, limit);
+    assert!(
+        crossed.reading.available < amount as i64,
+        "{crossed:?} not below {amount}"
+    );
 
     // Re-armed after the observation it caused: same line (inactive_file
     // did not move), same registration.
@@ -118,11 +128,60 @@ async fn memcg_threshold_event_fires_after_usage_crosses_the_kubelets_line_and_n
     // The kernel also signals the way down: the filler's memory going away.
     drop(filler);
     let down = event_within(&mut events, Duration::from_secs(10)).await;
-    assert!(
-        down.is_some(),
-        "no event when usage fell back below the line"
-    );
+    let down = down.expect("an event when usage fell back below the line");
+    assert_eq!(down.crossed, None, "read back above the threshold");
     assert!(cg.read_u64("memory.usage_in_bytes") < line);
+}
+
+#[tokio::test]
+async fn a_second_line_says_when_usage_comes_within_the_band_of_a_hard_threshold() {
+    let cg = TestCgroup::create(MEMORY, "criguard-ev");
+    let limit = 512 * MI;
+    cg.write("memory.limit_in_bytes", &limit.to_string());
+    let mut filler = Filler::start(&[&cg]);
+    let src = sources(&cg.name());
+    // The threshold's line 16 MiB past the band's, itself 16 MiB above usage.
+    let usage = cg.read_u64("memory.usage_in_bytes");
+    let amount = limit - usage - 32 * MI - BAND;
+    let mut events = MemoryEvents::new(src.clone(), &allocatable_below(amount), Default::default());
+    events.rearm(&src.observe());
+    let armed = events.armed();
+    let [
+        Watch::Usage {
+            bytes: line,
+            band: false,
+            ..
+        },
+        Watch::Usage {
+            bytes: band_line,
+            band: true,
+            ..
+        },
+    ] = armed[..]
+    else {
+        panic!("the threshold's line and the band's expected, armed: {armed:?}");
+    };
+    assert_eq!(line - band_line, BAND);
+    cg.write("memory.max_usage_in_bytes", "0");
+    let mut seen = None;
+    for mib in 2..=40 {
+        filler.grow_to(mib);
+        if let Some(ev) = event_within(&mut events, Duration::from_millis(100)).await {
+            seen = Some(ev);
+            break;
+        }
+    }
+    let ev = seen.expect("an event once usage came within the band");
+    let peak = cg.read_u64("memory.max_usage_in_bytes");
+    assert!(
+        peak >= band_line && peak < line,
+        "peak {peak}, lines {band_line} and {line}"
+    );
+    assert_eq!(ev.watch, armed[1]);
+    assert_eq!(ev.crossed, None, "near, not past: nothing to kill for");
+    // Observed near, re-armed: the threshold's line alone.
+    events.rearm(&src.observe());
+    assert_eq!(events.armed(), armed[..1]);
 }
 
 #[tokio::test]
@@ -130,8 +189,9 @@ async fn a_removed_memcg_fires_once_and_a_recreated_one_is_armed_anew() {
     let cg = TestCgroup::create(MEMORY, "criguard-ev");
     cg.write("memory.limit_in_bytes", &(256 * MI).to_string());
     let src = sources(&cg.name());
+    // Within the band of its line: one watch, no band line.
     let mut events =
-        MemoryEvents::new(src.clone(), &allocatable_below(64 * MI), Default::default());
+        MemoryEvents::new(src.clone(), &allocatable_below(200 * MI), Default::default());
     events.rearm(&src.observe());
     assert_eq!(events.armed().len(), 1);
 
@@ -176,6 +236,8 @@ async fn a_line_passed_between_observing_and_arming_is_reported_at_once() {
         .await
         .expect("the line passed after the observation is reported");
     assert_eq!(ev.detail, "crossed while being armed");
+    let crossed = ev.crossed.expect("read back past the threshold");
+    assert!(crossed.reading.available < amount as i64, "{crossed:?}");
 
     // Armed from an observation that already meets the threshold: the round
     // that read it has acted, so there is nothing new to report.

@@ -1,4 +1,4 @@
-//! The kill at a poll's crossing by the memory ranking kept ready
+//! The kill at a memory event's crossing by the memory ranking kept ready
 //! ([`crate::eviction::ready`]): the manager's side.
 
 use std::collections::BTreeSet;
@@ -12,14 +12,14 @@ use crate::eviction::thresholds::{Observation, Observations};
 use crate::lock::RwLocked;
 use crate::signals::notify::Crossing;
 
-/// A pod killed at a poll's crossing, whose eviction the next round records.
+/// A pod killed at a memory event's crossing, whose eviction the next round records.
 #[derive(Clone, Debug)]
 pub(super) struct PreKilled {
     /// The pod, as the ready ranking had it.
     pub(super) victim: Victim,
     /// The threshold crossed.
     pub(super) threshold: Threshold,
-    /// The signal as the poll read it.
+    /// The signal as the event read it.
     pub(super) reading: Observation,
 }
 
@@ -77,7 +77,7 @@ impl EvictionManager {
         tracing::info!(
             pod = %format!("{}/{}", v.pod.namespace, v.pod.name), threshold = %t,
             available = c.reading.available, ranked_ms_ago = super::ms(now.saturating_duration_since(at)),
-            "pod killed as the poll saw the threshold crossed, by the memory ranking kept ready; its eviction follows"
+            "pod killed as a memory event read the threshold crossed, by the memory ranking kept ready; its eviction follows"
         );
         self.ready = None;
         self.pre_killed = Some(PreKilled {

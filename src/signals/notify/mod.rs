@@ -9,6 +9,9 @@
 //!   and soft, placed where the kubelet's memory threshold notifier places
 //!   them: `memory.available` on the root memcg, `allocatableMemory.available`
 //!   on the pods' cgroup. `inactive_file` moves, so the lines move with it.
+//!   A line that fires is read back (the kernel signals the way down too),
+//!   and a hard one gets a second line [`crate::eviction::ready::BAND`]
+//!   before it, so that a ranking is ready when usage reaches the first.
 //! - cgroup v2 ([`v2`]): a PSI trigger on the `memory.pressure` of each
 //!   memory signal's cgroup (the system-wide `/proc/pressure/memory` for the
 //!   root when the root has none), and change notification of the pods'
@@ -78,7 +81,9 @@ fn register(
 /// An armed watch.
 #[derive(Debug)]
 enum Source {
-    Usage(UsageThreshold),
+    /// A v1 usage line, with the signal to read once it is crossed (none
+    /// for a band line, which only says the signal came near).
+    Usage(UsageThreshold, Option<MemoryPoll>),
     Pressure(PsiTrigger),
     Modified(FileModified),
     Poll(MemoryPoll),
@@ -111,15 +116,7 @@ impl MemoryPoll {
             tokio::time::sleep(wait).await;
             let available = self.read()?;
             let headroom = available - self.below as i64;
-            if headroom < 0 {
-                let reading = Observation {
-                    available,
-                    capacity: self.capacity,
-                };
-                let crossing = Crossing {
-                    signal: self.signal,
-                    reading,
-                };
+            if let Some(crossing) = self.crossing(available) {
                 let detail = format!("available {available} below {}", self.below);
                 return Ok((detail, Some(crossing)));
             }
@@ -132,6 +129,17 @@ impl MemoryPoll {
 }
 
 impl MemoryPoll {
+    /// `available` as a crossing of the threshold, if it is below it.
+    fn crossing(&self, available: i64) -> Option<Crossing> {
+        (available < self.below as i64).then_some(Crossing {
+            signal: self.signal,
+            reading: Observation {
+                available,
+                capacity: self.capacity,
+            },
+        })
+    }
+
     /// The signal's available bytes now (a node without swap any more has
     /// none left).
     fn read(&self) -> Result<i64, EventError> {
@@ -146,7 +154,7 @@ impl MemoryPoll {
     }
 }
 
-/// A poll's reading past its line: what the eviction loop may act on at
+/// A memory signal read past its line: what the eviction loop may act on at
 /// once ([`crate::eviction::ready`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Crossing {
@@ -174,8 +182,25 @@ impl Source {
                 below: *below,
                 near: *near,
             }),
-            Watch::Usage { dir, bytes, .. } => {
-                Source::Usage(UsageThreshold::register(dir, *bytes)?)
+            Watch::Usage {
+                signal,
+                dir,
+                bytes,
+                cgroup,
+                capacity,
+                below,
+                band,
+                ..
+            } => {
+                let read = (!band).then(|| MemoryPoll {
+                    sources: sources.clone(),
+                    from: PollFrom::Memcg(cgroup.clone()),
+                    signal: *signal,
+                    capacity: *capacity,
+                    below: *below,
+                    near: true,
+                });
+                Source::Usage(UsageThreshold::register(dir, *bytes)?, read)
             }
             Watch::Pressure { path } => Source::Pressure(PsiTrigger::arm(path, psi)?),
             Watch::Modified { path } => Source::Modified(FileModified::watch(path)?),
@@ -184,7 +209,7 @@ impl Source {
 
     fn is_stale(&self) -> bool {
         match self {
-            Source::Usage(s) => s.is_stale(),
+            Source::Usage(s, _) => s.is_stale(),
             Source::Pressure(s) => s.is_stale(),
             Source::Modified(s) => s.is_stale(),
             Source::Poll(_) => false,
@@ -192,13 +217,26 @@ impl Source {
     }
 
     /// Waits for the source to fire; says what it saw, and the reading
-    /// when a poll saw its line crossed.
+    /// when a poll or a usage line saw the threshold crossed.
     async fn fired(&mut self) -> Result<(String, Option<Crossing>), EventError> {
-        if let Source::Poll(s) = self {
-            return s.fired().await;
-        }
         let detail = match self {
-            Source::Usage(s) => format!("{} crossing(s)", s.fired().await?),
+            Source::Poll(s) => return s.fired().await,
+            Source::Usage(s, read) => {
+                let detail = format!("{} crossing(s)", s.fired().await?);
+                // The kernel signals the way down too, and the line was
+                // drawn with the page cache of the last observation: the
+                // signal read now says whether it is below its threshold.
+                let Some(read) = read else {
+                    return Ok((detail, None));
+                };
+                return Ok(match read.read() {
+                    Ok(available) => (
+                        format!("{detail}, available {available}"),
+                        read.crossing(available),
+                    ),
+                    Err(err) => (format!("{detail} ({err})"), None),
+                });
+            }
             Source::Pressure(s) => {
                 s.fired().await?;
                 "stall".to_owned()
@@ -212,7 +250,6 @@ impl Source {
                     .collect();
                 up.join(", ")
             }
-            Source::Poll(_) => unreachable!("answered above"),
         };
         Ok((detail, None))
     }
@@ -227,7 +264,8 @@ pub struct MemoryEvent {
     pub detail: String,
     /// When criguard saw it.
     pub at: Instant,
-    /// A poll's reading past its threshold.
+    /// The signal read past its threshold by a poll or after a usage line
+    /// fired.
     pub crossed: Option<Crossing>,
 }
 
@@ -303,7 +341,7 @@ impl MemoryEvents {
                         }
                     }
                 }
-                let mut watches = plan_v1(&self.thresholds, obs, &memcgs);
+                let mut watches = plan_v1(&self.thresholds, obs, &memcgs, &kubepods);
                 watches.extend(plan_polls(&self.thresholds, obs, &kubepods, false));
                 watches
             }
@@ -350,13 +388,17 @@ impl MemoryEvents {
                         tracing::info!(watch = %w, "memory event armed again");
                     }
                     tracing::debug!(watch = %w, "memory event armed");
-                    let passed = matches!(&s, Source::Usage(u) if u.past_when_registered());
+                    let passed = matches!(&s, Source::Usage(u, _) if u.past_when_registered());
                     if passed && !self.met(&w, obs) {
+                        let crossed = match &s {
+                            Source::Usage(_, Some(r)) => r.read().ok().and_then(|a| r.crossing(a)),
+                            _ => None,
+                        };
                         self.pending.push_back(MemoryEvent {
                             watch: w.clone(),
                             detail: "crossed while being armed".into(),
                             at: Instant::now(),
-                            crossed: None,
+                            crossed,
                         });
                     }
                     self.armed.push((w, s));

@@ -25,6 +25,16 @@ pub enum Watch {
         dir: PathBuf,
         /// The usage line, bytes ([`usage_threshold`]).
         bytes: u64,
+        /// The memcg as a cgroup path, read when the line is crossed.
+        cgroup: String,
+        /// The signal's capacity, bytes.
+        capacity: u64,
+        /// The threshold: met when available falls below this, bytes.
+        below: u64,
+        /// Whether this line stands [`crate::eviction::ready::BAND`] above
+        /// the threshold's, to tell the eviction loop that the signal came
+        /// near (it then keeps a ranking ready), rather than at it.
+        band: bool,
     },
     /// A PSI trigger on a pressure file.
     Pressure {
@@ -73,10 +83,15 @@ impl Watch {
     pub(super) fn place(&self) -> String {
         match self {
             Watch::Usage {
-                signal, soft, dir, ..
+                signal,
+                soft,
+                dir,
+                band,
+                ..
             } => {
                 let kind = if *soft { "soft" } else { "hard" };
-                format!("{kind} {signal} threshold on {}", dir.display())
+                let what = if *band { "band" } else { "threshold" };
+                format!("{kind} {signal} {what} on {}", dir.display())
             }
             Watch::Pressure { path } => format!("PSI trigger on {}", path.display()),
             Watch::Modified { path } => format!("changes of {}", path.display()),
@@ -134,25 +149,46 @@ pub struct MemcgReading {
 }
 
 /// cgroup v1: one usage line per memory threshold (hard and soft) whose
-/// signal was observed and whose memcg was read.
+/// signal was observed and whose memcg was read, and, for a threshold that
+/// kills at its crossing ([`ready::fast`]) and is not yet near, a second
+/// line [`ready::BAND`] before it, so that the ranking is ready by the
+/// time usage reaches the first.
 pub fn plan_v1(
     thresholds: &[Threshold],
     obs: &Observations,
     memcgs: &BTreeMap<Signal, MemcgReading>,
+    pods_cgroup: &str,
 ) -> Vec<Watch> {
-    thresholds
-        .iter()
-        .filter_map(|t| {
-            let o = obs.get(&t.signal)?;
-            let m = memcgs.get(&t.signal)?;
-            Some(Watch::Usage {
-                signal: t.signal,
-                soft: t.grace_period.is_some(),
-                dir: m.dir.clone(),
-                bytes: usage_threshold(o.capacity, t.amount.resolve(o.capacity), m.inactive_file),
-            })
-        })
-        .collect()
+    let mut out = Vec::new();
+    for t in thresholds {
+        let (Some(o), Some(m), Some(cgroup)) = (
+            obs.get(&t.signal),
+            memcgs.get(&t.signal),
+            signal_cgroup(t.signal, pods_cgroup),
+        ) else {
+            continue;
+        };
+        let below = t.amount.resolve(o.capacity);
+        let line = |band: bool| Watch::Usage {
+            signal: t.signal,
+            soft: t.grace_period.is_some(),
+            dir: m.dir.clone(),
+            bytes: usage_threshold(
+                o.capacity,
+                below + if band { ready::BAND } else { 0 },
+                m.inactive_file,
+            ),
+            cgroup: cgroup.to_owned(),
+            capacity: o.capacity,
+            below,
+            band,
+        };
+        out.push(line(false));
+        if ready::fast(t) && o.available - below as i64 >= ready::BAND as i64 {
+            out.push(line(true));
+        }
+    }
+    out
 }
 
 /// A poll of each memory (cgroup v2) and swap threshold not met in `obs`
@@ -423,26 +459,73 @@ pub(super) mod tests {
             ),
             threshold(Signal::NodefsAvailable, Amount::Percentage(10.0), None),
         ];
+        let usage =
+            |signal, soft, dir: &str, bytes, cgroup: &str, capacity, below, band| Watch::Usage {
+                signal,
+                soft,
+                dir: t.path().join(dir),
+                bytes,
+                cgroup: cgroup.to_owned(),
+                capacity,
+                below,
+                band,
+            };
+        let node = Signal::MemoryAvailable;
+        let pods = Signal::AllocatableMemoryAvailable;
         assert_eq!(
-            plan_v1(&thresholds, &obs, &memcgs),
+            plan_v1(&thresholds, &obs, &memcgs, "/kubepods"),
             [
-                Watch::Usage {
-                    signal: Signal::MemoryAvailable,
-                    soft: false,
-                    dir: t.path().join("memory"),
-                    bytes: (1024 - 100 + 50) * MI,
-                },
-                Watch::Usage {
-                    signal: Signal::AllocatableMemoryAvailable,
-                    soft: true,
-                    dir: t.path().join("memory/kubepods"),
-                    // 25 % of 512Mi allocatable is 128Mi.
-                    bytes: (512 - 128 + 8) * MI,
-                },
+                usage(
+                    node,
+                    false,
+                    "memory",
+                    (1024 - 100 + 50) * MI,
+                    "/",
+                    1024 * MI,
+                    100 * MI,
+                    false
+                ),
+                // 500Mi above a hard line: a second line tells when it
+                // comes within the band.
+                usage(
+                    node,
+                    false,
+                    "memory",
+                    (1024 - 100 - 128 + 50) * MI,
+                    "/",
+                    1024 * MI,
+                    100 * MI,
+                    true
+                ),
+                // 25 % of 512Mi allocatable is 128Mi; soft, so no band.
+                usage(
+                    pods,
+                    true,
+                    "memory/kubepods",
+                    (512 - 128 + 8) * MI,
+                    "/kubepods",
+                    512 * MI,
+                    128 * MI,
+                    false
+                ),
             ]
+        );
+        // Within the band already: the threshold's line alone.
+        let mut close = obs.clone();
+        close.signals.get_mut(&node).unwrap().available = 200 * MI as i64;
+        assert_eq!(
+            plan_v1(&thresholds[..1], &close, &memcgs, "/kubepods").len(),
+            1
+        );
+        assert_eq!(
+            usage(node, false, "memory", 0, "/", 0, 0, true).to_string(),
+            format!(
+                "hard memory.available band on {}/memory (usage 0)",
+                t.path().display()
+            )
         );
         // A signal that was not observed gets no line.
         let none = Observations::new(obs.at);
-        assert!(plan_v1(&thresholds, &none, &memcgs).is_empty());
+        assert!(plan_v1(&thresholds, &none, &memcgs, "/kubepods").is_empty());
     }
 }
