@@ -261,8 +261,20 @@ def analyse(samples, steady, grower, kernel_kills_seen, counted, evictions, dead
     # Each pod once: an evicted pod's process is dead too.
     collateral = len({p.name for p in dead} | {name_of(k) for _, k in evictions} - {"grower"})
     if crossing is None:
-        res.update(act_ms="", freed_ms="", actor="none", victim="", right=False,
-                   collateral=collateral, first="")
+        # No sample below the line: nothing acted, or a contender acted
+        # within a sample period of its crossing (its kill stopped the
+        # grower before the next sample). Ranked at the last sample before.
+        acts = sorted((t, name_of(k)) for t, k in evictions
+                      if t is not None and (since is None or t >= since))
+        actor, victim, first = "none", "", ""
+        if acts and not kernel_kills:
+            at, victim = acts[0]
+            before = [r for r in rows if r[0] <= at] or rows[:1]
+            usage = {p.name: before[-1][5 + i] for i, p in enumerate(steady)}
+            usage["grower"] = before[-1][4]
+            actor, first = "contender", kubelet_first(pods, usage)
+        res.update(act_ms="", freed_ms="", actor=actor, victim=victim, right=bool(victim) and victim == first,
+                   collateral=collateral, first=first)
         return res
     tc = rows[crossing][0]
     peak = 0

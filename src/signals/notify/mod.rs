@@ -342,14 +342,14 @@ impl MemoryEvents {
                     }
                 }
                 let mut watches = plan_v1(&self.thresholds, obs, &memcgs, &kubepods);
-                watches.extend(plan_polls(&self.thresholds, obs, &kubepods, false));
+                watches.extend(plan_polls(&self.thresholds, obs, &kubepods, Layout::V1));
                 watches
             }
             Layout::V2 => {
                 let signals = self.thresholds.iter().map(|t| t.signal).collect();
                 let mut watches = plan_v2(&self.sources, &signals);
                 let kubepods = self.sources.kubepods();
-                watches.extend(plan_polls(&self.thresholds, obs, &kubepods, true));
+                watches.extend(plan_polls(&self.thresholds, obs, &kubepods, Layout::V2));
                 watches
             }
         }

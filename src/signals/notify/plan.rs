@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use super::v1::usage_threshold;
+use crate::cgroup::fs::Layout;
 use crate::config::Threshold;
 use crate::eviction::ready;
 use crate::eviction::thresholds::Observations;
@@ -191,38 +192,45 @@ pub fn plan_v1(
     out
 }
 
-/// A poll of each memory (cgroup v2) and swap threshold not met in `obs`
-/// (one that is met needs no wake-up: the eviction loop is acting on it).
+/// A poll of each memory and swap threshold not met in `obs` (one that is
+/// met needs no wake-up: the eviction loop is acting on it).
+///
 /// The kernel tells a v2 memcg's usage crossing a line only at its limits,
 /// and PSI only once the node stalls, which on a node without swap comes
 /// late; it tells nothing of swap on either version: reading the signal
 /// itself near its threshold is what v1's usage threshold does in the
-/// kernel. `memory` says whether memory signals are polled (v2) or left to
-/// the usage thresholds (v1).
+/// kernel. On v1 (`layout`) a memory threshold is polled only once it is
+/// within [`ready::BAND`] of a line that kills at its crossing: the kernel
+/// checks usage lines every 128 pages charged per CPU, which memory growing
+/// slowly takes tens of milliseconds to charge; elsewhere the usage lines
+/// ([`plan_v1`]) are enough.
 pub fn plan_polls(
     thresholds: &[Threshold],
     obs: &Observations,
     pods_cgroup: &str,
-    memory: bool,
+    layout: Layout,
 ) -> Vec<Watch> {
     thresholds
         .iter()
         .filter_map(|t| {
             let o = obs.get(&t.signal)?;
+            let below = t.amount.resolve(o.capacity);
+            let headroom = o.available - below as i64;
+            let near = headroom < ready::BAND as i64;
             let from = match (t.signal.source(), signal_cgroup(t.signal, pods_cgroup)) {
-                (_, Some(cgroup)) if memory => PollFrom::Memcg(cgroup.to_owned()),
+                (_, Some(cgroup)) if layout == Layout::V2 || (near && ready::fast(t)) => {
+                    PollFrom::Memcg(cgroup.to_owned())
+                }
                 (Source::Swap, _) => PollFrom::Swap,
                 _ => return None,
             };
-            let below = t.amount.resolve(o.capacity);
-            let headroom = o.available - below as i64;
             (headroom >= 0).then(|| Watch::Poll {
                 signal: t.signal,
                 soft: t.grace_period.is_some(),
                 from,
                 capacity: o.capacity,
                 below,
-                near: !ready::fast(t) || headroom < ready::BAND as i64,
+                near: !ready::fast(t) || near,
             })
         })
         .collect()
@@ -283,7 +291,7 @@ pub(super) mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::cgroup::fs::{CgroupFs, Layout};
+    use crate::cgroup::fs::CgroupFs;
     use crate::config::Amount;
     use crate::eviction::thresholds::Observation;
     use crate::signals::write_fixture as write;
@@ -400,7 +408,7 @@ pub(super) mod tests {
         // 400Mi above the hard line: it says when it comes within the band
         // where a ranking is kept ready; the soft one keeps none.
         assert_eq!(
-            plan_polls(&thresholds, &obs, "/kubepods.slice", true),
+            plan_polls(&thresholds, &obs, "/kubepods.slice", Layout::V2),
             [poll(false, 200 * MI, false), poll(true, 300 * MI, true)]
         );
         let mut close = obs.clone();
@@ -410,10 +418,18 @@ pub(super) mod tests {
             .unwrap()
             .available = 250 * MI as i64;
         assert_eq!(
-            plan_polls(&thresholds[..1], &close, "/kubepods.slice", true),
+            plan_polls(&thresholds[..1], &close, "/kubepods.slice", Layout::V2),
             [poll(false, 200 * MI, true)]
         );
         assert_eq!(poll(false, 200 * MI, false).kind(), "poll");
+        // cgroup v1: the usage lines watch memory; a poll only within the
+        // band of a hard line, where the kernel's batched checks trail
+        // slow growth.
+        assert!(plan_polls(&thresholds, &obs, "/kubepods.slice", Layout::V1).is_empty());
+        assert_eq!(
+            plan_polls(&thresholds, &close, "/kubepods.slice", Layout::V1),
+            [poll(false, 200 * MI, true)]
+        );
         // 4 GiB/s: a second for 4Gi of headroom, the floor near the line.
         assert_eq!(poll_interval(64 << 30), POLL_MAX);
         assert_eq!(

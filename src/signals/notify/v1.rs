@@ -56,7 +56,17 @@ impl UsageThreshold {
             .map_err(|e| EventError::new("eventfd for", dir, e.into()))?;
         let eventfd = File::from(OwnedFd::from(eventfd));
         let control = dir.join("cgroup.event_control");
-        let line = format!("{} {} {bytes}", eventfd.as_raw_fd(), usage_file.as_raw_fd());
+        // The kernel signals usage reaching its value; the policy is
+        // available strictly below the threshold, usage strictly above
+        // `bytes`. Registered at `bytes` itself, usage resting exactly on
+        // the line (memory grown in whole MiB steps) would be signalled,
+        // read back as not past, and never signalled again as it went on.
+        let line = format!(
+            "{} {} {}",
+            eventfd.as_raw_fd(),
+            usage_file.as_raw_fd(),
+            bytes.saturating_add(1)
+        );
         OpenOptions::new()
             .write(true)
             .open(&control)
