@@ -145,9 +145,10 @@ def criguard_acts(records):
     """[stamp, pod uid] per eviction from criguard's log records (stamp,
     message, uid), in order: the SIGKILL through the pod's cgroup when it
     is logged ("pod's processes killed"), else the decision ("evicting
-    pod"). A pod killed the moment a poll saw the line crossed ("pod killed
-    as the poll saw ...") is logged before its "evicting pod": that kill is
-    its act."""
+    pod"). A pod killed the moment a memory event read the line crossed
+    ("pod killed as a memory event read ...", before 2026-11-28 17:00 UTC
+    "pod killed as the poll saw ...") is logged before its "evicting pod":
+    that kill is its act."""
     out, kill, crossing = [], None, None
     for stamp, msg, uid in records:
         if msg.startswith("pod's processes killed"):
@@ -155,7 +156,7 @@ def criguard_acts(records):
                 out[-1][0], out[-1][2] = stamp, True
             else:
                 kill = stamp
-        elif msg.startswith("pod killed as the poll saw"):
+        elif msg.startswith(("pod killed as a memory event", "pod killed as the poll saw")):
             crossing = kill if kill is not None else stamp
         elif msg.startswith("evicting pod"):
             out.append([crossing if crossing is not None else stamp, uid, crossing is not None])
@@ -263,11 +264,11 @@ def analyse(samples, steady, grower, kernel_kills_seen, counted, evictions, dead
     if crossing is None:
         # No sample below the line: nothing acted, or a contender acted
         # within a sample period of its crossing (its kill stopped the
-        # grower before the next sample). Ranked at the last sample before.
-        acts = sorted((t, name_of(k)) for t, k in evictions
-                      if t is not None and (since is None or t >= since))
+        # grower before the next sample). Ranked at the last sample before
+        # (the VM tier, `since`, judges these runs itself: vm.py).
+        acts = sorted((t, name_of(k)) for t, k in evictions if t is not None)
         actor, victim, first = "none", "", ""
-        if acts and not kernel_kills:
+        if acts and not kernel_kills and since is None:
             at, victim = acts[0]
             before = [r for r in rows if r[0] <= at] or rows[:1]
             usage = {p.name: before[-1][5 + i] for i, p in enumerate(steady)}
