@@ -61,6 +61,7 @@ pub mod lock;
 pub mod lograte;
 pub mod metrics;
 pub mod model;
+pub mod nri;
 pub mod oom;
 pub mod pidfd;
 pub mod quantity;
