@@ -57,6 +57,7 @@ mod lifecycle;
 mod lograte;
 mod metrics;
 mod model;
+mod nri;
 mod oom;
 mod package;
 mod pid_eviction;
