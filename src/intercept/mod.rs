@@ -5,6 +5,8 @@
 //! (`crate::cri`) calls it through [`Observe`]; if a message cannot be
 //! decoded the call passes through untouched and criguard logs why.
 
+pub mod nri;
+
 use std::sync::{Arc, RwLock};
 
 use k8s_cri::v1 as cri;
@@ -15,7 +17,9 @@ use crate::eviction::metrics::RefusalLabels;
 use crate::eviction::{NodeStatus, admission};
 use crate::gc::image_uses::ImageUses;
 use crate::lock::RwLocked;
-use crate::model::{ContainerState, NodeModel, SandboxState, convert, derive};
+use crate::model::{
+    ContainerInfo, ContainerState, NodeModel, SandboxInfo, SandboxState, convert, derive,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
@@ -104,40 +108,34 @@ impl Observer {
 
     /// The admission decision for a RunPodSandbox request.
     fn admit(&self, msg: &[u8]) -> Option<String> {
-        let status = self.status.as_ref()?;
         let req = cri::RunPodSandboxRequest::decode(msg).ok()?;
-        let config = req.config?;
-        let uid = config
-            .metadata
-            .as_ref()
-            .map(|m| m.uid.clone())
-            .unwrap_or_default();
-        let parent = config
-            .linux
-            .as_ref()
-            .map(|l| l.cgroup_parent.as_str())
-            .unwrap_or("");
+        self.admit_sandbox(&convert::sandbox_from_request("", &req.config?))
+    }
+
+    /// The admission decision for the pod of `sandbox`, about to start:
+    /// the refusal's message (the kubelet's), or `None` to admit it. Every
+    /// pod is admitted without a node status to decide on.
+    pub fn admit_sandbox(&self, sandbox: &SandboxInfo) -> Option<String> {
+        let status = self.status.as_ref()?;
+        let uid = &sandbox.uid;
         // Unknown class (no kubelet cgroup parent): not refused as BestEffort.
-        let qos = derive::qos_from_cgroup_parent(parent)
+        let qos = derive::qos_from_cgroup_parent(&sandbox.cgroup_parent)
             .unwrap_or(crate::model::qos::QosClass::Burstable);
-        let ann = |k: &str| config.annotations.get(k).map(String::as_str);
+        let ann = |k: &str| sandbox.annotations.get(k).map(String::as_str);
         let static_pod = derive::is_static(ann(derive::CONFIG_SOURCE_ANNOTATION));
         // The API's pod where known (IsCriticalPod), else the annotation.
-        let api_critical = self.model.read_locked().api_pod(&uid).map(|p| p.critical());
+        let api_critical = self.model.read_locked().api_pod(uid).map(|p| p.critical());
         let critical = static_pod
             || api_critical.unwrap_or_else(|| {
                 let priority = derive::priority(ann(derive::PRIORITY_ANNOTATION)).unwrap_or(0);
                 derive::is_critical(static_pod, priority, qos, &[])
             });
         let now_ms = crate::clock::now_ms();
-        let (refusal, why) = admission::decide(status, &uid, qos, critical, now_ms).err()?;
+        let (refusal, why) = admission::decide(status, uid, qos, critical, now_ms).err()?;
         if let Some(r) = &self.refusals {
             r.get_or_create(&RefusalLabels { condition: refusal }).inc();
         }
-        let pod = config
-            .metadata
-            .map(|m| format!("{}/{}", m.namespace, m.name))
-            .unwrap_or_default();
+        let pod = format!("{}/{}", sandbox.namespace, sandbox.name);
         crate::log_limited!(info, %pod, %uid, ?qos, reason = %why, "RunPodSandbox refused");
         Some(why)
     }
@@ -159,38 +157,55 @@ impl Observer {
             .map(|sb| convert::sandbox_from_request(&req.pod_sandbox_id, sb));
         const PROBE: &str = "\0criguard-probe";
         let probe = convert::container_from_request(PROBE, &req.pod_sandbox_id, config);
+        self.score_for(fallback, &probe)
+    }
+
+    /// The `oom_score_adj` criguard gives `container`, about to be created
+    /// in its sandbox (the model's, else `fallback`): the kubelet's rule on
+    /// what the model knows of the pod with it. `None` for a pod the
+    /// kubelet did not make (no kubepods cgroup parent, e.g. crictl's),
+    /// which keeps the score its client asked for.
+    pub fn score_for(
+        &self,
+        fallback: Option<SandboxInfo>,
+        container: &ContainerInfo,
+    ) -> Option<i64> {
         // Under the read lock only to derive this one pod: no copy of the
         // model, no I/O.
         let (pod, capacity) = {
             let m = self.model.read_locked();
             (
-                m.pod_with(&req.pod_sandbox_id, fallback, &probe)?,
+                m.pod_with(&container.sandbox_id, fallback, container)?,
                 m.memory_capacity(),
             )
         };
-        // A pod the kubelet did not make (no kubepods cgroup parent, e.g.
-        // crictl's) keeps the score its client asked for.
         derive::qos_from_cgroup_parent(&pod.cgroup_parent)?;
-        let container = pod.containers.get(PROBE)?;
+        let c = pod.containers.get(&container.id)?;
         // From the API's pod where known (v1.37's rule: pod-level share,
         // sidecars, node-critical), else the plain rule on what CRI tells.
-        let to = container.api_oom_score_adj.unwrap_or_else(|| {
+        let to = c.api_oom_score_adj.unwrap_or_else(|| {
             derive::kubelet_oom_score_adj(
                 pod.qos,
-                pod.critical
-                    && container.oom_score_adj == crate::model::qos::GUARANTEED_OOM_SCORE_ADJ,
-                container.memory_request,
+                pod.critical && c.oom_score_adj == crate::model::qos::GUARANTEED_OOM_SCORE_ADJ,
+                c.memory_request,
                 capacity,
             )
         });
         tracing::debug!(
             pod = %format_args!("{}/{}", pod.namespace, pod.name),
-            container = %config.metadata.as_ref().map_or("", |m| m.name.as_str()),
-            from = container.oom_score_adj,
+            container = %container.name,
+            from = c.oom_score_adj,
             to,
-            "CreateContainer oom_score_adj patched"
+            "CreateContainer oom_score_adj set"
         );
         Some(to)
+    }
+
+    /// Whether requests are to be changed (patched, refused) now.
+    pub fn guarding(&self) -> bool {
+        let on =
+            |g: &Arc<std::sync::atomic::AtomicBool>| g.load(std::sync::atomic::Ordering::Acquire);
+        self.guarding.as_ref().is_none_or(on)
     }
 
     fn apply(&self, method: Method, req: &[u8], resp: &[u8]) -> Result<(), prost::DecodeError> {
@@ -267,9 +282,7 @@ pub fn fuzz_observer() -> Observer {
 impl Observe for Observer {
     /// Looks at a request message before it is forwarded.
     fn on_request(&self, method: Method, msg: &[u8]) -> RequestPlan {
-        let off =
-            |g: &Arc<std::sync::atomic::AtomicBool>| !g.load(std::sync::atomic::Ordering::Acquire);
-        if self.guarding.as_ref().is_some_and(off) {
+        if !self.guarding() {
             return RequestPlan::default();
         }
         match method {

@@ -23,7 +23,7 @@ pub const READ_ANNOTATIONS: [&str; 3] = [
 ];
 
 /// The annotations of `all` the model keeps ([`READ_ANNOTATIONS`]).
-fn read_annotations(all: &HashMap<String, String>) -> HashMap<String, String> {
+pub fn read_annotations(all: &HashMap<String, String>) -> HashMap<String, String> {
     READ_ANNOTATIONS
         .iter()
         .filter_map(|&k| Some((k.to_owned(), all.get(k)?.clone())))

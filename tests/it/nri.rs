@@ -1,8 +1,9 @@
-//! criguard's NRI protocol (`criguard::nri`) against containerd 2's own
-//! NRI, the Go trunk and ttRPC it ships: a plugin of ours registers on a
-//! private containerd 2 with NRI on, is configured and synchronised, fails
-//! a RunPodSandbox with its message, and sets a container's
-//! `oom_score_adj` in its CreateContainer answer. containerd 1.6 has no NRI
+//! criguard as an NRI plugin (`criguard::nri`, `criguard::intercept::nri`)
+//! against containerd 2's own NRI, the Go trunk and ttRPC it ships: it
+//! registers on a private containerd 2 with NRI on, is configured and
+//! synchronised, refuses a BestEffort pod under MemoryPressure with the
+//! proxy's message, sets a container's `oom_score_adj` to the kubelet's
+//! rule in its CreateContainer answer, and keeps the node model. containerd 1.6 has no NRI
 //! on by default: `hack/test.sh` runs this module in its containerd 2 group
 //! only, and on 1.6 the test says so and passes.
 
@@ -14,56 +15,31 @@ use std::time::Duration;
 use common::containerd::{ContainerdVersion, PrivateContainerd, unique};
 use common::kubelet::PodSpec;
 use common::pods::{proc_oom_score_adj, remove_pods, run_pod, sleeper};
+use criguard::eviction::NodeStatus;
+use criguard::intercept::Observer;
+use criguard::intercept::nri::NriObserver;
+use criguard::lock::RwLocked;
+use criguard::model::{ContainerState, NodeModel};
 use criguard::nri::api;
 use criguard::nri::conn::{Handler, serve};
 use criguard::nri::ttrpc::Response;
+use criguard::signals::table::Condition;
 use k8s_cri::v1 as cri;
-use prost::Message;
+use std::sync::RwLock;
 use tokio::sync::{mpsc, oneshot};
 
-/// Refuses pods named `refused`, gives every container `oom_score_adj`
-/// 321, and reports each call it answers.
+/// criguard's NRI plugin over a fresh node model, the node under
+/// MemoryPressure (so BestEffort pods are refused, as the proxy refuses
+/// them), each call it answers reported on `calls`.
 struct Plugin {
+    inner: NriObserver,
     calls: mpsc::UnboundedSender<String>,
 }
-
-const REFUSAL: &str = "criguard-test: the node is under memory pressure";
 
 impl Handler for Plugin {
     async fn call(&self, service: &str, method: &str, payload: &[u8]) -> Response {
         let _ = self.calls.send(method.to_owned());
-        assert_eq!(service, "nri.pkg.api.v1alpha1.Plugin");
-        let refused = |pod: Option<&api::PodSandbox>| pod.is_some_and(|p| p.name == "refused");
-        match method {
-            // Bits of RUN_POD_SANDBOX (1) and CREATE_CONTAINER (4).
-            "Configure" => Response::ok(&api::ConfigureResponse { events: 0b1001 }),
-            "Synchronize" => {
-                let req = api::SynchronizeRequest::decode(payload).unwrap();
-                Response::ok(&api::SynchronizeResponse {
-                    update: vec![],
-                    more: req.more,
-                })
-            }
-            "RunPodSandbox" => {
-                let req = api::PodSandboxRequest::decode(payload).unwrap();
-                if refused(req.pod.as_ref()) {
-                    return Response::error(tonic::Code::FailedPrecondition, REFUSAL);
-                }
-                Response::ok(&api::Empty {})
-            }
-            "CreateContainer" => {
-                let adjust = api::ContainerAdjustment {
-                    linux: Some(api::LinuxContainerAdjustment {
-                        oom_score_adj: Some(api::OptionalInt { value: 321 }),
-                    }),
-                };
-                Response::ok(&api::CreateContainerResponse {
-                    adjust: Some(adjust),
-                    update: vec![],
-                })
-            }
-            other => Response::error(tonic::Code::Unimplemented, format!("method {other}")),
-        }
+        self.inner.call(service, method, payload).await
     }
 }
 
@@ -87,8 +63,19 @@ async fn a_plugin_of_ours_registers_with_containerd_2_and_is_obeyed() {
     })
     .await;
     let (calls_tx, mut calls) = mpsc::unbounded_channel();
+    let model = Arc::new(RwLock::new(NodeModel::new(common::pods::mem_total())));
+    let status = NodeStatus {
+        conditions: [Condition::MemoryPressure].into(),
+        ..Default::default()
+    };
+    let status = Arc::new(RwLock::new(status));
+    let observer = Observer::new(model.clone()).with_admission(status.clone(), Default::default());
+    let plugin = Plugin {
+        inner: NriObserver::new(observer),
+        calls: calls_tx,
+    };
     let (ready, client) = oneshot::channel();
-    let served = tokio::spawn(serve(stream, Arc::new(Plugin { calls: calls_tx }), ready));
+    let served = tokio::spawn(serve(stream, Arc::new(plugin), ready));
     let client = client.await.unwrap();
     let register = api::RegisterPluginRequest {
         plugin_name: "criguard-test".into(),
@@ -117,7 +104,8 @@ async fn a_plugin_of_ours_registers_with_containerd_2_and_is_obeyed() {
     assert_eq!(second, "Synchronize");
     assert_eq!(next(&mut calls), None, "nothing else before a pod");
 
-    // A refused pod: containerd fails the CRI call with the plugin's words.
+    // A BestEffort pod under MemoryPressure: containerd fails the CRI call
+    // with criguard's refusal, the proxy's words.
     let mut c = ctrd.direct();
     let refused = PodSpec::new("refused", &unique("nri")).container(sleeper("app"));
     std::fs::create_dir_all(refused.log_directory()).unwrap();
@@ -128,15 +116,42 @@ async fn a_plugin_of_ours_registers_with_containerd_2_and_is_obeyed() {
         })
         .await
         .expect_err("RunPodSandbox refused by the plugin");
-    assert!(err.message().contains(REFUSAL), "{err:?}");
-    assert_eq!(next(&mut calls).as_deref(), Some("RunPodSandbox"));
-
-    // An admitted pod: its container runs with the plugin's score.
-    let pod = PodSpec::new("admitted", &unique("nri")).container(sleeper("app"));
-    let (sandbox, ids) = run_pod(&mut c.rt, &pod, None).await;
-    assert_eq!(proc_oom_score_adj(&mut c, Some(&ids[0]), None).await, 321);
+    let why = "the node has condition MemoryPressure: no new BestEffort pods are admitted";
+    assert!(err.message().contains(why), "{err:?}");
+    // containerd then tears the refused sandbox down, telling criguard.
     let seen: Vec<String> = std::iter::from_fn(|| next(&mut calls)).collect();
-    assert_eq!(seen, ["RunPodSandbox", "CreateContainer"]);
+    assert_eq!(
+        seen,
+        ["RunPodSandbox", "StopPodSandbox", "RemovePodSandbox"]
+    );
+    assert_eq!(
+        model.read_locked().ids(),
+        (vec![], vec![]),
+        "nothing kept of it"
+    );
+
+    // Once the pressure is over, the same BestEffort pod is admitted; its
+    // container runs with the kubelet's score for its class, 1000, which
+    // criguard sets in the CreateContainer answer though the kubelet (here:
+    // the test) asked for 500.
+    status.write_locked().conditions.clear();
+    let pod = PodSpec::new("admitted", &unique("nri")).container(sleeper("app"));
+    let (sandbox, ids) = run_pod(&mut c.rt, &pod, Some(500)).await;
+    let want = 1000;
+    assert_eq!(proc_oom_score_adj(&mut c, Some(&ids[0]), None).await, want);
+    let seen: Vec<String> = std::iter::from_fn(|| next(&mut calls)).collect();
+    assert_eq!(seen, ["RunPodSandbox", "CreateContainer", "StartContainer"]);
+    // The model knows the pod, its container running with that score.
+    let known = model
+        .read_locked()
+        .pod(&sandbox)
+        .expect("the pod in the model");
+    let container = &known.containers[&ids[0]];
+    assert_eq!(
+        (known.name.as_str(), container.oom_score_adj),
+        ("admitted", want)
+    );
+    assert_eq!(container.state, ContainerState::Running);
 
     remove_pods(&mut c.rt, [sandbox]).await;
     drop(client);

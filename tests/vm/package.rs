@@ -114,7 +114,7 @@ async fn the_debian_package_installs_upgrades_without_a_failed_call_and_removes(
     let (sandbox, _) = run_pod(&mut c.rt, &pod, None).await;
     // The patch of its CreateContainer, logged at debug with from and to.
     let patched = wait_for(Duration::from_secs(20), "the patch's debug line", || {
-        sh("journalctl -b -u criguard.service -o cat --no-pager | grep 'CreateContainer oom_score_adj patched' || true")
+        sh("journalctl -b -u criguard.service -o cat --no-pager | grep 'CreateContainer oom_score_adj set' || true")
             .lines()
             .find(|l| l.contains("pkg-web"))
             .map(str::to_owned)

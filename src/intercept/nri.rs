@@ -1,0 +1,437 @@
+//! The container lifecycle as NRI tells it, for criguard attached to
+//! containerd as an NRI plugin: the same node model, admission and
+//! `oom_score_adj` as from the relayed CRI calls ([`Observer`]), learnt
+//! from NRI's pod and container messages instead. A message criguard
+//! cannot decode is logged and answered with no change, so criguard never
+//! fails a container's creation by its own fault; only admission fails a
+//! RunPodSandbox, with the proxy's message.
+
+use prost::Message;
+
+use super::Observer;
+use crate::lock::RwLocked;
+use crate::model::{ContainerInfo, ContainerResources, ContainerState, SandboxInfo, SandboxState};
+use crate::nri::api::{self, Event};
+use crate::nri::conn::Handler;
+use crate::nri::ttrpc::Response;
+
+/// The service a plugin serves.
+pub const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
+/// The service the runtime serves (`RegisterPlugin`).
+pub const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
+
+/// The events criguard subscribes to, as `ConfigureResponse.events`: the
+/// pod and container lifecycle, within events 1–11, which every NRI since
+/// v0.8 (containerd 2.0) accepts.
+pub fn events() -> i32 {
+    [
+        Event::RunPodSandbox,
+        Event::StopPodSandbox,
+        Event::RemovePodSandbox,
+        Event::CreateContainer,
+        Event::StartContainer,
+        Event::UpdateContainer,
+        Event::StopContainer,
+        Event::RemoveContainer,
+    ]
+    .iter()
+    .fold(0, |mask, e| mask | 1 << (*e as i32 - 1))
+}
+
+/// Model inputs from an NRI pod.
+pub fn sandbox_from_nri(p: &api::PodSandbox) -> SandboxInfo {
+    SandboxInfo {
+        id: p.id.clone(),
+        name: p.name.clone(),
+        namespace: p.namespace.clone(),
+        uid: p.uid.clone(),
+        attempt: 0,
+        annotations: crate::model::convert::read_annotations(&p.annotations),
+        cgroup_parent: (p.linux.as_ref()).map_or_else(String::new, |l| l.cgroup_parent.clone()),
+        log_directory: String::new(),
+        created_at_ns: 0,
+        state: Some(SandboxState::Ready),
+    }
+}
+
+/// Model inputs from an NRI container.
+pub fn container_from_nri(c: &api::Container) -> ContainerInfo {
+    let linux = c.linux.clone().unwrap_or_default();
+    let res = resources(linux.resources.as_ref());
+    ContainerInfo {
+        id: c.id.clone(),
+        sandbox_id: c.pod_sandbox_id.clone(),
+        name: c.name.clone(),
+        attempt: 0,
+        image: String::new(),
+        annotations: crate::model::convert::read_annotations(&c.annotations),
+        cpu_shares: res.cpu_shares,
+        cpu_quota: res.cpu_quota,
+        cpu_period: res.cpu_period,
+        memory_limit: res.memory_limit,
+        oom_score_adj: linux.oom_score_adj.map_or(0, |o| o.value),
+        created_at_ns: 0,
+        state: Some(match api::ContainerState::try_from(c.state) {
+            Ok(api::ContainerState::ContainerCreated) => ContainerState::Created,
+            Ok(api::ContainerState::ContainerRunning) => ContainerState::Running,
+            Ok(api::ContainerState::ContainerStopped) => ContainerState::Exited,
+            _ => ContainerState::Unknown,
+        }),
+    }
+}
+
+/// A container's resources from NRI's (absent: none).
+pub fn resources(r: Option<&api::LinuxResources>) -> ContainerResources {
+    let mem = r.and_then(|r| r.memory.as_ref());
+    let cpu = r.and_then(|r| r.cpu.as_ref());
+    ContainerResources {
+        cpu_shares: cpu
+            .and_then(|c| c.shares.as_ref())
+            .map_or(0, |v| v.value as i64),
+        cpu_quota: cpu.and_then(|c| c.quota.as_ref()).map_or(0, |v| v.value),
+        cpu_period: cpu
+            .and_then(|c| c.period.as_ref())
+            .map_or(0, |v| v.value as i64),
+        memory_limit: mem.and_then(|m| m.limit.as_ref()).map_or(0, |v| v.value),
+    }
+}
+
+/// criguard as an NRI plugin: answers the runtime's calls from `observer`.
+#[derive(Debug, Clone)]
+pub struct NriObserver {
+    observer: Observer,
+}
+
+impl NriObserver {
+    /// A plugin keeping `observer`'s model and deciding with it.
+    pub fn new(observer: Observer) -> Self {
+        Self { observer }
+    }
+
+    /// Answers `method`; an error only for a message that does not decode.
+    fn answer(&self, method: &str, payload: &[u8]) -> Result<Response, prost::DecodeError> {
+        let empty = || Response::ok(&api::Empty {});
+        Ok(match method {
+            "Configure" => Response::ok(&api::ConfigureResponse { events: events() }),
+            "Synchronize" => {
+                let req = api::SynchronizeRequest::decode(payload)?;
+                self.synchronize(&req);
+                Response::ok(&api::SynchronizeResponse {
+                    update: vec![],
+                    more: req.more,
+                })
+            }
+            "StateChange" => {
+                let ev = api::StateChangeEvent::decode(payload)?;
+                let event = Event::try_from(ev.event).unwrap_or(Event::Unknown);
+                self.lifecycle(event, ev.pod.as_ref(), ev.container.as_ref())
+            }
+            "RunPodSandbox" | "StopPodSandbox" | "RemovePodSandbox" => {
+                let req = api::PodSandboxRequest::decode(payload)?;
+                let event = match method {
+                    "RunPodSandbox" => Event::RunPodSandbox,
+                    "StopPodSandbox" => Event::StopPodSandbox,
+                    _ => Event::RemovePodSandbox,
+                };
+                self.lifecycle(event, req.pod.as_ref(), None)
+            }
+            "StartContainer" | "StopContainer" | "RemoveContainer" => {
+                let req = api::ContainerRequest::decode(payload)?;
+                let event = match method {
+                    "StartContainer" => Event::StartContainer,
+                    "StopContainer" => Event::StopContainer,
+                    _ => Event::RemoveContainer,
+                };
+                self.lifecycle(event, req.pod.as_ref(), req.container.as_ref())
+            }
+            "CreateContainer" => self.create_container(&api::ContainerRequest::decode(payload)?),
+            "UpdateContainer" => {
+                let req = api::UpdateContainerRequest::decode(payload)?;
+                if let Some(c) = &req.container {
+                    let res = resources(req.linux_resources.as_ref());
+                    self.observer
+                        .model
+                        .write_locked()
+                        .update_container_resources(&c.id, &res);
+                }
+                Response::ok(&api::UpdateContainerResponse { update: vec![] })
+            }
+            "Shutdown" => empty(),
+            other => Response::error(tonic::Code::Unimplemented, format!("method {other}")),
+        })
+    }
+
+    /// Takes in what exists: every pod and container the runtime lists.
+    fn synchronize(&self, req: &api::SynchronizeRequest) {
+        let mut m = self.observer.model.write_locked();
+        for p in &req.pods {
+            m.upsert_sandbox(sandbox_from_nri(p));
+        }
+        for c in &req.containers {
+            m.upsert_container(container_from_nri(c));
+        }
+        tracing::debug!(
+            pods = req.pods.len(),
+            containers = req.containers.len(),
+            more = req.more,
+            "NRI synchronisation taken in"
+        );
+    }
+
+    /// A pod or container event: the model follows; RunPodSandbox is
+    /// admitted or refused.
+    fn lifecycle(
+        &self,
+        event: Event,
+        pod: Option<&api::PodSandbox>,
+        container: Option<&api::Container>,
+    ) -> Response {
+        let ok = Response::ok(&api::Empty {});
+        if event == Event::RunPodSandbox
+            && let Some(p) = pod
+        {
+            let info = sandbox_from_nri(p);
+            if self.observer.guarding()
+                && let Some(why) = self.observer.admit_sandbox(&info)
+            {
+                return Response::error(tonic::Code::FailedPrecondition, why);
+            }
+            self.observer.model.write_locked().upsert_sandbox(info);
+            return ok;
+        }
+        let mut m = self.observer.model.write_locked();
+        match (event, pod, container) {
+            (Event::StopPodSandbox, Some(p), _) => {
+                m.set_sandbox_state(&p.id, SandboxState::NotReady)
+            }
+            (Event::RemovePodSandbox, Some(p), _) => m.remove_sandbox(&p.id),
+            (Event::StartContainer, _, Some(c)) => {
+                m.set_container_state(&c.id, ContainerState::Running)
+            }
+            (Event::StopContainer, _, Some(c)) => {
+                m.set_container_state(&c.id, ContainerState::Exited)
+            }
+            (Event::RemoveContainer, _, Some(c)) => m.remove_container(&c.id),
+            _ => {}
+        }
+        ok
+    }
+
+    /// A container about to be created: its `oom_score_adj` set in the
+    /// answer (the proxy's patch), and the model told of it.
+    fn create_container(&self, req: &api::ContainerRequest) -> Response {
+        let Some(c) = &req.container else {
+            return Response::ok(&api::CreateContainerResponse::default());
+        };
+        let mut info = container_from_nri(c);
+        let sandbox = req.pod.as_ref().map(sandbox_from_nri);
+        let adj = if self.observer.guarding() {
+            self.observer.score_for(sandbox.clone(), &info)
+        } else {
+            None
+        };
+        {
+            let mut m = self.observer.model.write_locked();
+            if let Some(s) = sandbox.filter(|s| m.sandbox_info(&s.id).is_none()) {
+                m.upsert_sandbox(s);
+            }
+            info.oom_score_adj = adj.unwrap_or(info.oom_score_adj);
+            info.state = Some(ContainerState::Created);
+            m.upsert_container(info);
+        }
+        let adjust = adj.map(|value| api::ContainerAdjustment {
+            linux: Some(api::LinuxContainerAdjustment {
+                oom_score_adj: Some(api::OptionalInt { value }),
+            }),
+        });
+        Response::ok(&api::CreateContainerResponse {
+            adjust,
+            update: vec![],
+        })
+    }
+}
+
+impl Handler for NriObserver {
+    async fn call(&self, service: &str, method: &str, payload: &[u8]) -> Response {
+        if service != PLUGIN_SERVICE {
+            return Response::error(tonic::Code::Unimplemented, format!("service {service}"));
+        }
+        self.answer(method, payload).unwrap_or_else(|err| {
+            crate::log_limited!(warn, method, %err, "NRI message not decodable; answered with no change");
+            // An empty payload decodes as every answer with nothing set.
+            Response {
+                status: None,
+                payload: Vec::new(),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, RwLock};
+
+    use super::*;
+    use crate::eviction::NodeStatus;
+    use crate::model::NodeModel;
+    use crate::signals::table::Condition;
+
+    const MI: i64 = 1 << 20;
+
+    fn plugin(conditions: &[Condition]) -> NriObserver {
+        let status = NodeStatus {
+            conditions: conditions.iter().copied().collect(),
+            ..Default::default()
+        };
+        let model = Arc::new(RwLock::new(NodeModel::new(8 << 30)));
+        let observer =
+            Observer::new(model).with_admission(Arc::new(RwLock::new(status)), Default::default());
+        NriObserver::new(observer)
+    }
+
+    fn pod(id: &str, qos_parent: &str) -> api::PodSandbox {
+        api::PodSandbox {
+            id: id.into(),
+            name: format!("name-{id}"),
+            uid: format!("uid-{id}"),
+            namespace: "default".into(),
+            linux: Some(api::LinuxPodSandbox {
+                cgroup_parent: format!("/kubepods/{qos_parent}pod{id}"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_subscription_is_the_lifecycle_within_the_events_nri_0_8_accepts() {
+        // RUN, STOP and REMOVE_POD_SANDBOX, CREATE, START, UPDATE, STOP and
+        // REMOVE_CONTAINER: bits 0-3, 5, 7, 9, 10.
+        assert_eq!(events(), 0b110_1010_1111);
+        assert!(events() < 1 << 11, "within events 1-11");
+    }
+
+    #[test]
+    fn an_nri_container_becomes_the_models_inputs() {
+        let c = api::Container {
+            id: "c1".into(),
+            pod_sandbox_id: "sb".into(),
+            name: "app".into(),
+            state: api::ContainerState::ContainerRunning as i32,
+            linux: Some(api::LinuxContainer {
+                resources: Some(api::LinuxResources {
+                    memory: Some(api::LinuxMemory {
+                        limit: Some(api::OptionalInt64 { value: 256 * MI }),
+                        ..Default::default()
+                    }),
+                    cpu: Some(api::LinuxCpu {
+                        shares: Some(api::OptionalUInt64 { value: 512 }),
+                        quota: Some(api::OptionalInt64 { value: 50_000 }),
+                        period: Some(api::OptionalUInt64 { value: 100_000 }),
+                    }),
+                }),
+                oom_score_adj: Some(api::OptionalInt { value: 937 }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let info = container_from_nri(&c);
+        assert_eq!((info.id.as_str(), info.sandbox_id.as_str()), ("c1", "sb"));
+        assert_eq!(info.memory_limit, 256 * MI);
+        assert_eq!(
+            (info.cpu_shares, info.cpu_quota, info.cpu_period),
+            (512, 50_000, 100_000)
+        );
+        assert_eq!(info.oom_score_adj, 937);
+        assert_eq!(info.state, Some(ContainerState::Running));
+        let s = sandbox_from_nri(&pod("sb", "besteffort/"));
+        assert_eq!(s.cgroup_parent, "/kubepods/besteffort/podsb");
+        assert_eq!((s.name.as_str(), s.uid.as_str()), ("name-sb", "uid-sb"));
+    }
+
+    #[tokio::test]
+    async fn a_besteffort_pod_is_refused_under_memory_pressure_and_others_admitted() {
+        let p = plugin(&[Condition::MemoryPressure]);
+        let run = |pod: api::PodSandbox| api::PodSandboxRequest { pod: Some(pod) }.encode_to_vec();
+        let refused = p
+            .call(
+                PLUGIN_SERVICE,
+                "RunPodSandbox",
+                &run(pod("a", "besteffort/")),
+            )
+            .await;
+        let status = refused.into_result().unwrap_err();
+        assert_eq!(status.code, tonic::Code::FailedPrecondition as i32);
+        assert!(
+            status.message.contains("MemoryPressure"),
+            "{}",
+            status.message
+        );
+        let admitted = p
+            .call(
+                PLUGIN_SERVICE,
+                "RunPodSandbox",
+                &run(pod("b", "burstable/")),
+            )
+            .await;
+        assert!(admitted.into_result().is_ok());
+        let model = p.observer.model.read_locked();
+        assert_eq!(model.ids().0, ["b"], "only the admitted pod is kept");
+    }
+
+    #[tokio::test]
+    async fn what_cannot_be_decoded_changes_nothing_and_fails_nothing() {
+        let p = plugin(&[Condition::MemoryPressure]);
+        let garbage = [0xff, 0xff, 0xff];
+        let r = p.call(PLUGIN_SERVICE, "CreateContainer", &garbage).await;
+        assert_eq!(r.into_result().unwrap(), Vec::<u8>::new());
+        let r = p.call(PLUGIN_SERVICE, "NoSuchMethod", &[]).await;
+        assert_eq!(
+            r.into_result().unwrap_err().code,
+            tonic::Code::Unimplemented as i32
+        );
+        let r = p.call("some.other.Service", "Configure", &[]).await;
+        assert_eq!(
+            r.into_result().unwrap_err().code,
+            tonic::Code::Unimplemented as i32
+        );
+    }
+
+    #[tokio::test]
+    async fn a_container_gets_its_classes_score_and_the_model_learns_it() {
+        let p = plugin(&[]);
+        let c = api::Container {
+            id: "c1".into(),
+            pod_sandbox_id: "sb".into(),
+            name: "app".into(),
+            linux: Some(api::LinuxContainer {
+                oom_score_adj: Some(api::OptionalInt { value: 500 }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let req = api::ContainerRequest {
+            pod: Some(pod("sb", "besteffort/")),
+            container: Some(c),
+        };
+        let r = p
+            .call(PLUGIN_SERVICE, "CreateContainer", &req.encode_to_vec())
+            .await;
+        let answer =
+            api::CreateContainerResponse::decode(r.into_result().unwrap().as_slice()).unwrap();
+        let adj = answer
+            .adjust
+            .and_then(|a| a.linux)
+            .and_then(|l| l.oom_score_adj);
+        assert_eq!(
+            adj,
+            Some(api::OptionalInt { value: 1000 }),
+            "BestEffort's score"
+        );
+        let model = p.observer.model.read_locked();
+        let pod = model
+            .pod("sb")
+            .expect("the sandbox learnt from the request");
+        assert_eq!(pod.containers["c1"].oom_score_adj, 1000);
+    }
+}
