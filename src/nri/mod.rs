@@ -6,7 +6,10 @@
 //! - [`ttrpc`]: the RPC frames and envelopes on each stream.
 //! - [`api`]: the messages of NRI's plugin API that criguard uses.
 //! - [`conn`]: one connection to the runtime, served and called on.
+//! - [`attach`]: registering on the runtime's socket, and again after it
+//!   restarts.
 
+pub mod attach;
 pub mod conn;
 pub mod mux;
 pub mod ttrpc;

@@ -21,6 +21,7 @@ use criguard::intercept::nri::NriObserver;
 use criguard::lock::RwLocked;
 use criguard::model::{ContainerState, NodeModel};
 use criguard::nri::api;
+use criguard::nri::attach::{AttachError, Registration, attach, stay_attached};
 use criguard::nri::conn::{Handler, serve};
 use criguard::nri::ttrpc::Response;
 use criguard::signals::table::Condition;
@@ -43,25 +44,48 @@ impl Handler for Plugin {
     }
 }
 
+/// A private containerd 2 with NRI on: hack/containerd.sh disables it
+/// (its default socket would be shared); here its socket is under the
+/// instance's own directory.
+fn with_nri() -> PrivateContainerd {
+    let on = "disabled_plugins = [\"io.containerd.snapshotter.v1.aufs\", \
+              \"io.containerd.snapshotter.v1.btrfs\", \"io.containerd.snapshotter.v1.zfs\", \
+              \"io.containerd.snapshotter.v1.devmapper\"]\n\
+              [plugins.\"io.containerd.nri.v1.nri\"]\ndisable = false\n";
+    PrivateContainerd::start_with_toml(on)
+}
+
 #[tokio::test]
 async fn a_plugin_of_ours_registers_with_containerd_2_and_is_obeyed() {
     if ContainerdVersion::selected() != ContainerdVersion::V2 {
         eprintln!("NRI is tested on containerd 2 (CRIGUARD_CONTAINERD=2): skipped here");
         return;
     }
-    // hack/containerd.sh disables NRI (its default socket would be shared);
-    // this instance has it on, its socket under its own directory.
-    let on = "disabled_plugins = [\"io.containerd.snapshotter.v1.aufs\", \
-              \"io.containerd.snapshotter.v1.btrfs\", \"io.containerd.snapshotter.v1.zfs\", \
-              \"io.containerd.snapshotter.v1.devmapper\"]\n\
-              [plugins.\"io.containerd.nri.v1.nri\"]\ndisable = false\n";
-    let ctrd = PrivateContainerd::start_with_toml(on);
+    let ctrd = with_nri();
     let socket = ctrd.dir.join("nri/nri.sock");
-    let stream = common::poll_until(Duration::from_secs(10), "containerd's NRI socket", || {
-        let socket = socket.clone();
-        async move { tokio::net::UnixStream::connect(&socket).await.ok() }
+    // No connection just to probe: containerd takes plugins one at a time,
+    // and one that does not register holds the next for 5 s.
+    common::poll_until(Duration::from_secs(10), "containerd's NRI socket", || {
+        let there = socket.exists();
+        async move { there.then_some(()) }
     })
     .await;
+    // A registration the runtime refuses (an index must be two digits)
+    // says so, naming the socket and what was registered.
+    let bad = Registration {
+        socket: socket.clone(),
+        name: "criguard-test".into(),
+        index: "1".into(),
+    };
+    let err = attach(
+        &bad,
+        Arc::new(NriObserver::new(Observer::new(Default::default()))),
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(matches!(err, AttachError::Register { .. }), "{err}");
+    let stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
     let (calls_tx, mut calls) = mpsc::unbounded_channel();
     let model = Arc::new(RwLock::new(NodeModel::new(common::pods::mem_total())));
     let status = NodeStatus {
@@ -156,4 +180,73 @@ async fn a_plugin_of_ours_registers_with_containerd_2_and_is_obeyed() {
     remove_pods(&mut c.rt, [sandbox]).await;
     drop(client);
     served.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plugin_attaches_again_after_containerd_restarts_and_loses_no_pod() {
+    if ContainerdVersion::selected() != ContainerdVersion::V2 {
+        eprintln!("NRI is tested on containerd 2 (CRIGUARD_CONTAINERD=2): skipped here");
+        return;
+    }
+    let ctrd = with_nri();
+    let mut c = ctrd.direct();
+    // A pod from before criguard attaches: learnt from the synchronisation.
+    let early = PodSpec::new("early", &unique("nri")).container(sleeper("app"));
+    let (early_sb, _) = run_pod(&mut c.rt, &early, None).await;
+
+    let model = Arc::new(RwLock::new(NodeModel::new(common::pods::mem_total())));
+    let plugin = Arc::new(NriObserver::new(Observer::new(model.clone())));
+    let reg = Registration {
+        socket: ctrd.dir.join("nri/nri.sock"),
+        name: "criguard-test".into(),
+        index: "10".into(),
+    };
+    let (up_tx, mut up) = mpsc::unbounded_channel();
+    let (stop_tx, stop) = oneshot::channel::<()>();
+    let attached = tokio::spawn(stay_attached(
+        reg,
+        plugin,
+        move |on| {
+            let _ = up_tx.send(on);
+        },
+        async move {
+            let _ = stop.await;
+        },
+    ));
+    let t = Duration::from_secs(20);
+    let when = |on| async move { on };
+    assert!(tokio::time::timeout(t, up.recv()).await.unwrap().unwrap());
+    let knows = |sb: String| {
+        let model = model.clone();
+        move || {
+            let found = model.read_locked().pod(&sb).is_some();
+            when(found.then_some(()))
+        }
+    };
+    common::poll_until(t, "the early pod in the model", knows(early_sb.clone())).await;
+
+    // containerd crashes and comes back: criguard attaches again and is
+    // synchronised; the model still holds the pod.
+    ctrd.kill_daemon();
+    assert!(
+        !tokio::time::timeout(t, up.recv()).await.unwrap().unwrap(),
+        "loss seen"
+    );
+    ctrd.restart_daemon();
+    assert!(
+        tokio::time::timeout(t, up.recv()).await.unwrap().unwrap(),
+        "attached again"
+    );
+    assert!(model.read_locked().pod(&early_sb).is_some(), "no pod lost");
+
+    // And it is obeyed again: a pod created now is scored by criguard.
+    let mut c = ctrd.direct();
+    let late = PodSpec::new("late", &unique("nri")).container(sleeper("app"));
+    let (late_sb, ids) = run_pod(&mut c.rt, &late, Some(500)).await;
+    assert_eq!(proc_oom_score_adj(&mut c, Some(&ids[0]), None).await, 1000);
+    common::poll_until(t, "the late pod in the model", knows(late_sb.clone())).await;
+
+    let _ = stop_tx.send(());
+    attached.await.unwrap();
+    remove_pods(&mut c.rt, [early_sb, late_sb]).await;
 }
