@@ -137,6 +137,19 @@ pub fn hostname() -> String {
 /// `criguard serve`'s options.
 #[derive(clap::Args, Debug)]
 pub struct ServeCmd {
+    /// Where criguard learns the container lifecycle: `proxy`, in the
+    /// kubelet's CRI calls relayed on `--listen`; `nri`, from containerd as
+    /// an NRI plugin on `--nri-socket` (containerd 2), out of the
+    /// kubelet's call path.
+    #[arg(long, value_enum, default_value_t = Mode::Proxy)]
+    pub mode: Mode,
+    /// The runtime's NRI socket (`--mode nri`).
+    #[arg(long, default_value = criguard::nri::attach::DEFAULT_SOCKET)]
+    pub nri_socket: PathBuf,
+    /// criguard's NRI plugin index, two digits: plugins are called in
+    /// ascending order of it (`--mode nri`).
+    #[arg(long, default_value = "90", value_parser = parse_nri_index)]
+    pub nri_index: String,
     /// Socket to listen on (ignored under systemd socket activation).
     #[arg(long, default_value = "/run/criguard/criguard.sock")]
     pub listen: PathBuf,
@@ -189,6 +202,26 @@ pub struct ServeCmd {
     pub events: EventArgs,
     #[command(flatten)]
     pub kube: KubeArgs,
+}
+
+/// Where `criguard serve` learns the container lifecycle.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The kubelet's CRI calls, relayed.
+    Proxy,
+    /// containerd's NRI, as a plugin.
+    Nri,
+}
+
+/// An NRI plugin index: exactly two ASCII digits, as NRI requires.
+fn parse_nri_index(s: &str) -> Result<String, String> {
+    if s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit()) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "an NRI plugin index is two digits, like 90, not {s:?}"
+        ))
+    }
 }
 
 impl ServeCmd {

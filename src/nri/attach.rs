@@ -124,32 +124,35 @@ pub async fn attach(
 /// The service the runtime serves.
 const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
 
-/// Stays attached: attaches again, with back-off from 100 ms to 5 s, each
-/// time the runtime goes away or refuses, until `stop` resolves. `attached`
-/// is told of each registration (`true`) and each loss (`false`).
+/// Stays attached: serves `first` (when the caller attached already),
+/// then attaches again, with back-off from 100 ms to 5 s, each time the
+/// runtime goes away or refuses, until `stop` resolves. `attached` is told
+/// of each registration (`true`) and each loss (`false`).
 pub async fn stay_attached(
     reg: Registration,
     handler: Arc<impl Handler>,
+    first: Option<Attached>,
     attached: impl Fn(bool),
     stop: impl Future<Output = ()>,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    let socket = reg.socket.display().to_string();
     let run = async {
+        let mut current = first;
         loop {
-            match attach(&reg, handler.clone()).await {
-                Ok(mut a) => {
-                    backoff.reset();
-                    attached(true);
-                    tracing::info!(socket = %reg.socket.display(), name = %reg.name, index = %reg.index, "attached to the runtime as an NRI plugin");
-                    let end = a.closed().await;
-                    attached(false);
-                    tracing::warn!(socket = %reg.socket.display(), ?end, "NRI connection closed by the runtime; attaching again");
-                }
-                Err(err) => {
-                    crate::log_limited!(warn, %err, "NRI attach failed; trying again");
-                }
+            if let Some(mut a) = current.take() {
+                backoff.reset();
+                attached(true);
+                tracing::info!(%socket, name = %reg.name, index = %reg.index, "attached to the runtime as an NRI plugin");
+                let end = a.closed().await;
+                attached(false);
+                tracing::warn!(%socket, ?end, "NRI connection closed by the runtime; attaching again");
             }
             tokio::time::sleep(backoff.next_wait()).await;
+            match attach(&reg, handler.clone()).await {
+                Ok(a) => current = Some(a),
+                Err(err) => crate::log_limited!(warn, %err, "NRI attach failed; trying again"),
+            }
         }
     };
     tokio::select! {

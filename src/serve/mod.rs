@@ -46,6 +46,7 @@ mod eviction;
 mod guard;
 mod handoff;
 mod loops;
+mod nri;
 mod oom;
 mod runtime;
 mod servers;
@@ -407,7 +408,7 @@ impl App {
         );
         let period = complaint_period();
         let metrics_listener = self.metrics_listener;
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(node_notice(notice_rx, period, stopping.clone())),
             tokio::spawn(admin::serve(
                 self.listeners.admin,
@@ -438,6 +439,10 @@ impl App {
             drain: cmd.drain,
             max_connections: cmd.max_connections,
         };
+        if cmd.mode == crate::cli::args::Mode::Nri {
+            let observer = relay.observer(&p.metrics);
+            tasks.push(nri::start(&cmd, observer, stopping.clone()).await?);
+        }
         let proxy = relay.spawn(self.listeners.cri, &p.metrics)?;
         let mut predecessor = self.predecessor;
         handoff::announce_ready(predecessor.as_mut());

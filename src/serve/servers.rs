@@ -213,6 +213,18 @@ pub struct Relay {
 }
 
 impl Relay {
+    /// What decides on and learns from the lifecycle: the relayed calls'
+    /// observer, and the NRI plugin's (`--mode nri`).
+    pub fn observer(&self, metrics: &Metrics) -> criguard::intercept::Observer {
+        criguard::intercept::Observer::new(self.node.clone())
+            .with_admission(
+                self.status.clone(),
+                metrics.eviction.admission_refusals.clone(),
+            )
+            .with_image_uses(self.image_uses.clone())
+            .with_guarding(self.guarding.clone())
+    }
+
     /// Starts relaying CRI calls from `listener` to the runtime on the
     /// proxy's own thread, counting them in `metrics`.
     pub fn spawn(
@@ -220,10 +232,7 @@ impl Relay {
         listener: tokio::net::UnixListener,
         metrics: &Metrics,
     ) -> anyhow::Result<cri::server::ProxyThread> {
-        let observer = criguard::intercept::Observer::new(self.node)
-            .with_admission(self.status, metrics.eviction.admission_refusals.clone())
-            .with_image_uses(self.image_uses)
-            .with_guarding(self.guarding);
+        let observer = self.observer(metrics);
         let proxy = cri::Proxy::new(&self.upstream)
             .with_observer(observer)
             .with_metrics(metrics.cri.clone())

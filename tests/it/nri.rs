@@ -206,6 +206,7 @@ async fn the_plugin_attaches_again_after_containerd_restarts_and_loses_no_pod() 
     let attached = tokio::spawn(stay_attached(
         reg,
         plugin,
+        None,
         move |on| {
             let _ = up_tx.send(on);
         },
@@ -249,4 +250,70 @@ async fn the_plugin_attaches_again_after_containerd_restarts_and_loses_no_pod() 
     let _ = stop_tx.send(());
     attached.await.unwrap();
     remove_pods(&mut c.rt, [early_sb, late_sb]).await;
+}
+
+#[tokio::test]
+async fn criguard_serve_in_nri_mode_scores_pods_the_kubelet_creates_on_containerd_directly() {
+    if ContainerdVersion::selected() != ContainerdVersion::V2 {
+        eprintln!("NRI is tested on containerd 2 (CRIGUARD_CONTAINERD=2): skipped here");
+        return;
+    }
+    let ctrd = with_nri();
+    let nri_socket = ctrd.dir.join("nri/nri.sock");
+    let work = tempfile::tempdir().unwrap();
+
+    // No runtime on the socket: one line naming it and the setting, and a
+    // failure exit, before anything is served.
+    let missing = work.path().join("missing/nri.sock");
+    let out = std::process::Command::new(common::criguard_bin())
+        .args(["serve", "--mode", "nri", "--metrics-address", "none"])
+        .arg("--nri-socket")
+        .arg(&missing)
+        .arg("--listen")
+        .arg(work.path().join("m.sock"))
+        .arg("--admin-socket")
+        .arg(work.path().join("m.admin.sock"))
+        .arg("--state-dir")
+        .arg(work.path().join("m.state"))
+        .arg("--runtime-endpoint")
+        .arg(format!("unix://{}", ctrd.socket.display()))
+        .env("CRIGUARD_LOG", "off")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr.lines().last().unwrap_or_default();
+    assert!(line.contains(&missing.display().to_string()), "{stderr}");
+    assert!(line.contains("disable = false"), "{stderr}");
+
+    // Attached: the kubelet's calls go to containerd, and criguard still
+    // scores the containers and knows the pods.
+    let listen = work.path().join("g.sock");
+    let nri = [
+        "--mode",
+        "nri",
+        "--nri-socket",
+        nri_socket.to_str().unwrap(),
+    ];
+    let guard = common::containerd::CriguardProcess::start(&listen, &ctrd.socket, &nri).await;
+    let log = ctrd.dir.join("containerd.log");
+    common::poll_until(Duration::from_secs(20), "criguard registered", || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let done = text
+            .lines()
+            .any(|l| l.contains("connected and synchronized") && l.contains("criguard"));
+        async move { done.then_some(()) }
+    })
+    .await;
+    let mut c = ctrd.direct();
+    let pod = PodSpec::new("direct", &unique("nri")).container(sleeper("app"));
+    let (sandbox, ids) = run_pod(&mut c.rt, &pod, Some(500)).await;
+    assert_eq!(proc_oom_score_adj(&mut c, Some(&ids[0]), None).await, 1000);
+    let known = guard.pods().await;
+    let p = known
+        .iter()
+        .find(|p| p.sandbox_id == sandbox)
+        .expect("the pod in criguard's model");
+    assert_eq!(p.containers[&ids[0]].oom_score_adj, 1000);
+    remove_pods(&mut c.rt, [sandbox]).await;
 }
