@@ -55,6 +55,8 @@ pub struct Metrics {
     pub oom_kills: OomKillMetrics,
     /// The configuration's: valid or not, reloads.
     pub config: ConfigMetrics,
+    /// The NRI plugin's (`--mode nri`).
+    pub nri: crate::intercept::nri::NriMetrics,
 }
 
 impl Metrics {
@@ -70,6 +72,7 @@ impl Metrics {
             events: TaskEventMetrics::default(),
             oom_kills: OomKillMetrics::default(),
             config: ConfigMetrics::default(),
+            nri: Default::default(),
         };
         let mut registry = Registry::default();
         m.register(&mut registry);
@@ -88,6 +91,7 @@ impl Metrics {
         self.events.register(r);
         self.oom_kills.register(r);
         self.config.register(r);
+        self.nri.register(r);
         crate::statefile::register(r);
         crate::signals::probe::register(r);
     }

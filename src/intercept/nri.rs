@@ -6,6 +6,11 @@
 //! fails a container's creation by its own fault; only admission fails a
 //! RunPodSandbox, with the proxy's message.
 
+use std::sync::atomic::AtomicI64;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use prost::Message;
 
 use super::Observer;
@@ -96,16 +101,67 @@ pub fn resources(r: Option<&api::LinuxResources>) -> ContainerResources {
     }
 }
 
+/// The NRI plugin's metrics.
+#[derive(Clone, Debug, Default)]
+pub struct NriMetrics {
+    /// 1 while criguard is registered with the runtime as an NRI plugin.
+    pub attached: Gauge<i64, AtomicI64>,
+    /// Registrations made (the first, and one after each runtime restart).
+    pub registrations: Counter,
+    /// Containers a synchronisation showed created with a score other than
+    /// criguard's (while it was not attached).
+    pub unscored: Counter,
+}
+
+impl NriMetrics {
+    /// Registers every metric of the group.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "criguard_nri_attached",
+            "1 while criguard is registered with the runtime as an NRI plugin (--mode nri)",
+            self.attached.clone(),
+        );
+        registry.register(
+            "criguard_nri_registrations",
+            "Registrations with the runtime as an NRI plugin: the first, and one after each runtime restart",
+            self.registrations.clone(),
+        );
+        registry.register(
+            "criguard_nri_unscored_containers",
+            "Containers the runtime's synchronisation showed created with an oom_score_adj other than criguard's, while criguard was not attached; the dynamic oom_score_adj round corrects their processes",
+            self.unscored.clone(),
+        );
+    }
+
+    /// Notes a registration (`true`) or its loss (`false`).
+    pub fn set_attached(&self, on: bool) {
+        self.attached.set(i64::from(on));
+        if on {
+            self.registrations.inc();
+        }
+    }
+}
+
 /// criguard as an NRI plugin: answers the runtime's calls from `observer`.
 #[derive(Debug, Clone)]
 pub struct NriObserver {
     observer: Observer,
+    metrics: NriMetrics,
 }
 
 impl NriObserver {
     /// A plugin keeping `observer`'s model and deciding with it.
     pub fn new(observer: Observer) -> Self {
-        Self { observer }
+        Self {
+            observer,
+            metrics: NriMetrics::default(),
+        }
+    }
+
+    /// The same plugin, counting in `metrics`.
+    pub fn with_metrics(mut self, metrics: NriMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Answers `method`; an error only for a message that does not decode.
@@ -162,13 +218,29 @@ impl NriObserver {
     }
 
     /// Takes in what exists: every pod and container the runtime lists.
+    /// A container whose score is not criguard's was created while
+    /// criguard was not attached: said (log, metric), not changed here
+    /// (the dynamic `oom_score_adj` round corrects its processes).
     fn synchronize(&self, req: &api::SynchronizeRequest) {
-        let mut m = self.observer.model.write_locked();
-        for p in &req.pods {
-            m.upsert_sandbox(sandbox_from_nri(p));
+        let pods: Vec<SandboxInfo> = req.pods.iter().map(sandbox_from_nri).collect();
+        let containers: Vec<ContainerInfo> =
+            req.containers.iter().map(container_from_nri).collect();
+        {
+            let mut m = self.observer.model.write_locked();
+            for p in &pods {
+                m.upsert_sandbox(p.clone());
+            }
         }
-        for c in &req.containers {
-            m.upsert_container(container_from_nri(c));
+        for c in &containers {
+            let want = self.observer.score_for(None, c);
+            if let Some(want) = want.filter(|w| *w != c.oom_score_adj) {
+                self.metrics.unscored.inc();
+                crate::log_limited!(warn, container = %c.id, name = %c.name, sandbox = %c.sandbox_id, created_with = c.oom_score_adj, criguard = want, "container created while criguard was not attached: not scored by criguard (its processes are corrected by the dynamic oom_score_adj round)");
+            }
+        }
+        let mut m = self.observer.model.write_locked();
+        for c in containers {
+            m.upsert_container(c);
         }
         tracing::debug!(
             pods = req.pods.len(),
@@ -395,6 +467,34 @@ mod tests {
             r.into_result().unwrap_err().code,
             tonic::Code::Unimplemented as i32
         );
+    }
+
+    #[tokio::test]
+    async fn a_synchronisation_says_which_containers_criguard_did_not_score() {
+        let p = plugin(&[]);
+        let container = |id: &str, adj: i64| api::Container {
+            id: id.into(),
+            pod_sandbox_id: "sb".into(),
+            name: id.into(),
+            linux: Some(api::LinuxContainer {
+                oom_score_adj: Some(api::OptionalInt { value: adj }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let sync = api::SynchronizeRequest {
+            pods: vec![pod("sb", "besteffort/")],
+            // BestEffort: criguard's score is 1000; one was created with 500.
+            containers: vec![container("scored", 1000), container("unscored", 500)],
+            more: false,
+        };
+        let r = p
+            .call(PLUGIN_SERVICE, "Synchronize", &sync.encode_to_vec())
+            .await;
+        assert!(r.into_result().is_ok());
+        assert_eq!(p.metrics.unscored.get(), 1);
+        let model = p.observer.model.read_locked();
+        assert_eq!(model.pod("sb").expect("synchronised").containers.len(), 2);
     }
 
     #[tokio::test]

@@ -441,7 +441,7 @@ impl App {
         };
         if cmd.mode == crate::cli::args::Mode::Nri {
             let observer = relay.observer(&p.metrics);
-            tasks.push(nri::start(&cmd, observer, stopping.clone()).await?);
+            tasks.push(nri::start(&cmd, observer, p.metrics.nri.clone(), stopping.clone()).await?);
         }
         let proxy = relay.spawn(self.listeners.cri, &p.metrics)?;
         let mut predecessor = self.predecessor;

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use criguard::intercept::Observer;
-use criguard::intercept::nri::NriObserver;
+use criguard::intercept::nri::{NriMetrics, NriObserver};
 use criguard::nri::attach::{Registration, attach, stay_attached};
 
 use super::loops::Stopping;
@@ -23,6 +23,7 @@ pub const PLUGIN_NAME: &str = "criguard";
 pub async fn start(
     cmd: &ServeCmd,
     observer: Observer,
+    metrics: NriMetrics,
     stopping: Stopping,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let reg = Registration {
@@ -30,13 +31,13 @@ pub async fn start(
         name: PLUGIN_NAME.into(),
         index: cmd.nri_index.clone(),
     };
-    let handler = Arc::new(NriObserver::new(observer));
+    let handler = Arc::new(NriObserver::new(observer).with_metrics(metrics.clone()));
     let first = attach(&reg, handler.clone()).await?;
     Ok(tokio::spawn(stay_attached(
         reg,
         handler,
         Some(first),
-        |_| {},
+        move |on| metrics.set_attached(on),
         stopping.cancelled_owned(),
     )))
 }
