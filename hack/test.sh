@@ -49,7 +49,10 @@ fi
 # other. Each group's lines carry its tag.
 tiers=(cluster:: cluster_vm::)
 # Containerd 2 again: the runtime-facing modules (critest only here).
-# nri:: runs only here: containerd 1.6 has no NRI on.
+# criguard as an NRI plugin (CRIGUARD_MODE=nri: containerd 2 with NRI on,
+# the pods created on containerd, criguard attached): the pressure tests.
+nri=(eviction:: nri:: --skip pid_eviction::)
+# nri:: runs only here and in the NRI group: containerd 1.6 has no NRI on.
 runtime=(lifecycle:: clients:: crictl:: critest:: eviction:: gc:: events::
          model:: usage:: restart:: oom:: reload:: nri:: --skip pid_eviction::)
 
@@ -103,6 +106,10 @@ run_host() {
     echo "test.sh: [2.x] the runtime-facing tests on containerd 2" >&2
     CRIGUARD_CONTAINERD=2 cargo test --no-fail-fast --test it -- "${runtime[@]}" 2>&1 | tag 2.x || rc=1
     echo "test.sh: [2.x] done in $((SECONDS - start)) s" >&2
+    start=$SECONDS
+    echo "test.sh: [nri] the pressure tests with criguard attached to containerd 2 by NRI" >&2
+    CRIGUARD_CONTAINERD=2 CRIGUARD_MODE=nri cargo test --no-fail-fast --test it -- "${nri[@]}" 2>&1 | tag nri || rc=1
+    echo "test.sh: [nri] done in $((SECONDS - start)) s" >&2
     start=$SECONDS
     echo "test.sh: [vm] the VM tier (cgroup v2, systemd)" >&2
     cargo test --no-fail-fast --test vm 2>&1 | tag vm || rc=1

@@ -108,7 +108,7 @@ pub struct NriMetrics {
     pub attached: Gauge<i64, AtomicI64>,
     /// Registrations made (the first, and one after each runtime restart).
     pub registrations: Counter,
-    /// Containers a synchronisation showed created with a score other than
+    /// Containers a synchronisation showed created with a score below
     /// criguard's (while it was not attached).
     pub unscored: Counter,
 }
@@ -128,7 +128,7 @@ impl NriMetrics {
         );
         registry.register(
             "criguard_nri_unscored_containers",
-            "Containers the runtime's synchronisation showed created with an oom_score_adj other than criguard's, while criguard was not attached; the dynamic oom_score_adj round corrects their processes",
+            "Containers the runtime's synchronisation showed created with an oom_score_adj below criguard's, while criguard was not attached; the dynamic oom_score_adj round corrects their processes",
             self.unscored.clone(),
         );
     }
@@ -218,7 +218,7 @@ impl NriObserver {
     }
 
     /// Takes in what exists: every pod and container the runtime lists.
-    /// A container whose score is not criguard's was created while
+    /// A container whose score is below criguard's was created while
     /// criguard was not attached: said (log, metric), not changed here
     /// (the dynamic `oom_score_adj` round corrects its processes).
     fn synchronize(&self, req: &api::SynchronizeRequest) {
@@ -233,7 +233,8 @@ impl NriObserver {
         }
         for c in &containers {
             let want = self.observer.score_for(None, c);
-            if let Some(want) = want.filter(|w| *w != c.oom_score_adj) {
+            // The score criguard would have raised it to at its creation.
+            if let Some(want) = want.filter(|w| *w > c.oom_score_adj) {
                 self.metrics.unscored.inc();
                 crate::log_limited!(warn, container = %c.id, name = %c.name, sandbox = %c.sandbox_id, created_with = c.oom_score_adj, criguard = want, "container created while criguard was not attached: not scored by criguard (its processes are corrected by the dynamic oom_score_adj round)");
             }
@@ -266,7 +267,8 @@ impl NriObserver {
             if self.observer.guarding()
                 && let Some(why) = self.observer.admit_sandbox(&info)
             {
-                return Response::error(tonic::Code::FailedPrecondition, why);
+                // The proxy's code: containerd passes it through to the kubelet.
+                return Response::error(tonic::Code::ResourceExhausted, why);
             }
             self.observer.model.write_locked().upsert_sandbox(info);
             return ok;
@@ -289,8 +291,12 @@ impl NriObserver {
         ok
     }
 
-    /// A container about to be created: its `oom_score_adj` set in the
-    /// answer (the proxy's patch), and the model told of it.
+    /// A container about to be created: its `oom_score_adj` raised in the
+    /// answer where criguard's is higher (the proxy's patch), and the model
+    /// told of it. Never lowered: containerd applies an adjustment after
+    /// its `restrict_oom_score_adj` clamp, and a score below what runc may
+    /// set would fail the container's start; the proxy's patch goes into
+    /// the request, before that clamp.
     fn create_container(&self, req: &api::ContainerRequest) -> Response {
         let Some(c) = &req.container else {
             return Response::ok(&api::CreateContainerResponse::default());
@@ -298,7 +304,8 @@ impl NriObserver {
         let mut info = container_from_nri(c);
         let sandbox = req.pod.as_ref().map(sandbox_from_nri);
         let adj = if self.observer.guarding() {
-            self.observer.score_for(sandbox.clone(), &info)
+            let want = self.observer.score_for(sandbox.clone(), &info);
+            want.filter(|w| *w > info.oom_score_adj)
         } else {
             None
         };
@@ -433,7 +440,11 @@ mod tests {
             )
             .await;
         let status = refused.into_result().unwrap_err();
-        assert_eq!(status.code, tonic::Code::FailedPrecondition as i32);
+        assert_eq!(
+            status.code,
+            tonic::Code::ResourceExhausted as i32,
+            "the proxy's code"
+        );
         assert!(
             status.message.contains("MemoryPressure"),
             "{}",
@@ -467,6 +478,42 @@ mod tests {
             r.into_result().unwrap_err().code,
             tonic::Code::Unimplemented as i32
         );
+    }
+
+    #[tokio::test]
+    async fn a_score_is_raised_never_lowered() {
+        // Guaranteed: criguard's score is -997; containerd's spec holds 0
+        // (its restrict_oom_score_adj clamp): left as it is.
+        let p = plugin(&[]);
+        let c = api::Container {
+            id: "g1".into(),
+            pod_sandbox_id: "sb".into(),
+            name: "app".into(),
+            linux: Some(api::LinuxContainer {
+                oom_score_adj: Some(api::OptionalInt { value: 0 }),
+                resources: Some(api::LinuxResources {
+                    memory: Some(api::LinuxMemory {
+                        limit: Some(api::OptionalInt64 { value: 64 * MI }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let req = api::ContainerRequest {
+            pod: Some(pod("sb", "")),
+            container: Some(c),
+        };
+        let r = p
+            .call(PLUGIN_SERVICE, "CreateContainer", &req.encode_to_vec())
+            .await;
+        let answer =
+            api::CreateContainerResponse::decode(r.into_result().unwrap().as_slice()).unwrap();
+        assert_eq!(answer.adjust, None);
+        let model = p.observer.model.read_locked();
+        assert_eq!(model.pod("sb").unwrap().containers["g1"].oom_score_adj, 0);
     }
 
     #[tokio::test]

@@ -109,6 +109,30 @@ impl ContainerdVersion {
     }
 }
 
+/// Whether the tests run criguard as an NRI plugin (`CRIGUARD_MODE=nri`,
+/// with `CRIGUARD_CONTAINERD=2`): every private containerd has NRI on, and
+/// the kubelet's calls go to containerd ([`CriguardProcess::kubelet`]).
+pub fn nri_mode() -> bool {
+    std::env::var("CRIGUARD_MODE").as_deref() == Ok("nri")
+}
+
+/// The TOML that turns NRI on in a containerd 2 of hack/containerd.sh
+/// (which disables it: its default socket would be shared), its socket at
+/// `nri/nri.sock` under the instance's directory.
+pub const NRI_ON: &str = "disabled_plugins = [\"io.containerd.snapshotter.v1.aufs\", \
+    \"io.containerd.snapshotter.v1.btrfs\", \"io.containerd.snapshotter.v1.zfs\", \
+    \"io.containerd.snapshotter.v1.devmapper\"]\n\
+    [plugins.\"io.containerd.nri.v1.nri\"]\ndisable = false\n";
+
+/// Registrations of a plugin named criguard that containerd (its log in
+/// `dir`) has synchronised.
+pub fn nri_registrations(dir: &Path) -> usize {
+    let text = std::fs::read_to_string(dir.join("containerd.log")).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains("connected and synchronized") && l.contains("criguard"))
+        .count()
+}
+
 /// A containerd with its own root, state and socket under a temp directory.
 pub struct PrivateContainerd {
     /// Everything of this instance lives here; `stop --purge` removes it.
@@ -188,6 +212,12 @@ impl PrivateContainerd {
 
     fn start_in(dir: PathBuf, extra_toml: Option<String>) -> Self {
         let wanted = ContainerdVersion::selected();
+        // NRI on for a criguard attached as a plugin (top-level keys first).
+        let extra_toml = match (nri_mode(), extra_toml) {
+            (false, t) => t,
+            (true, Some(t)) if t.contains(NRI_ON) => Some(t),
+            (true, t) => Some(format!("{NRI_ON}{}", t.unwrap_or_default())),
+        };
         let out = Self::start_command(&dir, extra_toml.as_deref())
             .output()
             .expect("run hack/containerd.sh");
@@ -415,8 +445,11 @@ impl Clients {
 
 /// The `criguard` binary serving in front of a runtime.
 pub struct CriguardProcess {
-    /// The socket the "kubelet" dials.
+    /// criguard's CRI socket.
     pub socket: PathBuf,
+    /// The socket the kubelet dials: criguard's, or the runtime's when
+    /// criguard runs as an NRI plugin (`--mode=nri`).
+    pub kubelet_socket: PathBuf,
     /// criguard's admin socket (next to `socket`).
     pub admin: PathBuf,
     child: Child,
@@ -437,6 +470,9 @@ impl CriguardProcess {
         extra: &[&str],
     ) -> Self {
         let admin = listen.with_extension("admin.sock");
+        let nri = extra.windows(2).any(|w| w == ["--mode", "nri"]) || extra.contains(&"--mode=nri");
+        let ctrd_dir = runtime.parent().unwrap_or(runtime).to_owned();
+        let registered = nri_registrations(&ctrd_dir);
         let bin = crate::criguard_bin();
         let mut cmd = match wrapper.split_first() {
             Some((program, args)) => {
@@ -477,6 +513,11 @@ impl CriguardProcess {
             .expect("spawn criguard");
         let me = Self {
             socket: listen.to_owned(),
+            kubelet_socket: if nri {
+                runtime.to_owned()
+            } else {
+                listen.to_owned()
+            },
             admin,
             child,
         };
@@ -487,7 +528,21 @@ impl CriguardProcess {
                 .map(|_| ())
         })
         .await;
+        if nri {
+            // Attached: containerd has synchronised one more registration.
+            super::poll_until(Duration::from_secs(20), "criguard attached by NRI", || {
+                let done = nri_registrations(&ctrd_dir) > registered;
+                async move { done.then_some(()) }
+            })
+            .await;
+        }
         me
+    }
+
+    /// CRI clients on the kubelet's socket: criguard's, or the runtime's
+    /// when criguard runs as an NRI plugin.
+    pub fn kubelet(&self) -> Clients {
+        Clients::new(&self.kubelet_socket)
     }
 
     /// CRI clients through criguard.

@@ -129,6 +129,13 @@ impl Guard<'_> {
     /// The command line: the base flags this one does not give, then its own.
     pub fn command_line(&self) -> Vec<String> {
         let p = self.p;
+        let nri = super::containerd::nri_mode().then(|| {
+            let socket = p.ctrd.dir.join("nri/nri.sock");
+            [
+                "--mode=nri".to_owned(),
+                format!("--nri-socket={}", socket.display()),
+            ]
+        });
         let base = [
             format!("--kubepods-cgroup={}", p.kubepods),
             format!("--nodefs={}", p.nodefs.display()),
@@ -142,6 +149,7 @@ impl Guard<'_> {
         };
         base.into_iter()
             .filter(|b| !given(b))
+            .chain(nri.into_iter().flatten())
             .chain(self.args.iter().cloned())
             .collect()
     }
@@ -219,15 +227,16 @@ impl Pressure {
         self.spec(name, &unique(name), c)
     }
 
-    /// Runs `pod` through `guard`; returns (sandbox, containers).
+    /// Runs `pod` the kubelet's way (through `guard`, or to containerd
+    /// with `guard` attached by NRI); returns (sandbox, containers).
     pub async fn start_pod(&self, guard: &CriguardProcess, pod: &PodSpec) -> (String, Vec<String>) {
-        run_pod(&mut guard.clients().rt, pod, None).await
+        run_pod(&mut guard.kubelet().rt, pod, None).await
     }
 
     /// Runs `pod` through `guard` and waits until its memory is held;
     /// returns (sandbox, container).
     pub async fn run(&self, guard: &CriguardProcess, pod: &PodSpec) -> (String, String) {
-        let (sandbox, c) = run_pod(&mut guard.clients().rt, pod, None).await;
+        let (sandbox, c) = run_pod(&mut guard.kubelet().rt, pod, None).await;
         wait_holding(&self.ctrd.direct().rt, &c[0], Duration::from_secs(60)).await;
         (sandbox, c[0].clone())
     }

@@ -79,7 +79,7 @@ async fn node_reclaim_first_then_the_largest_disk_user_even_if_guaranteed() {
         ])
         .start()
         .await;
-    let mut rt = guard.clients().rt;
+    let mut rt = guard.kubelet().rt;
     let pod = |name: &str, c: ContainerSpec| p.pod(name, c);
 
     // A: Guaranteed, 40 MiB in its writable layer. B: BestEffort, 5 MiB.
@@ -275,12 +275,12 @@ async fn inode_pressure_takes_the_pod_with_most_inodes() {
         .arg("--dynamic-oom-score-adj=true")
         .start()
         .await;
-    let mut rt = guard.clients().rt;
+    let mut rt = guard.kubelet().rt;
     let pod = |name: &str, c: ContainerSpec| p.pod(name, c);
     let (few_sb, few_ids) = run_pod(&mut rt, &pod("few", file_maker("few", 100)), None).await;
     let (many_sb, many_ids) = run_pod(&mut rt, &pod("many", file_maker("many", 2000)), None).await;
     let go = |id: String| {
-        let mut rt = guard.clients().rt;
+        let mut rt = guard.kubelet().rt;
         async move {
             rt.exec_sync(cri::ExecSyncRequest {
                 container_id: id,

@@ -55,7 +55,7 @@ impl Scenario {
             p.pod("burstable-under", hogging(20, 0, 100 * MI, 0, 0)),
             p.pod("guaranteed", hogging(10, 0, 0, 64 * MI, 100)),
         ];
-        let mut rt = guard.clients().rt;
+        let mut rt = guard.kubelet().rt;
         let mut containers = Vec::new();
         for pod in &pods {
             let (_, c) = run_pod(&mut rt, pod, None).await;
@@ -97,7 +97,7 @@ async fn memory_pressure_evicts_the_first_ranked_pod_only_and_admission_follows(
     let sc = Scenario::start(&["--eviction-hard=allocatableMemory.available<64Mi"]).await;
     let (guard, port) = (&sc.guard, sc.port);
     let besteffort = &sc.pods[0];
-    let rt = guard.clients().rt;
+    let rt = guard.kubelet().rt;
     let spec = |name: &str, c: ContainerSpec| sc.spec(name, c);
     // A node agent watching criguard's admin API learns of the eviction.
     let mut watch = Box::pin(
@@ -245,8 +245,24 @@ async fn memory_pressure_evicts_the_first_ranked_pod_only_and_admission_follows(
     );
 
     // After the transition period without pressure, BestEffort pods return.
-    common::poll_until(Duration::from_secs(30), "admission to reopen", || async {
-        refused(&newcomer).await.ok().map(|_| ())
+    // As the kubelet does, a sandbox name still taken (containerd keeps a
+    // sandbox refused by NRI, torn down NotReady, now and then) is tried
+    // again with the next attempt.
+    let attempt = std::sync::atomic::AtomicU32::new(0);
+    common::poll_until(Duration::from_secs(30), "admission to reopen", || {
+        let mut next = newcomer.clone();
+        next.attempt = attempt.load(std::sync::atomic::Ordering::Relaxed);
+        let attempt = &attempt;
+        async move {
+            match refused(&next).await {
+                Ok(_) => Some(()),
+                Err(e) if e.message().contains("is reserved for") => {
+                    attempt.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    None
+                }
+                Err(_) => None,
+            }
+        }
     })
     .await;
 

@@ -48,11 +48,7 @@ impl Handler for Plugin {
 /// (its default socket would be shared); here its socket is under the
 /// instance's own directory.
 fn with_nri() -> PrivateContainerd {
-    let on = "disabled_plugins = [\"io.containerd.snapshotter.v1.aufs\", \
-              \"io.containerd.snapshotter.v1.btrfs\", \"io.containerd.snapshotter.v1.zfs\", \
-              \"io.containerd.snapshotter.v1.devmapper\"]\n\
-              [plugins.\"io.containerd.nri.v1.nri\"]\ndisable = false\n";
-    PrivateContainerd::start_with_toml(on)
+    PrivateContainerd::start_with_toml(common::containerd::NRI_ON)
 }
 
 #[tokio::test]
