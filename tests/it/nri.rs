@@ -2,10 +2,11 @@
 //! against containerd 2's own NRI, the Go trunk and ttRPC it ships: it
 //! registers on a private containerd 2 with NRI on, is configured and
 //! synchronised, refuses a BestEffort pod under MemoryPressure with the
-//! proxy's message, sets a container's `oom_score_adj` to the kubelet's
-//! rule in its CreateContainer answer, and keeps the node model. containerd 1.6 has no NRI
-//! on by default: `hack/test.sh` runs this module in its containerd 2 group
-//! only, and on 1.6 the test says so and passes.
+//! proxy's message, raises a container's `oom_score_adj` to the kubelet's
+//! rule in its CreateContainer answer, and keeps the node model.
+//! containerd 1.6 has no NRI: `hack/test.sh` tests this module in its
+//! containerd 2 and NRI groups; on 1.6 each test says it is skipped and
+//! passes.
 
 use crate::common;
 
