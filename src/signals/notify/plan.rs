@@ -149,11 +149,17 @@ pub struct MemcgReading {
     pub inactive_file: u64,
 }
 
+/// How far from a hard line (v1) its band line is armed: a node farther
+/// away registers no second line (two descriptors and a registration on
+/// the memcg fewer while idle); the observation that finds it within this
+/// arms it.
+pub const BAND_ARMED: u64 = 8 * ready::BAND;
+
 /// cgroup v1: one usage line per memory threshold (hard and soft) whose
 /// signal was observed and whose memcg was read, and, for a threshold that
-/// kills at its crossing ([`ready::fast`]) and is not yet near, a second
-/// line [`ready::BAND`] before it, so that the ranking is ready by the
-/// time usage reaches the first.
+/// kills at its crossing ([`ready::fast`]) and is not yet near but within
+/// [`BAND_ARMED`], a second line [`ready::BAND`] before it, so that the
+/// ranking is ready by the time usage reaches the first.
 pub fn plan_v1(
     thresholds: &[Threshold],
     obs: &Observations,
@@ -185,7 +191,8 @@ pub fn plan_v1(
             band,
         };
         out.push(line(false));
-        if ready::fast(t) && o.available - below as i64 >= ready::BAND as i64 {
+        let headroom = o.available - below as i64;
+        if ready::fast(t) && (ready::BAND as i64..BAND_ARMED as i64).contains(&headroom) {
             out.push(line(true));
         }
     }
@@ -525,6 +532,13 @@ pub(super) mod tests {
                     false
                 ),
             ]
+        );
+        // Farther than BAND_ARMED: the threshold's line alone.
+        let mut far = obs.clone();
+        far.signals.get_mut(&node).unwrap().available = (1024 + 100 + 1) * MI as i64;
+        assert_eq!(
+            plan_v1(&thresholds[..1], &far, &memcgs, "/kubepods").len(),
+            1
         );
         // Within the band already: the threshold's line alone.
         let mut close = obs.clone();
