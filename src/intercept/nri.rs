@@ -16,14 +16,10 @@ use prost::Message;
 use super::Observer;
 use crate::lock::RwLocked;
 use crate::model::{ContainerInfo, ContainerResources, ContainerState, SandboxInfo, SandboxState};
+use crate::nri::PLUGIN_SERVICE;
 use crate::nri::api::{self, Event};
 use crate::nri::conn::Handler;
 use crate::nri::ttrpc::Response;
-
-/// The service a plugin serves.
-pub const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
-/// The service the runtime serves (`RegisterPlugin`).
-pub const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
 
 /// The events criguard subscribes to, as `ConfigureResponse.events`: the
 /// pod and container lifecycle, within events 1–11, which every NRI since
@@ -368,6 +364,14 @@ mod tests {
         NriObserver::new(observer)
     }
 
+    /// `p`'s answer to CreateContainer of `req`.
+    async fn create(p: &NriObserver, req: &api::ContainerRequest) -> api::CreateContainerResponse {
+        let r = p
+            .call(PLUGIN_SERVICE, "CreateContainer", &req.encode_to_vec())
+            .await;
+        api::CreateContainerResponse::decode(r.into_result().unwrap().as_slice()).unwrap()
+    }
+
     fn pod(id: &str, qos_parent: &str) -> api::PodSandbox {
         api::PodSandbox {
             id: id.into(),
@@ -506,11 +510,7 @@ mod tests {
             pod: Some(pod("sb", "")),
             container: Some(c),
         };
-        let r = p
-            .call(PLUGIN_SERVICE, "CreateContainer", &req.encode_to_vec())
-            .await;
-        let answer =
-            api::CreateContainerResponse::decode(r.into_result().unwrap().as_slice()).unwrap();
+        let answer = create(&p, &req).await;
         assert_eq!(answer.adjust, None);
         let model = p.observer.model.read_locked();
         assert_eq!(model.pod("sb").unwrap().containers["g1"].oom_score_adj, 0);
@@ -561,11 +561,7 @@ mod tests {
             pod: Some(pod("sb", "besteffort/")),
             container: Some(c),
         };
-        let r = p
-            .call(PLUGIN_SERVICE, "CreateContainer", &req.encode_to_vec())
-            .await;
-        let answer =
-            api::CreateContainerResponse::decode(r.into_result().unwrap().as_slice()).unwrap();
+        let answer = create(&p, &req).await;
         let adj = answer
             .adjust
             .and_then(|a| a.linux)

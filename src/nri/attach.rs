@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 
-use super::api;
 use super::conn::{self, CallError, Handler};
+use super::{RUNTIME_SERVICE, api};
 use crate::backoff::Backoff;
 
 /// How criguard registers.
@@ -120,9 +120,6 @@ pub async fn attach(
     })?;
     Ok(attached)
 }
-
-/// The service the runtime serves.
-const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
 
 /// Stays attached: serves `first` (when the caller attached already),
 /// then attaches again, with back-off from 100 ms to 5 s, each time the

@@ -9,6 +9,11 @@
 //! - [`attach`]: registering on the runtime's socket, and again after it
 //!   restarts.
 
+/// The service a plugin serves (the runtime's calls).
+pub const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
+/// The service the runtime serves (`RegisterPlugin`).
+pub const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
+
 pub mod attach;
 pub mod conn;
 pub mod mux;

@@ -47,18 +47,22 @@ impl Handler for Plugin {
 
 /// A private containerd 2 with NRI on: hack/containerd.sh disables it
 /// (its default socket would be shared); here its socket is under the
-/// instance's own directory.
-fn with_nri() -> PrivateContainerd {
-    PrivateContainerd::start_with_toml(common::containerd::NRI_ON)
+/// instance's own directory. `None`, said, on containerd 1.6 (no NRI).
+fn with_nri() -> Option<PrivateContainerd> {
+    if ContainerdVersion::selected() != ContainerdVersion::V2 {
+        eprintln!("NRI is tested on containerd 2 (CRIGUARD_CONTAINERD=2): skipped here");
+        return None;
+    }
+    Some(PrivateContainerd::start_with_toml(
+        common::containerd::NRI_ON,
+    ))
 }
 
 #[tokio::test]
 async fn a_plugin_of_ours_registers_with_containerd_2_and_is_obeyed() {
-    if ContainerdVersion::selected() != ContainerdVersion::V2 {
-        eprintln!("NRI is tested on containerd 2 (CRIGUARD_CONTAINERD=2): skipped here");
+    let Some(ctrd) = with_nri() else {
         return;
-    }
-    let ctrd = with_nri();
+    };
     let socket = ctrd.dir.join("nri/nri.sock");
     // No connection just to probe: containerd takes plugins one at a time,
     // and one that does not register holds the next for 5 s.
@@ -181,11 +185,9 @@ async fn a_plugin_of_ours_registers_with_containerd_2_and_is_obeyed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plugin_attaches_again_after_containerd_restarts_and_loses_no_pod() {
-    if ContainerdVersion::selected() != ContainerdVersion::V2 {
-        eprintln!("NRI is tested on containerd 2 (CRIGUARD_CONTAINERD=2): skipped here");
+    let Some(ctrd) = with_nri() else {
         return;
-    }
-    let ctrd = with_nri();
+    };
     let mut c = ctrd.direct();
     // A pod from before criguard attaches: learnt from the synchronisation.
     let early = PodSpec::new("early", &unique("nri")).container(sleeper("app"));
@@ -251,11 +253,9 @@ async fn the_plugin_attaches_again_after_containerd_restarts_and_loses_no_pod() 
 
 #[tokio::test]
 async fn criguard_serve_in_nri_mode_scores_pods_the_kubelet_creates_on_containerd_directly() {
-    if ContainerdVersion::selected() != ContainerdVersion::V2 {
-        eprintln!("NRI is tested on containerd 2 (CRIGUARD_CONTAINERD=2): skipped here");
+    let Some(ctrd) = with_nri() else {
         return;
-    }
-    let ctrd = with_nri();
+    };
     let nri_socket = ctrd.dir.join("nri/nri.sock");
     let work = tempfile::tempdir().unwrap();
 
