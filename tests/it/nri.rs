@@ -305,7 +305,19 @@ async fn criguard_serve_in_nri_mode_scores_pods_the_kubelet_creates_on_container
     let mut c = ctrd.direct();
     let pod = PodSpec::new("direct", &unique("nri")).container(sleeper("app"));
     let (sandbox, ids) = run_pod(&mut c.rt, &pod, Some(500)).await;
-    assert_eq!(proc_oom_score_adj(&mut c, Some(&ids[0]), None).await, 1000);
+    // containerd's word on the plugin (a timed-out or closed plugin is
+    // skipped, its container created unadjusted), for the failure message.
+    let plugin_lines = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("criguard")).collect();
+        lines.join("\n")
+    };
+    assert_eq!(
+        proc_oom_score_adj(&mut c, Some(&ids[0]), None).await,
+        1000,
+        "containerd's log on the plugin:\n{}",
+        plugin_lines()
+    );
     let known = guard.pods().await;
     let p = known
         .iter()
