@@ -295,10 +295,7 @@ async fn criguard_serve_in_nri_mode_scores_pods_the_kubelet_creates_on_container
     let guard = common::containerd::CriguardProcess::start(&listen, &ctrd.socket, &nri).await;
     let log = ctrd.dir.join("containerd.log");
     common::poll_until(Duration::from_secs(20), "criguard registered", || {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let done = text
-            .lines()
-            .any(|l| l.contains("connected and synchronized") && l.contains("criguard"));
+        let done = common::containerd::nri_registrations(&ctrd.dir) > 0;
         async move { done.then_some(()) }
     })
     .await;
