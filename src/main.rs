@@ -26,8 +26,14 @@ fn main() -> ExitCode {
         } => client::run(client::evictions(admin_socket, json, watch)),
         Command::Status {
             admin_socket,
+            ready: true,
+            ..
+        } => client::ready(admin_socket),
+        Command::Status {
+            admin_socket,
             json,
             checks,
+            ..
         } => client::status(admin_socket, json, checks),
         Command::Pods { admin_socket, json } => client::run(client::pods(admin_socket, json)),
         Command::Rank { admin_socket, json } => client::run(client::rank(admin_socket, json)),

@@ -27,6 +27,21 @@ pub struct Serving {
     /// The API report's kubeconfig (`in-cluster` for the pod's service
     /// account; empty: no API report).
     pub kubeconfig: String,
+    /// The link to the runtime as an NRI plugin (`None`: proxy mode).
+    pub nri: Option<NriLink>,
+}
+
+/// criguard attached to the runtime as an NRI plugin (`--mode nri`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NriLink {
+    /// The runtime's NRI socket.
+    pub socket: String,
+    /// Registered with the runtime now.
+    pub attached: bool,
+    /// The model reconciled with the runtime's CRI list since the last
+    /// synchronisation (containers created during one can be missing
+    /// from it).
+    pub reconciled: bool,
 }
 
 /// The Kubernetes API report's writes since criguard started (each
@@ -111,6 +126,26 @@ impl ConfigStatus {
         self.error.is_none()
     }
 
+    /// Whether criguard guards the node (`criguard status --ready`, the
+    /// DaemonSet's readiness probe): a configuration accepted and, as an
+    /// NRI plugin, registered and its model reconciled; else why not.
+    pub fn ready(&self) -> Result<(), String> {
+        if let Some(e) = &self.error {
+            return Err(format!("failing open: {e}"));
+        }
+        match &self.serving.nri {
+            Some(n) if !n.attached => Err(format!(
+                "not attached to the runtime's NRI socket {}",
+                n.socket
+            )),
+            Some(n) if !n.reconciled => Err(format!(
+                "attached to {}, the model not yet reconciled with the runtime's CRI list",
+                n.socket
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// What `criguard status` prints: [`Self::head`], then the settings.
     pub fn text(&self) -> String {
         self.head() + &self.settings
@@ -134,6 +169,14 @@ impl ConfigStatus {
                  is loaded (systemctl reload criguard)\n"
             )),
             None => out.push_str("configuration: valid\n"),
+        }
+        if let Some(n) = &self.serving.nri {
+            let state = match (n.attached, n.reconciled) {
+                (true, true) => "attached, model reconciled",
+                (true, false) => "attached, model not yet reconciled",
+                (false, _) => "NOT attached (attaching again)",
+            };
+            out.push_str(&format!("NRI plugin on {}: {state}\n", n.socket));
         }
         out.push_str(&format!(
             "reloads: {} applied, {} refused\n",
@@ -189,6 +232,11 @@ impl From<&ConfigStatus> for pb::StatusResponse {
                 cri_socket: s.serving.cri_socket.clone(),
                 metrics_address: s.serving.metrics_address.clone(),
                 kubeconfig: s.serving.kubeconfig.clone(),
+                nri: s.serving.nri.as_ref().map(|n| pb::NriLink {
+                    socket: n.socket.clone(),
+                    attached: n.attached,
+                    reconciled: n.reconciled,
+                }),
             }),
             thresholds: s.thresholds.iter().map(Into::into).collect(),
             api_report: s.api_report.as_ref().map(|w| pb::ApiReport {
@@ -255,6 +303,11 @@ impl From<pb::StatusResponse> for ConfigStatus {
                     cri_socket: s.cri_socket,
                     metrics_address: s.metrics_address,
                     kubeconfig: s.kubeconfig,
+                    nri: s.nri.map(|n| NriLink {
+                        socket: n.socket,
+                        attached: n.attached,
+                        reconciled: n.reconciled,
+                    }),
                 })
                 .unwrap_or_default(),
             api_report: r.api_report.map(|a| ApiWrites {
@@ -297,6 +350,11 @@ mod tests {
                 cri_socket: "/tmp/demo/criguard.sock".into(),
                 metrics_address: "127.0.0.1:19809".into(),
                 kubeconfig: "in-cluster".into(),
+                nri: Some(NriLink {
+                    socket: "/var/run/nri/nri.sock".into(),
+                    attached: true,
+                    reconciled: false,
+                }),
             },
             api_report: Some(ApiWrites {
                 ok: 7,
@@ -365,5 +423,30 @@ mod tests {
         assert!(text.contains("0 applied, 2 refused"), "{text}");
         let valid = ConfigStatus::from(pb::StatusResponse::from(&ConfigStatus::default()));
         assert!(valid.valid());
+    }
+
+    #[test]
+    fn ready_needs_a_valid_configuration_and_as_a_plugin_attached_and_reconciled() {
+        let mut s = ConfigStatus::default();
+        assert_eq!(s.ready(), Ok(()), "a proxy with a valid configuration");
+        s.serving.nri = Some(NriLink {
+            socket: "/var/run/nri/nri.sock".into(),
+            ..Default::default()
+        });
+        let why = s.ready().unwrap_err();
+        assert!(
+            why.contains("not attached") && why.contains("/var/run/nri/nri.sock"),
+            "{why}"
+        );
+        s.serving.nri.as_mut().unwrap().attached = true;
+        assert!(s.ready().unwrap_err().contains("not yet reconciled"));
+        s.serving.nri.as_mut().unwrap().reconciled = true;
+        assert_eq!(s.ready(), Ok(()));
+        s.failing_open(error("eviction_hard", "memory.available<lots"));
+        let why = s.ready().unwrap_err();
+        assert!(
+            why.starts_with("failing open") && why.contains("eviction_hard"),
+            "{why}"
+        );
     }
 }

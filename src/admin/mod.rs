@@ -38,6 +38,6 @@ pub use client::{
     ClientError, EvictionsReport, get_conditions, get_evictions, get_evictions_report,
     get_oom_kills, get_pods, get_rank, get_rank_report, get_usage, watch_evictions,
 };
-pub use config::{ApiWrites, ConfigStatus, Serving, get_status};
+pub use config::{ApiWrites, ConfigStatus, NriLink, Serving, get_status};
 pub use convert::{ConditionsReport, ConvertError, Observed};
 pub use server::{AdminState, serve};

@@ -175,6 +175,20 @@ pub fn status(admin_socket: PathBuf, json: bool, checks: StatusChecks) -> ExitCo
     }
 }
 
+/// `criguard status --ready`: one line; 0 when criguard guards the node,
+/// 1 (the reason on stderr) when it does not or does not answer.
+pub fn ready(admin_socket: PathBuf) -> ExitCode {
+    run(async move {
+        match admin::get_status(&admin_socket).await?.ready() {
+            Ok(()) => {
+                println!("ready");
+                Ok(())
+            }
+            Err(why) => anyhow::bail!("not ready: {why}"),
+        }
+    })
+}
+
 /// `criguard evictions`.
 pub async fn evictions(admin_socket: PathBuf, json: bool, watch: bool) -> anyhow::Result<()> {
     use futures::StreamExt;

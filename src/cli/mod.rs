@@ -61,6 +61,11 @@ pub enum Command {
         /// JSON instead of lines (the configuration only).
         #[arg(long)]
         json: bool,
+        /// Only whether criguard guards the node: a valid configuration
+        /// and, as an NRI plugin, attached with its model reconciled. One
+        /// line; exit 0 when ready, 1 when not (a readiness probe).
+        #[arg(long, conflicts_with = "json")]
+        ready: bool,
         #[command(flatten)]
         checks: client::StatusChecks,
     },

@@ -6,12 +6,14 @@
 //! fails a container's creation by its own fault; only admission fails a
 //! RunPodSandbox, with the proxy's message.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use prost::Message;
+use tokio::sync::Notify;
 
 use super::Observer;
 use crate::lock::RwLocked;
@@ -143,6 +145,7 @@ impl NriMetrics {
 pub struct NriObserver {
     observer: Observer,
     metrics: NriMetrics,
+    synchronised: Option<Arc<Notify>>,
 }
 
 impl NriObserver {
@@ -151,7 +154,17 @@ impl NriObserver {
         Self {
             observer,
             metrics: NriMetrics::default(),
+            synchronised: None,
         }
+    }
+
+    /// The same plugin, notifying `done` after each synchronisation's last
+    /// part is taken in (the caller reconciles with the runtime's CRI list:
+    /// containers created during a synchronisation can be missing from it,
+    /// containerd #13698).
+    pub fn on_synchronised(mut self, done: Arc<Notify>) -> Self {
+        self.synchronised = Some(done);
+        self
     }
 
     /// The same plugin, counting in `metrics`.
@@ -168,6 +181,9 @@ impl NriObserver {
             "Synchronize" => {
                 let req = api::SynchronizeRequest::decode(payload)?;
                 self.synchronize(&req);
+                if let (false, Some(done)) = (req.more, &self.synchronised) {
+                    done.notify_one();
+                }
                 Response::ok(&api::SynchronizeResponse {
                     update: vec![],
                     more: req.more,
@@ -576,5 +592,31 @@ mod tests {
             .pod("sb")
             .expect("the sandbox learnt from the request");
         assert_eq!(pod.containers["c1"].oom_score_adj, 1000);
+    }
+
+    #[tokio::test]
+    async fn a_synchronisations_last_part_notifies_the_reconcile() {
+        let done = Arc::new(Notify::new());
+        let p = plugin(&[]).on_synchronised(done.clone());
+        let part = |more| {
+            api::SynchronizeRequest {
+                pods: vec![pod("sb", "")],
+                containers: vec![],
+                more,
+            }
+            .encode_to_vec()
+        };
+        let notified = done.notified();
+        tokio::pin!(notified);
+        p.call(PLUGIN_SERVICE, "Synchronize", &part(true)).await;
+        assert!(
+            futures::poll!(notified.as_mut()).is_pending(),
+            "a part with more to come"
+        );
+        p.call(PLUGIN_SERVICE, "Synchronize", &part(false)).await;
+        assert!(
+            futures::poll!(notified.as_mut()).is_ready(),
+            "the last part"
+        );
     }
 }

@@ -70,6 +70,10 @@ pub fn serving(
             .map(|a| a.to_string())
             .unwrap_or_default(),
         kubeconfig: String::new(),
+        nri: (cmd.mode == crate::cli::args::Mode::Nri).then(|| criguard::admin::NriLink {
+            socket: cmd.nri_socket.display().to_string(),
+            ..Default::default()
+        }),
     }
 }
 

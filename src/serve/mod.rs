@@ -440,8 +440,8 @@ impl App {
             max_connections: cmd.max_connections,
         };
         if cmd.mode == crate::cli::args::Mode::Nri {
-            let observer = relay.observer(&p.metrics);
-            tasks.push(nri::start(&cmd, observer, p.metrics.nri.clone(), stopping.clone()).await?);
+            let config = p.config.clone();
+            tasks.push(nri::start(&cmd, &relay, &p.metrics, config, stopping.clone()).await?);
         }
         let proxy = relay.spawn(self.listeners.cri, &p.metrics)?;
         let mut predecessor = self.predecessor;

@@ -323,3 +323,81 @@ async fn criguard_serve_in_nri_mode_scores_pods_the_kubelet_creates_on_container
     assert_eq!(p.containers[&ids[0]].oom_score_adj, 1000);
     remove_pods(&mut c.rt, [sandbox]).await;
 }
+
+/// `criguard status --ready` on `admin`: its exit and its one line.
+fn ready(admin: &std::path::Path) -> (bool, String) {
+    let out = std::process::Command::new(common::criguard_bin())
+        .args(["status", "--ready", "--admin-socket"])
+        .arg(admin)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text.trim().to_owned())
+}
+
+#[tokio::test]
+async fn a_criguard_killed_and_restarted_in_nri_mode_loses_no_pod_and_names_what_it_did_not_score()
+{
+    let Some(ctrd) = with_nri() else {
+        return;
+    };
+    let nri_socket = ctrd.dir.join("nri/nri.sock");
+    let work = tempfile::tempdir().unwrap();
+    let listen = work.path().join("g.sock");
+    let port = common::metrics::free_port();
+    let metrics = format!("--metrics-address=127.0.0.1:{port}");
+    let args = [
+        "--mode=nri",
+        &format!("--nri-socket={}", nri_socket.display()),
+        &metrics,
+        "--housekeeping-interval=1s",
+    ];
+    let t = Duration::from_secs(30);
+    let start = || common::containerd::CriguardProcess::start(&listen, &ctrd.socket, &args);
+    let guard = start().await;
+    let admin = guard.admin.clone();
+    let is_ready = || {
+        let (ok, line) = ready(&admin);
+        async move { ok.then_some(line) }
+    };
+    let line = common::poll_until(t, "criguard status --ready", is_ready).await;
+    assert_eq!(line, "ready");
+
+    let mut c = ctrd.direct();
+    let before = PodSpec::new("before", &unique("nri")).container(sleeper("app"));
+    let (before_sb, _) = run_pod(&mut c.rt, &before, Some(500)).await;
+
+    // Killed: nothing adjusts a container created now.
+    let _ = guard.signal_and_wait(libc::SIGKILL);
+    let (ok, line) = ready(&admin);
+    assert!(!ok, "a killed criguard is not ready: {line}");
+    let during = PodSpec::new("during", &unique("nri")).container(sleeper("app"));
+    let (during_sb, ids) = run_pod(&mut c.rt, &during, Some(500)).await;
+    assert_eq!(proc_oom_score_adj(&mut c, Some(&ids[0]), None).await, 500);
+
+    // Restarted: ready again once attached and reconciled, every pod in its
+    // model, the container it missed counted, and its process given
+    // criguard's score by the dynamic round.
+    let guard = start().await;
+    common::poll_until(t, "criguard ready after its restart", is_ready).await;
+    let known = guard.pods().await;
+    for sb in [&before_sb, &during_sb] {
+        assert!(
+            known.iter().any(|p| &p.sandbox_id == sb),
+            "{sb} in the model"
+        );
+    }
+    let unscored = common::metrics::scraped(port, "criguard_nri_unscored_containers_total", &[]);
+    assert!(unscored >= Some(1.0), "counted: {unscored:?}");
+    let adj = || {
+        let mut c = ctrd.direct();
+        let id = ids[0].clone();
+        async move {
+            let adj = proc_oom_score_adj(&mut c, Some(&id), None).await;
+            (adj == 1000).then_some(())
+        }
+    };
+    common::poll_until(t, "the missed container's process scored 1000", adj).await;
+    remove_pods(&mut c.rt, [before_sb, during_sb]).await;
+}
