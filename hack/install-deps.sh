@@ -15,8 +15,9 @@ missing=()
 # (hack/registry.sh); openssl: the cluster tier's certificates; ip: the
 # CNI bridges of tests/it/critest.rs; bindfs: a FUSE filesystem whose daemon
 # tests/it/hung_fs.rs stops to hang nodefs for real (this kernel has no nfsd);
-# mkfs.ext4: the cluster tier's small imagefs (a loop ext4).
-for cmd in containerd runc ctr protoc skopeo systemd-socket-activate go socat docker-registry openssl ip curl bindfs mkfs.ext4; do
+# mkfs.ext4: the cluster tier's small imagefs (a loop ext4); conmon: the
+# container monitor of the private CRI-O (hack/crio.sh).
+for cmd in containerd runc ctr protoc skopeo systemd-socket-activate go socat docker-registry openssl ip curl bindfs mkfs.ext4 conmon; do
     if ! command -v "$cmd" >/dev/null 2>&1; then
         missing+=("$cmd")
     fi
@@ -28,6 +29,11 @@ done
 if [[ ! -x /bin/busybox ]] ||
     [[ "$(dpkg-query -W -f='${Status}' busybox-static 2>/dev/null || true)" != "install ok installed" ]]; then
     missing+=("busybox-static")
+fi
+
+# hack/crio.sh builds CRI-O with its seccomp support (cgo, libseccomp).
+if [[ ! -e /usr/include/seccomp.h ]]; then
+    missing+=("libseccomp-dev")
 fi
 
 # Pod networks (bridge, host-local, portmap, loopback) for critest and the
@@ -57,10 +63,10 @@ if ((${#missing[@]} > 0)); then
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         containerd runc busybox-static protobuf-compiler skopeo systemd ca-certificates \
         golang-go golang-google-grpc-dev socat python3-venv docker-registry openssl iproute2 curl \
-        containernetworking-plugins bindfs e2fsprogs
+        containernetworking-plugins bindfs e2fsprogs conmon libseccomp-dev
 else
     echo "install-deps: containerd, runc, ctr, busybox-static, protoc, skopeo, systemd-socket-activate," \
-        "go, grpc-go, socat, python3-venv, docker-registry, openssl, ip, curl, CNI plugins, bindfs, mkfs.ext4 present" >&2
+        "go, grpc-go, socat, python3-venv, docker-registry, openssl, ip, curl, CNI plugins, bindfs, mkfs.ext4, conmon, libseccomp-dev present" >&2
 fi
 
 # promtool (deploy/: `promtool test rules` and `check metrics`, tests/it/deploy.rs)

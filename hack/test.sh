@@ -14,7 +14,9 @@
 #   2. the runtime-facing tests again on containerd 2.3 built from its Go
 #      module (lifecycle, clients, crictl, critest, eviction, GC, events,
 #      model, usage, restart, OOM, reload): CRIGUARD_CONTAINERD=2. critest runs here
-#      only (containerd 2 is what nodes run today; one run is ~2.5 min).
+#      only (containerd 2 is what nodes run today; one run is ~2.5 min);
+#   3. the pressure tests with criguard as an NRI plugin of containerd 2;
+#   4. one scenario against CRI-O 1.34 (hack/crio.sh): NRI plugin and proxy.
 # The cluster tier (tests/it/cluster.rs, tests/it/cluster_vm.rs) runs its nodes on
 # containerd 2 in step 1 already.
 set -euo pipefail
@@ -26,6 +28,7 @@ hack/install-deps.sh
 # cri-tools): built once per pinned version into a cache outside the clone.
 hack/k8s/build.sh
 hack/restart-load/build.sh >/dev/null   # tests/it/drain.rs' kubelet-like load
+hack/crio.sh build >/dev/null           # tests/it/crio.rs' CRI-O
 hack/clients.sh >/dev/null
 hack/check-docs.sh
 cargo fmt --all --check
@@ -112,6 +115,10 @@ run_host() {
     echo "test.sh: [nri] the pressure tests with criguard attached to containerd 2 by NRI" >&2
     CRIGUARD_CONTAINERD=2 CRIGUARD_MODE=nri cargo test --no-fail-fast --test it -- "${nri[@]}" 2>&1 | tag nri || rc=1
     echo "test.sh: [nri] done in $((SECONDS - start)) s" >&2
+    start=$SECONDS
+    echo "test.sh: [crio] criguard against CRI-O 1.34 (NRI plugin and proxy)" >&2
+    CRIGUARD_CRIO=1 cargo test --no-fail-fast --test it -- crio:: 2>&1 | tag crio || rc=1
+    echo "test.sh: [crio] done in $((SECONDS - start)) s" >&2
     start=$SECONDS
     echo "test.sh: [vm] the VM tier (cgroup v2, systemd)" >&2
     cargo test --no-fail-fast --test vm 2>&1 | tag vm || rc=1

@@ -447,6 +447,19 @@ impl Clients {
     }
 }
 
+/// `criguard status --ready` on the admin socket `admin`: whether it
+/// exited 0, and its one line (stdout or stderr).
+pub fn status_ready(admin: &Path) -> (bool, String) {
+    let out = std::process::Command::new(crate::criguard_bin())
+        .args(["status", "--ready", "--admin-socket"])
+        .arg(admin)
+        .output()
+        .expect("run criguard status --ready");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text.trim().to_owned())
+}
+
 /// The `criguard` binary serving in front of a runtime.
 pub struct CriguardProcess {
     /// criguard's CRI socket.

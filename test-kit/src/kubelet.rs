@@ -258,8 +258,11 @@ impl PodSpec {
                 name: c.name.clone(),
                 attempt: 0,
             }),
+            // The kubelet names the image as the pod spec wrote it too
+            // (CRI-O refuses a container without it).
             image: Some(cri::ImageSpec {
                 image: c.image.clone(),
+                user_specified_image: c.image.clone(),
                 ..Default::default()
             }),
             command: c.command.clone(),

@@ -5,6 +5,7 @@ pub mod apiserver;
 pub mod clients;
 pub mod cluster;
 pub mod containerd;
+pub mod crio;
 pub mod echo;
 pub mod h2peer;
 pub mod kubeapi;

@@ -37,6 +37,7 @@ mod clients;
 mod cluster;
 mod cluster_vm;
 mod crictl;
+mod crio;
 mod critest;
 mod deploy;
 mod disk_eviction;

@@ -324,18 +324,6 @@ async fn criguard_serve_in_nri_mode_scores_pods_the_kubelet_creates_on_container
     remove_pods(&mut c.rt, [sandbox]).await;
 }
 
-/// `criguard status --ready` on `admin`: its exit and its one line.
-fn ready(admin: &std::path::Path) -> (bool, String) {
-    let out = std::process::Command::new(common::criguard_bin())
-        .args(["status", "--ready", "--admin-socket"])
-        .arg(admin)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text.trim().to_owned())
-}
-
 #[tokio::test]
 async fn a_criguard_killed_and_restarted_in_nri_mode_loses_no_pod_and_names_what_it_did_not_score()
 {
@@ -358,7 +346,7 @@ async fn a_criguard_killed_and_restarted_in_nri_mode_loses_no_pod_and_names_what
     let guard = start().await;
     let admin = guard.admin.clone();
     let is_ready = || {
-        let (ok, line) = ready(&admin);
+        let (ok, line) = common::containerd::status_ready(&admin);
         async move { ok.then_some(line) }
     };
     let line = common::poll_until(t, "criguard status --ready", is_ready).await;
@@ -370,7 +358,7 @@ async fn a_criguard_killed_and_restarted_in_nri_mode_loses_no_pod_and_names_what
 
     // Killed: nothing adjusts a container created now.
     let _ = guard.signal_and_wait(libc::SIGKILL);
-    let (ok, line) = ready(&admin);
+    let (ok, line) = common::containerd::status_ready(&admin);
     assert!(!ok, "a killed criguard is not ready: {line}");
     let during = PodSpec::new("during", &unique("nri")).container(sleeper("app"));
     let (during_sb, ids) = run_pod(&mut c.rt, &during, Some(500)).await;
