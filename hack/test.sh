@@ -53,8 +53,9 @@ fi
 tiers=(cluster:: cluster_vm::)
 # Containerd 2 again: the runtime-facing modules (critest only here).
 # criguard as an NRI plugin (CRIGUARD_MODE=nri: containerd 2 with NRI on,
-# the pods created on containerd, criguard attached): the pressure tests.
-nri=(eviction:: nri:: --skip pid_eviction::)
+# the pods created on containerd, criguard attached): the pressure, OOM and
+# GC tests.
+nri=(eviction:: oom:: gc:: nri:: --skip pid_eviction::)
 # nri:: tests NRI here and in the NRI group; on containerd 1.6, which has
 # no NRI on, its tests say so and pass (a --skip would also drop the NRI
 # unit tests, whose paths hold nri:: too).
@@ -112,7 +113,7 @@ run_host() {
     CRIGUARD_CONTAINERD=2 cargo test --no-fail-fast --test it -- "${runtime[@]}" 2>&1 | tag 2.x || rc=1
     echo "test.sh: [2.x] done in $((SECONDS - start)) s" >&2
     start=$SECONDS
-    echo "test.sh: [nri] the pressure tests with criguard attached to containerd 2 by NRI" >&2
+    echo "test.sh: [nri] the pressure, OOM and GC tests with criguard attached to containerd 2 by NRI" >&2
     CRIGUARD_CONTAINERD=2 CRIGUARD_MODE=nri cargo test --no-fail-fast --test it -- "${nri[@]}" 2>&1 | tag nri || rc=1
     echo "test.sh: [nri] done in $((SECONDS - start)) s" >&2
     start=$SECONDS

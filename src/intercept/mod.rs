@@ -201,6 +201,14 @@ impl Observer {
         Some(to)
     }
 
+    /// Notes that a container was just created from `image` (image GC's
+    /// last use of it).
+    pub fn image_used(&self, image: &str) {
+        if let Some(uses) = &self.image_uses {
+            uses.touch(image);
+        }
+    }
+
     /// Whether requests are to be changed (patched, refused) now.
     pub fn guarding(&self) -> bool {
         let on =
@@ -227,8 +235,8 @@ impl Observer {
                     m.upsert_sandbox(convert::sandbox_from_request(&r.pod_sandbox_id, sandbox));
                 }
                 let config = r.config.unwrap_or_default();
-                if let (Some(uses), Some(image)) = (&self.image_uses, &config.image) {
-                    uses.touch(&image.image);
+                if let Some(image) = &config.image {
+                    self.image_used(&image.image);
                 }
                 m.upsert_container(convert::container_from_request(
                     &id,

@@ -99,6 +99,17 @@ pub fn resources(r: Option<&api::LinuxResources>) -> ContainerResources {
     }
 }
 
+/// The annotation containerd's CRI gives a container: its image as the
+/// pod spec names it (NRI before v0.11 carries no image).
+const IMAGE_NAME_ANNOTATION: &str = "io.kubernetes.cri.image-name";
+
+/// `c`'s image reference, as the pod spec names it.
+fn image_of(c: &api::Container) -> Option<&str> {
+    let named = c.image.as_ref().map(|i| i.name.as_str());
+    let annotated = c.annotations.get(IMAGE_NAME_ANNOTATION).map(String::as_str);
+    named.filter(|n| !n.is_empty()).or(annotated)
+}
+
 /// The NRI plugin's metrics.
 #[derive(Clone, Debug, Default)]
 pub struct NriMetrics {
@@ -313,6 +324,9 @@ impl NriObserver {
         let Some(c) = &req.container else {
             return Response::ok(&api::CreateContainerResponse::default());
         };
+        if let Some(image) = image_of(c) {
+            self.observer.image_used(image);
+        }
         let mut info = container_from_nri(c);
         let sandbox = req.pod.as_ref().map(sandbox_from_nri);
         let adj = if self.observer.guarding() {
@@ -618,5 +632,33 @@ mod tests {
             futures::poll!(notified.as_mut()).is_ready(),
             "the last part"
         );
+    }
+
+    #[tokio::test]
+    async fn a_created_containers_image_is_used_now_by_name_or_by_containerds_annotation() {
+        let uses = crate::gc::image_uses::ImageUses::default();
+        let observer = Observer::new(Arc::new(RwLock::new(NodeModel::new(8 << 30))))
+            .with_image_uses(uses.clone());
+        let p = NriObserver::new(observer);
+        let request =
+            |id: &str, image: Option<&str>, annotated: Option<&str>| api::ContainerRequest {
+                pod: Some(pod("sb", "besteffort/")),
+                container: Some(api::Container {
+                    id: id.into(),
+                    pod_sandbox_id: "sb".into(),
+                    image: image.map(|name| api::Image { name: name.into() }),
+                    annotations: annotated
+                        .map(|a| [(IMAGE_NAME_ANNOTATION.to_owned(), a.to_owned())].into())
+                        .unwrap_or_default(),
+                    ..Default::default()
+                }),
+            };
+        create(&p, &request("c1", Some("registry.k8s.io/app:1"), None)).await;
+        create(&p, &request("c2", None, Some("docker.io/library/old:2"))).await;
+        create(&p, &request("c3", None, None)).await;
+        let seen = uses.take();
+        let mut names: Vec<&str> = seen.keys().map(String::as_str).collect();
+        names.sort();
+        assert_eq!(names, ["docker.io/library/old:2", "registry.k8s.io/app:1"]);
     }
 }

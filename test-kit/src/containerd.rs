@@ -487,8 +487,20 @@ impl CriguardProcess {
         extra: &[&str],
     ) -> Self {
         let admin = listen.with_extension("admin.sock");
-        let nri = extra.windows(2).any(|w| w == ["--mode", "nri"]) || extra.contains(&"--mode=nri");
         let ctrd_dir = runtime.parent().unwrap_or(runtime).to_owned();
+        // Under CRIGUARD_MODE=nri a test that names no mode runs criguard
+        // attached to its containerd's NRI (NRI_ON).
+        let given = extra.iter().any(|a| a.starts_with("--mode"));
+        let nri_flags = (nri_mode() && !given).then(|| {
+            let socket = ctrd_dir.join("nri/nri.sock");
+            [
+                "--mode=nri".to_owned(),
+                format!("--nri-socket={}", socket.display()),
+            ]
+        });
+        let nri = nri_flags.is_some()
+            || extra.windows(2).any(|w| w == ["--mode", "nri"])
+            || extra.contains(&"--mode=nri");
         let registered = nri_registrations(&ctrd_dir);
         let bin = crate::criguard_bin();
         let mut cmd = match wrapper.split_first() {
@@ -522,6 +534,7 @@ impl CriguardProcess {
             .arg("--runtime-endpoint")
             .arg(format!("unix://{}", runtime.display()))
             .args(extra)
+            .args(nri_flags.iter().flatten())
             .env(
                 "CRIGUARD_LOG",
                 std::env::var("CRIGUARD_LOG").unwrap_or_else(|_| "criguard=debug,info".into()),

@@ -129,13 +129,6 @@ impl Guard<'_> {
     /// The command line: the base flags this one does not give, then its own.
     pub fn command_line(&self) -> Vec<String> {
         let p = self.p;
-        let nri = super::containerd::nri_mode().then(|| {
-            let socket = p.ctrd.dir.join("nri/nri.sock");
-            [
-                "--mode=nri".to_owned(),
-                format!("--nri-socket={}", socket.display()),
-            ]
-        });
         let base = [
             format!("--kubepods-cgroup={}", p.kubepods),
             format!("--nodefs={}", p.nodefs.display()),
@@ -149,7 +142,6 @@ impl Guard<'_> {
         };
         base.into_iter()
             .filter(|b| !given(b))
-            .chain(nri.into_iter().flatten())
             .chain(self.args.iter().cloned())
             .collect()
     }

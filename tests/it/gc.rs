@@ -19,7 +19,7 @@ async fn only_the_newest_dead_instance_and_the_newest_sandbox_remain() {
     let ctrd = PrivateContainerd::start();
     let args = ["--container-gc-interval=1s"];
     let guard = CriguardProcess::start(&ctrd.dir.join("criguard.sock"), &ctrd.socket, &args).await;
-    let rt = guard.clients().rt;
+    let rt = guard.kubelet().rt;
     let spec = |name: &str| {
         let mut p = PodSpec::new(name, &unique(name))
             .container(ContainerSpec {
@@ -135,5 +135,5 @@ async fn only_the_newest_dead_instance_and_the_newest_sandbox_remain() {
         .unwrap()
         .into_inner()
         .items;
-    remove_pods(&mut guard.clients().rt, all.into_iter().map(|s| s.id)).await;
+    remove_pods(&mut guard.kubelet().rt, all.into_iter().map(|s| s.id)).await;
 }

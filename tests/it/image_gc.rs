@@ -83,7 +83,7 @@ async fn unused_images_go_least_recently_used_first_down_to_the_low_threshold() 
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let guard = CriguardProcess::start(&listen, &ctrd.socket, &args).await;
-    let mut c = guard.clients();
+    let mut c = guard.kubelet();
     let ids = images(&mut c).await;
 
     // A running pod uses f3 and busybox; f1, f2 and f6 are used, in that
@@ -148,7 +148,7 @@ async fn unused_images_go_least_recently_used_first_down_to_the_low_threshold() 
     // criguard comes back to a full imagefs (filled while it was down, so
     // that no collection races the fill).
     let guard = CriguardProcess::start(&listen, &ctrd.socket, &args).await;
-    let mut c = guard.clients();
+    let mut c = guard.kubelet();
 
     // The order the policy must follow: never used (f4, f5: first detected
     // together, ties by id), then f1, f2 by their last use. Predict how many

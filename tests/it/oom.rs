@@ -70,7 +70,7 @@ async fn oom_scenario(dynamic: bool) -> Outcome {
         ],
     )
     .await;
-    let mut rt = guard.clients().rt;
+    let mut rt = guard.kubelet().rt;
     let mut direct = ctrd.direct();
     let cap = mem_total();
     let spec = |name: &str, priority: i32, c: ContainerSpec| {
