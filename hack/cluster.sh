@@ -242,6 +242,7 @@ control_plane_up() {
         --service-account-signing-key-file "$PKI_DIR/sa.key" \
         --service-cluster-ip-range 10.96.0.0/24 \
         --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+        --allow-privileged=true \
         --audit-policy-file "$HERE/audit-policy.yaml" --audit-log-path "$DIR/audit.log" \
         --audit-log-mode blocking --profiling=false --v=1
     wait_for "kube-apiserver /readyz" kube-apiserver curl -sf --cacert "$PKI_DIR/ca.crt" \

@@ -10,6 +10,11 @@
 #       Builds OUTDIR/<sanitised-normalised-NAME>.tar: the busybox image plus
 #       a second layer holding /filler/data, SIZE_MIB MiB of data derived
 #       from NAME (so distinct names give distinct layers).
+#   hack/images.sh OUTDIR --criguard BINARY NAME
+#       Builds OUTDIR/<sanitised-normalised-NAME>.tar: criguard's image for
+#       the DaemonSet (deploy/), BINARY (stripped) as /usr/bin/criguard with
+#       the shared libraries it links (ldd), nothing else; its entrypoint
+#       is criguard.
 #
 # Every produced archive path is printed on stdout, one per line; progress
 # goes to stderr. Archives are OCI image layouts packed as (uncompressed)
@@ -226,6 +231,31 @@ build_filler() { # build_filler NAME SIZE_MIB
     echo "$out"
 }
 
+build_criguard() { # build_criguard BINARY NAME
+    local bin="$1" name out work lib
+    name="$(normalise_name "$2")"
+    [[ -x "$bin" ]] || die "no criguard binary at $bin"
+    out="$OUTDIR/$(sanitise "$name").tar"
+    work="$(mktemp -d "$TMP_ROOT/criguard.XXXXXX")"
+    mkdir -p "$work/root/usr/bin" "$work/root/etc" "$work/root/tmp"
+    chmod 1777 "$work/root/tmp"
+    strip --strip-all -o "$work/root/usr/bin/criguard" "$bin" 2>/dev/null ||
+        install -m 0755 "$bin" "$work/root/usr/bin/criguard"
+    # The dynamic loader and every library at the path the binary asks for.
+    while IFS= read -r lib; do
+        mkdir -p "$work/root$(dirname "$lib")"
+        cp -L "$lib" "$work/root$lib"
+    done < <(ldd "$bin" | grep -o '/[^ ]*' | sort -u)
+    printf '%s\n' 'root:x:0:0:root:/:/usr/bin/criguard' >"$work/root/etc/passwd"
+    printf '%s\n' 'root:x:0:' >"$work/root/etc/group"
+    det_tar "$work/layer.tar" "$work/root"
+    write_archive "$out" "$name" \
+        "{\"Env\":[\"PATH=/usr/bin\"],\"Entrypoint\":[\"/usr/bin/criguard\"],\"WorkingDir\":\"/\"}" \
+        "$work/layer.tar"
+    rm -rf "$work"
+    echo "$out"
+}
+
 # ---- main -------------------------------------------------------------------
 
 [[ $# -ge 1 ]] || usage
@@ -254,6 +284,10 @@ case "${1:-}" in
     --filler)
         [[ $# -eq 3 ]] || usage
         build_filler "$2" "$3"
+        ;;
+    --criguard)
+        [[ $# -eq 3 ]] || usage
+        build_criguard "$2" "$3"
         ;;
     *)
         usage

@@ -41,7 +41,9 @@ pki_control_plane() {
         -keyout "$PKI_DIR/ca.key" -out "$PKI_DIR/ca.crt" -subj "/CN=criguard-cluster-ca" \
         -addext "basicConstraints=critical,CA:TRUE" \
         -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
-    pki_cert apiserver "/CN=kube-apiserver" "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,IP:10.96.0.1"
+    # 10.0.2.100: the API server's address in the VM node (QEMU's guestfwd,
+    # hack/cluster/vm-node.sh), where pods with the in-cluster config dial it.
+    pki_cert apiserver "/CN=kube-apiserver" "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,IP:10.96.0.1,IP:10.0.2.100"
     pki_cert apiserver-kubelet "/O=system:masters/CN=kube-apiserver-kubelet-client"
     pki_cert admin "/O=system:masters/CN=criguard-cluster-admin"
     pki_cert controller-manager "/CN=system:kube-controller-manager"

@@ -91,13 +91,20 @@ version = 3
 root = "/var/lib/containerd"
 state = "/run/containerd"
 imports = []
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri"]
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
 
 [grpc]
   address = "/run/containerd/containerd.sock"
 
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
+
+# containerd 2's default NRI on /var/run/nri/nri.sock, where the DaemonSet's
+# criguard attaches; a plugin may take 10 s to answer instead of 2 s (the
+# guest runs under TCG, several times slower than a node).
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  plugin_request_timeout = "10s"
 
 [plugins."io.containerd.cri.v1.images".pinned_images]
   sandbox = "registry.k8s.io/pause:3.9"

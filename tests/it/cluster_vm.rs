@@ -55,7 +55,10 @@
 //! - `criguard adopt --undo`: the kubelet's config file as it was, byte for
 //!   byte, no backup left, the kubelet restarted on containerd's socket
 //!   (no further call through criguard), the node Ready again and the
-//!   test's running pods with the same containers.
+//!   test's running pods with the same containers;
+//! - then criguard as the DaemonSet of `deploy/` in NRI mode, installed,
+//!   evicting, rolled to a new image and removed by kubectl alone
+//!   ([`daemonset`]).
 //!
 //! It prints the VM's start to node Ready, the pod's start latency and the
 //! whole test's time. Everything is stopped whatever happens (the VM first,
@@ -63,6 +66,8 @@
 //! on failure the cluster's state, every component's log and the guest's
 //! journal are printed. Needs root, QEMU (`hack/vm.sh deps`), socat and the
 //! binaries of `hack/k8s/build.sh`.
+
+mod daemonset;
 
 use crate::common::cluster as cluster_support;
 
@@ -541,13 +546,24 @@ fn vm_node_joins_through_criguard_and_criguard_evicts_the_memory_hog() {
     // criguard adopt --undo.
     let t_undo = Instant::now();
     undo(&c, &vm, &kubelet_config);
+    let undone = t_undo.elapsed();
+
+    // criguard as the DaemonSet of deploy/, in NRI mode.
+    let ds = daemonset::the_daemonset(&c, &vm);
     println!(
         "cluster-vm: VM node Ready {:.1} s, pod start {:.1} s, adoption {:.1} s, undo {:.1} s, whole test {:.1} s (before teardown)",
         vm_ready.as_secs_f64(),
         pod_running.as_secs_f64(),
         adoption.as_secs_f64(),
-        t_undo.elapsed().as_secs_f64(),
+        undone.as_secs_f64(),
         t_test.elapsed().as_secs_f64()
+    );
+    println!(
+        "cluster-vm: DaemonSet (NRI mode) Ready {:.1} s after kubectl apply -k, hog evicted {:.1} s after it was applied, rolled to a new tag in {:.1} s, removed in {:.1} s",
+        ds.install.as_secs_f64(),
+        ds.eviction.as_secs_f64(),
+        ds.upgrade.as_secs_f64(),
+        ds.removal.as_secs_f64()
     );
     assert!(
         restart_failures.is_empty(),

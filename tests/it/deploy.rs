@@ -1,5 +1,6 @@
 //! deploy/: the Prometheus alert rules and the Grafana dashboard, checked
-//! against what criguard really exports.
+//! against what criguard really exports, and the DaemonSet's kustomization
+//! rendered by kubectl (the cluster tier applies it: tests/it/cluster_vm/daemonset.rs).
 //! - `promtool check rules` and `promtool test rules` on the rules and their
 //!   unit tests (deploy/prometheus/criguard-alerts_test.yaml);
 //! - a real `criguard serve` in front of a private containerd runs a pod,
@@ -314,4 +315,73 @@ async fn every_metric_in_the_dashboard_and_the_alerts_is_in_a_live_scrape() {
     );
 
     remove_pods(&mut rt, [sandbox]).await;
+}
+
+/// `kubectl kustomize DIR` with the kubectl of `hack/k8s/build.sh`.
+fn kustomize(dir: &Path) -> String {
+    let out = Command::new(repo("hack/k8s/build.sh"))
+        .args(["--path", "kubernetes"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "hack/k8s/build.sh --path kubernetes");
+    let bin = String::from_utf8_lossy(&out.stdout);
+    let kubectl = Path::new(bin.lines().last().unwrap().trim()).join("kubectl");
+    let out = Command::new(kubectl)
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {err}",
+        dir.display()
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_daemonset_renders_node_critical_unready_until_attached_and_without_an_open_port() {
+    let ds = kustomize(&repo("deploy"));
+    for want in [
+        "kind: DaemonSet",
+        "priorityClassName: system-node-critical",
+        "- operator: Exists",
+        "maxUnavailable: 1",
+        "- --mode=nri",
+        "- --metrics-address=127.0.0.1:9809",
+        "- --ready",
+        "name: criguard-config-",
+        "kind: ClusterRoleBinding",
+    ] {
+        assert!(ds.contains(want), "{want} not in deploy/:\n{ds}");
+    }
+    // The package's long-lived token stays out; nothing on the node's network.
+    assert!(!ds.contains("kind: Secret"), "{ds}");
+    assert!(!ds.contains("hostNetwork"), "{ds}");
+    assert!(!ds.contains("hostPort"), "{ds}");
+
+    // With the metrics proxy: an authenticating sidecar and its delegation.
+    let work = tempfile::tempdir().unwrap();
+    let up = "../".repeat(work.path().components().count() - 1);
+    let deploy = repo("deploy");
+    let base = format!("{up}{}", deploy.strip_prefix("/").unwrap().display());
+    std::fs::write(
+        work.path().join("kustomization.yaml"),
+        format!("resources: [{base}]\ncomponents: [{base}/metrics-proxy]\n"),
+    )
+    .unwrap();
+    let proxied = kustomize(work.path());
+    for want in [
+        "name: kube-rbac-proxy",
+        "--upstream=http://127.0.0.1:9809/",
+        "tokenreviews",
+        "subjectaccessreviews",
+        "nonResourceURLs",
+    ] {
+        assert!(
+            proxied.contains(want),
+            "{want} not in the metrics proxy:\n{proxied}"
+        );
+    }
 }
