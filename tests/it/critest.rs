@@ -1,7 +1,8 @@
 //! critest v1.37.0 (cri-tools' validation suite for CRI runtimes, built
-//! from its Go module by `hack/k8s/build.sh`) run twice with one seed:
-//! against a private containerd directly and against a second one through
-//! criguard. The two runs must agree spec by spec: the same specs pass,
+//! from its Go module by `hack/k8s/build.sh`) run with one seed against a
+//! private containerd directly, against a second one through criguard
+//! and, on containerd 2, against a third one with criguard attached as an
+//! NRI plugin. The runs must agree spec by spec: the same specs pass,
 //! fail and are skipped, and every failure says the same thing once ids,
 //! addresses and times are normalised. A runtime that fails a spec fails it
 //! through criguard too, and criguard never adds a failure of its own.
@@ -27,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::containerd::{ContainerdVersion, CriguardProcess, PrivateContainerd, unique};
+use common::containerd::{ContainerdVersion, CriguardProcess, NRI_ON, PrivateContainerd, unique};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -162,10 +163,16 @@ impl Drop for Bridge {
 /// A private containerd that pulls from `registry` (plain HTTP through a
 /// hosts.toml), with the registry's pause image as its sandbox image, and
 /// a bridge network of its own (`net` picks the /24).
-fn runtime(registry: &Registry, net: u8) -> (PrivateContainerd, Bridge) {
+fn runtime(registry: &Registry, net: u8, nri: bool) -> (PrivateContainerd, Bridge) {
     let v = ContainerdVersion::selected();
     let certs = registry.dir.join("certs.d");
-    let mut toml = v.cri_toml(
+    // NRI's top-level keys before the sections.
+    let mut toml = if nri {
+        NRI_ON.to_owned()
+    } else {
+        String::new()
+    };
+    toml += &v.cri_toml(
         true,
         "registry",
         "config_path",
@@ -383,12 +390,16 @@ async fn critest_passes_and_fails_the_same_specs_through_criguard() {
         .unwrap();
     let net = (fnv(&unique("net")) % 200) as u8 + 20;
 
-    let (direct, _direct_bridge) = runtime(&registry, net);
-    let (behind, _behind_bridge) = runtime(&registry, net + 1);
+    let (direct, _direct_bridge) = runtime(&registry, net, false);
+    let (behind, _behind_bridge) = runtime(&registry, net + 1, false);
     network_ready(&direct.socket).await;
     network_ready(&behind.socket).await;
-    let criguard =
-        CriguardProcess::start(&work.path().join("criguard.sock"), &behind.socket, &[]).await;
+    let criguard = CriguardProcess::start(
+        &work.path().join("criguard.sock"),
+        &behind.socket,
+        &["--mode=proxy"],
+    )
+    .await;
 
     // One after the other: the suite has timing-sensitive specs, and two
     // runs at once on two cores would differ for that reason alone.
@@ -404,29 +415,24 @@ async fn critest_passes_and_fails_the_same_specs_through_criguard() {
         &registry,
         &work.path().join("criguard"),
     );
-
-    let count =
-        |o: &BTreeMap<String, Outcome>, s: &str| o.values().filter(|x| x.state == s).count();
-    eprintln!(
-        "critest v1.37.0 on containerd {:?}: direct {} passed / {} failed / {} skipped; \
-         through criguard {} / {} / {}",
-        direct.version,
-        count(&a, "passed"),
-        count(&a, "failed"),
-        count(&a, "skipped"),
-        count(&b, "passed"),
-        count(&b, "failed"),
-        count(&b, "skipped"),
-    );
-    let mut differences = Vec::new();
-    for name in a.keys().chain(b.keys().filter(|k| !a.contains_key(*k))) {
-        if a.get(name) != b.get(name) {
-            differences.push(format!(
-                "{name}\n  direct:   {:?}\n  criguard: {:?}",
-                a.get(name),
-                b.get(name)
-            ));
-        }
+    drop(criguard);
+    let mut differences = compare(&a, &b, "through criguard");
+    // containerd 2: once more on a third containerd with criguard attached
+    // as an NRI plugin, the suite dialling containerd.
+    let attached =
+        (direct.version == ContainerdVersion::V2).then(|| runtime(&registry, net + 2, true));
+    if let Some((nri, _bridge)) = &attached {
+        network_ready(&nri.socket).await;
+        let socket = format!("--nri-socket={}", nri.dir.join("nri/nri.sock").display());
+        let plugin = CriguardProcess::start(
+            &work.path().join("nri.sock"),
+            &nri.socket,
+            &["--mode=nri", &socket],
+        )
+        .await;
+        let c = run(&critest, &nri.socket, &registry, &work.path().join("nri"));
+        differences.extend(compare(&a, &c, "with criguard as an NRI plugin"));
+        drop(plugin);
     }
     assert!(
         count(&a, "passed") >= 40,
@@ -437,11 +443,49 @@ async fn critest_passes_and_fails_the_same_specs_through_criguard() {
     if !differences.is_empty() {
         let kept = work.keep();
         panic!(
-            "{} specs differ between containerd direct and through criguard (logs in {}):\n{}",
+            "{} specs differ from containerd direct (logs in {}):\n{}",
             differences.len(),
             kept.display(),
             differences.join("\n")
         );
     }
-    drop(criguard);
+    eprintln!(
+        "critest v1.37.0 on containerd {:?}: direct {} passed / {} failed / {} skipped; the same through criguard{}",
+        direct.version,
+        count(&a, "passed"),
+        count(&a, "failed"),
+        count(&a, "skipped"),
+        if attached.is_some() {
+            " and with criguard as an NRI plugin"
+        } else {
+            ""
+        }
+    );
+}
+
+/// How many of `o`'s specs ended in `state`.
+fn count(o: &BTreeMap<String, Outcome>, state: &str) -> usize {
+    o.values().filter(|x| x.state == state).count()
+}
+
+/// The specs whose outcome in `b` (the run `how`) is not `a`'s, each
+/// with both outcomes.
+fn compare(a: &BTreeMap<String, Outcome>, b: &BTreeMap<String, Outcome>, how: &str) -> Vec<String> {
+    eprintln!(
+        "critest {how}: {} passed / {} failed / {} skipped",
+        count(b, "passed"),
+        count(b, "failed"),
+        count(b, "skipped"),
+    );
+    a.keys()
+        .chain(b.keys().filter(|k| !a.contains_key(*k)))
+        .filter(|name| a.get(*name) != b.get(*name))
+        .map(|name| {
+            format!(
+                "{name} ({how})\n  direct:   {:?}\n  {how}: {:?}",
+                a.get(name),
+                b.get(name)
+            )
+        })
+        .collect()
 }
