@@ -219,6 +219,12 @@ impl EventError {
             EventError::Subscribe { .. } | EventError::Stream { .. } | EventError::Ended
         )
     }
+
+    /// True when the runtime has no containerd event service at all (it is
+    /// not containerd, e.g. CRI-O): subscribing again cannot help.
+    pub fn no_event_service(&self) -> bool {
+        matches!(self, EventError::Subscribe { status } if status.code() == tonic::Code::Unimplemented)
+    }
 }
 
 #[cfg(test)]
@@ -330,5 +336,18 @@ mod tests {
                 r#"topic=="/tasks/oom",namespace==k8s.io"#
             ]
         );
+    }
+
+    #[test]
+    fn only_an_unimplemented_subscribe_means_no_event_service() {
+        let subscribe = |code| EventError::Subscribe {
+            status: tonic::Status::new(code, "x"),
+        };
+        assert!(subscribe(tonic::Code::Unimplemented).no_event_service());
+        assert!(!subscribe(tonic::Code::Unavailable).no_event_service());
+        let stream = EventError::Stream {
+            status: tonic::Status::new(tonic::Code::Unimplemented, "x"),
+        };
+        assert!(!stream.no_event_service());
     }
 }

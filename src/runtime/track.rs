@@ -190,6 +190,7 @@ impl TaskEvents {
         self.with_oom(|w, m| w.baseline(m)).await;
         let mut backoff = Backoff::new(MIN_WAIT, MAX_WAIT);
         let mut failures = 0u64;
+        let mut no_service_said = false;
         loop {
             let started = Instant::now();
             let Ended::Failed { err, delivered } = self.follow(stopped.as_mut()).await else {
@@ -198,7 +199,14 @@ impl TaskEvents {
             let healthy = delivered || started.elapsed() >= MAX_WAIT;
             let wait = backoff.after(healthy);
             failures = if healthy { 1 } else { failures + 1 };
-            if failures == 1 {
+            if err.no_event_service() {
+                // Asked again with back-off all the same (each attempt also
+                // reads the kernel's OOM kills queued since); said once.
+                if !no_service_said {
+                    tracing::info!(%err, "the runtime has no containerd event service (it is not containerd): the model follows it by its periodic sync");
+                    no_service_said = true;
+                }
+            } else if failures == 1 {
                 tracing::warn!(%err, ?wait, "containerd events: subscription ended; subscribing again (the sync covers the gap)");
             } else {
                 tracing::debug!(%err, ?wait, failures, "containerd events: still unavailable");
