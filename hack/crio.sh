@@ -114,12 +114,13 @@ do_build() {
         # by the proxy, so the version is named, not resolved.
         printf 'module criguard.local/crio\n\ngo 1.24.1\n' >go.mod
         printf '//go:build tools\n\npackage tools\n\nimport _ "%s/cmd/crio"\n' "$CRIO_MODULE" >tools.go
-        go get "$CRIO_MODULE@$CRIO_VERSION" >&2
-        src="$(go env GOMODCACHE)/$CRIO_MODULE@$CRIO_VERSION"
         # sum.golang.org does not know some pseudo-versions cri-o pins
         # (containerd/nri, CloudNativeAI/model-spec): cri-o's own go.sum
-        # vouches for them.
+        # vouches for them, before anything resolves them.
+        go mod download "$CRIO_MODULE@$CRIO_VERSION" >&2
+        src="$(go env GOMODCACHE)/$CRIO_MODULE@$CRIO_VERSION"
         install -m 644 "$src/go.sum" go.sum
+        go get "$CRIO_MODULE@$CRIO_VERSION" >&2
         go mod tidy >&2
         go build -tags "$CRIO_TAGS" -ldflags "-s -w" -o "$out.tmp/bin/crio" "$CRIO_MODULE/cmd/crio" >&2
         cc -std=c99 -O2 -Wall -static -o "$out.tmp/bin/pinns" "$src"/pinns/src/*.c >&2
