@@ -20,7 +20,7 @@ use crate::signals::table::Signal;
 pub struct Serving {
     /// The runtime's CRI endpoint (`unix:///…`).
     pub runtime_endpoint: String,
-    /// criguard's CRI socket, the kubelet's endpoint.
+    /// criguard's CRI socket, the kubelet's endpoint (empty: none, `--mode nri`).
     pub cri_socket: String,
     /// The metrics endpoint (empty: none).
     pub metrics_address: String,

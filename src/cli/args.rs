@@ -150,7 +150,8 @@ pub struct ServeCmd {
     /// ascending order of it (`--mode nri`).
     #[arg(long, default_value = "90", value_parser = parse_nri_index)]
     pub nri_index: String,
-    /// Socket to listen on (ignored under systemd socket activation).
+    /// Socket to listen on (ignored under systemd socket activation, and
+    /// unbound in `--mode nri`: the kubelet dials the runtime).
     #[arg(long, default_value = "/run/criguard/criguard.sock")]
     pub listen: PathBuf,
     /// The runtime to forward to.

@@ -154,7 +154,12 @@ pub fn status(admin_socket: PathBuf, json: bool, checks: StatusChecks) -> ExitCo
         let cri = (checks.cri_socket.clone()).unwrap_or_else(|| s.serving.cri_socket.clone());
         let connections = display::Connections {
             runtime: (runtime.clone(), version_check(&runtime).await),
-            cri: (cri.clone(), version_check(&cri).await),
+            cri: if cri.is_empty() {
+                let off = "no CRI socket: --mode nri, the kubelet dials the runtime";
+                ("(none)".into(), display::Reach::Off(off.into()))
+            } else {
+                (cri.clone(), version_check(&cri).await)
+            },
             api: api_reach(&s),
         };
         match (conditions, evictions) {

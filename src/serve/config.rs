@@ -61,11 +61,17 @@ pub fn serving(
     metrics: Option<&tokio::net::TcpListener>,
     cmd: &ServeCmd,
 ) -> criguard::admin::Serving {
-    let cri = listeners.cri.local_addr().ok();
-    let cri = cri.as_ref().and_then(|a| a.as_pathname());
+    let cri = listeners.cri.as_ref().map(|l| {
+        let addr = l.local_addr().ok();
+        let path = addr
+            .as_ref()
+            .and_then(|a| a.as_pathname())
+            .map(std::path::Path::to_owned);
+        path.unwrap_or_else(|| cmd.listen.clone())
+    });
     criguard::admin::Serving {
         runtime_endpoint: upstream.endpoint().to_string(),
-        cri_socket: cri.unwrap_or(&cmd.listen).display().to_string(),
+        cri_socket: cri.map(|p| p.display().to_string()).unwrap_or_default(),
         metrics_address: (metrics.and_then(|m| m.local_addr().ok()))
             .map(|a| a.to_string())
             .unwrap_or_default(),

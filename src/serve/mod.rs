@@ -224,7 +224,7 @@ async fn serve(
 struct HandedOver {
     successor: handoff::Prepared,
     handoff: criguard::handoff::Sockets,
-    proxy: criguard::cri::server::ProxyThread,
+    proxy: Option<criguard::cri::server::ProxyThread>,
     sockets: servers::OwnedSockets,
 }
 
@@ -240,7 +240,9 @@ impl HandedOver {
         if served {
             self.sockets.disown();
         }
-        futures::executor::block_on(self.proxy.stop());
+        if let Some(proxy) = self.proxy {
+            futures::executor::block_on(proxy.stop());
+        }
         tracing::info!(handed_over = served, "stopped");
         if served {
             ExitCode::SUCCESS
@@ -304,7 +306,7 @@ struct Running {
     config: watch::Sender<ConfigStatus>,
     notice: watch::Sender<Notice>,
     rebuild: tokio::task::JoinHandle<()>,
-    proxy: criguard::cri::server::ProxyThread,
+    proxy: Option<criguard::cri::server::ProxyThread>,
     stop: Stopping,
     /// The admin, sync, events, metrics, complaint and notice loops.
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -363,7 +365,9 @@ impl App {
         if let Ok(g) = &loaded {
             config::absent_signals(&g.settings.eviction, &sources);
         }
-        let listeners = servers::Listeners::bind(given, &cmd.listen, &cmd.admin_socket).await?;
+        // As an NRI plugin criguard relays nothing: no CRI socket of its own.
+        let listen = (cmd.mode == crate::cli::args::Mode::Proxy).then_some(cmd.listen.as_path());
+        let listeners = servers::Listeners::bind(given, listen, &cmd.admin_socket).await?;
         // From here on, any way out of serve removes the sockets bound above.
         let handoff = keep_for_handoff(&listeners, metrics_listener.as_ref());
         tighten_state_dir(&cmd.state_dir);
@@ -443,7 +447,9 @@ impl App {
             let config = p.config.clone();
             tasks.push(nri::start(&cmd, &relay, &p.metrics, config, stopping.clone()).await?);
         }
-        let proxy = relay.spawn(self.listeners.cri, &p.metrics)?;
+        let proxy = (self.listeners.cri)
+            .map(|l| relay.spawn(l, &p.metrics))
+            .transpose()?;
         let mut predecessor = self.predecessor;
         handoff::announce_ready(predecessor.as_mut());
         Ok(Running {
@@ -473,8 +479,14 @@ fn keep_for_handoff(
     metrics: Option<&tokio::net::TcpListener>,
 ) -> Option<criguard::handoff::Sockets> {
     use std::os::fd::AsFd;
+    let Some(cri) = &l.cri else {
+        tracing::info!(
+            "no CRI socket (--mode nri): a restart attaches again instead of handing over"
+        );
+        return None;
+    };
     let kept = criguard::handoff::Sockets::keep(
-        l.cri.as_fd(),
+        cri.as_fd(),
         l.admin.as_fd(),
         metrics.map(AsFd::as_fd),
         l.own_cri,
@@ -629,7 +641,9 @@ impl Running {
     /// and removes the sockets.
     async fn stop(self) -> anyhow::Result<()> {
         self.rebuild.abort();
-        self.proxy.stop().await;
+        if let Some(proxy) = self.proxy {
+            proxy.stop().await;
+        }
         self.stop.cancel();
         futures::future::join_all(self.tasks).await;
         self.guard.join().await?;

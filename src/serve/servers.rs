@@ -19,8 +19,9 @@ use criguard::runtime::Upstream;
 
 /// The bound sockets.
 pub struct Listeners {
-    /// The CRI socket.
-    pub cri: tokio::net::UnixListener,
+    /// The CRI socket (`None`: `--mode nri` with no socket given, the
+    /// kubelet dialling the runtime).
+    pub cri: Option<tokio::net::UnixListener>,
     /// The admin socket.
     pub admin: tokio::net::UnixListener,
     /// The socket files criguard created, removed when this is dropped.
@@ -31,7 +32,8 @@ pub struct Listeners {
 
 /// Where the CRI and admin listeners come from.
 pub enum Given {
-    /// Nowhere: criguard binds both.
+    /// Nowhere: criguard binds both (the admin socket alone in `--mode
+    /// nri`).
     Nothing,
     /// systemd passed the CRI socket; criguard binds the admin socket.
     Systemd(std::os::unix::net::UnixListener),
@@ -99,13 +101,14 @@ fn remove_all(paths: Vec<PathBuf>) -> anyhow::Result<()> {
 
 impl Listeners {
     /// Binds the CRI socket (the one systemd passed or the previous
-    /// criguard handed over, else at `listen_path`), then the admin socket
-    /// (unless handed over). Both are relay essentials: criguard does not
-    /// run without them. When the admin socket cannot be bound, the CRI
-    /// socket just bound is removed again.
+    /// criguard handed over, else at `listen_path`; none when that is
+    /// `None` and nothing was given), then the admin socket (unless handed
+    /// over). Both are relay essentials: criguard does not run without
+    /// them. When the admin socket cannot be bound, the CRI socket just
+    /// bound is removed again.
     pub async fn bind(
         given: Given,
-        listen_path: &Path,
+        listen_path: Option<&Path>,
         admin_socket: &Path,
     ) -> anyhow::Result<Self> {
         let mut owned = OwnedSockets::default();
@@ -122,23 +125,26 @@ impl Listeners {
             } => {
                 tracing::info!("listening on the sockets handed over by the previous criguard");
                 (
-                    from_std(cri, "CRI")?,
+                    Some(from_std(cri, "CRI")?),
                     Some(from_std(admin, "admin")?),
                     own_cri,
                 )
             }
             Given::Systemd(l) => {
                 tracing::info!("listening on the socket passed by systemd");
-                (from_std(l, "CRI")?, None, false)
+                (Some(from_std(l, "CRI")?), None, false)
             }
-            Given::Nothing => {
-                let l = listen::bind(listen_path)?;
-                tracing::info!(path = %listen_path.display(), "listening");
-                (l, None, true)
-            }
+            Given::Nothing => match listen_path {
+                Some(path) => {
+                    let l = listen::bind(path)?;
+                    tracing::info!(path = %path.display(), "listening");
+                    (Some(l), None, true)
+                }
+                None => (None, None, false),
+            },
         };
-        if own_cri {
-            owned.push(listen_path);
+        if let (true, Some(path)) = (own_cri, listen_path) {
+            owned.push(path);
         }
         let admin = match admin {
             Some(a) => a,

@@ -462,7 +462,7 @@ pub fn status_ready(admin: &Path) -> (bool, String) {
 
 /// The `criguard` binary serving in front of a runtime.
 pub struct CriguardProcess {
-    /// criguard's CRI socket.
+    /// criguard's CRI socket (none is bound in `--mode nri`).
     pub socket: PathBuf,
     /// The socket the kubelet dials: criguard's, or the runtime's when
     /// criguard runs as an NRI plugin (`--mode=nri`).
@@ -551,11 +551,20 @@ impl CriguardProcess {
             admin,
             child,
         };
-        super::poll_until(Duration::from_secs(20), "criguard's socket", || async {
-            tokio::net::UnixStream::connect(listen)
-                .await
-                .ok()
-                .map(|_| ())
+        // As an NRI plugin criguard binds no CRI socket: its admin socket.
+        let serving = if nri {
+            me.admin.clone()
+        } else {
+            listen.to_owned()
+        };
+        super::poll_until(Duration::from_secs(20), "criguard's socket", || {
+            let serving = serving.clone();
+            async move {
+                tokio::net::UnixStream::connect(serving)
+                    .await
+                    .ok()
+                    .map(|_| ())
+            }
         })
         .await;
         if nri {
@@ -580,10 +589,11 @@ impl CriguardProcess {
         Clients::new(&self.socket)
     }
 
-    /// Stops and removes every pod criguard's model knows, through criguard.
+    /// Stops and removes every pod criguard's model knows, on the kubelet's
+    /// socket.
     pub async fn remove_all_pods(&self) {
         let ids = self.pods().await.into_iter().map(|p| p.sandbox_id);
-        super::pods::remove_pods(&mut self.clients().rt, ids).await;
+        super::pods::remove_pods(&mut self.kubelet().rt, ids).await;
     }
 
     /// The live node model, as `criguard pods --json` prints it.
