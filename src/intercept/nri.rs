@@ -6,8 +6,8 @@
 //! fails a container's creation by its own fault; only admission fails a
 //! RunPodSandbox, with the proxy's message.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -16,7 +16,7 @@ use prost::Message;
 use tokio::sync::Notify;
 
 use super::Observer;
-use crate::lock::RwLocked;
+use crate::lock::{Locked, RwLocked};
 use crate::model::{ContainerInfo, ContainerResources, ContainerState, SandboxInfo, SandboxState};
 use crate::nri::PLUGIN_SERVICE;
 use crate::nri::api::{self, Event};
@@ -137,7 +137,7 @@ impl NriMetrics {
         );
         registry.register(
             "criguard_nri_unscored_containers",
-            "Containers the runtime's synchronisation showed created with an oom_score_adj below criguard's, while criguard was not attached; the dynamic oom_score_adj round corrects their processes",
+            "Containers the runtime's synchronisation showed created with an oom_score_adj below criguard's, while criguard was not attached; criguard raises their processes to its score",
             self.unscored.clone(),
         );
     }
@@ -157,6 +157,18 @@ pub struct NriObserver {
     observer: Observer,
     metrics: NriMetrics,
     synchronised: Option<Arc<Notify>>,
+    missed: Arc<Mutex<Vec<Missed>>>,
+}
+
+/// A container a synchronisation showed created with a score below
+/// criguard's (while criguard was not attached): its processes are to be
+/// raised to `score`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Missed {
+    /// The container.
+    pub container: String,
+    /// criguard's score for it.
+    pub score: i64,
 }
 
 impl NriObserver {
@@ -166,7 +178,13 @@ impl NriObserver {
             observer,
             metrics: NriMetrics::default(),
             synchronised: None,
+            missed: Arc::default(),
         }
+    }
+
+    /// The containers synchronisations showed unscored since the last call.
+    pub fn take_missed(&self) -> Vec<Missed> {
+        std::mem::take(&mut *self.missed.locked())
     }
 
     /// The same plugin, notifying `done` after each synchronisation's last
@@ -242,8 +260,8 @@ impl NriObserver {
 
     /// Takes in what exists: every pod and container the runtime lists.
     /// A container whose score is below criguard's was created while
-    /// criguard was not attached: said (log, metric), not changed here
-    /// (the dynamic `oom_score_adj` round corrects its processes).
+    /// criguard was not attached: said (log, metric) and kept for
+    /// [`Self::take_missed`] (the caller raises its processes).
     fn synchronize(&self, req: &api::SynchronizeRequest) {
         let pods: Vec<SandboxInfo> = req.pods.iter().map(sandbox_from_nri).collect();
         let containers: Vec<ContainerInfo> =
@@ -259,7 +277,11 @@ impl NriObserver {
             // The score criguard would have raised it to at its creation.
             if let Some(want) = want.filter(|w| *w > c.oom_score_adj) {
                 self.metrics.unscored.inc();
-                crate::log_limited!(warn, container = %c.id, name = %c.name, sandbox = %c.sandbox_id, created_with = c.oom_score_adj, criguard = want, "container created while criguard was not attached: not scored by criguard (its processes are corrected by the dynamic oom_score_adj round)");
+                crate::log_limited!(warn, container = %c.id, name = %c.name, sandbox = %c.sandbox_id, created_with = c.oom_score_adj, criguard = want, "container created while criguard was not attached: its processes are raised to criguard's oom_score_adj");
+                self.missed.locked().push(Missed {
+                    container: c.id.clone(),
+                    score: want,
+                });
             }
         }
         let mut m = self.observer.model.write_locked();
@@ -570,6 +592,12 @@ mod tests {
             .await;
         assert!(r.into_result().is_ok());
         assert_eq!(p.metrics.unscored.get(), 1);
+        let missed = Missed {
+            container: "unscored".into(),
+            score: 1000,
+        };
+        assert_eq!(p.take_missed(), [missed]);
+        assert_eq!(p.take_missed(), [], "taken once");
         let model = p.observer.model.read_locked();
         assert_eq!(model.pod("sb").expect("synchronised").containers.len(), 2);
     }

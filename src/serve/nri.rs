@@ -12,11 +12,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use criguard::admin::ConfigStatus;
+use criguard::cgroup::fs::CgroupFs;
 use criguard::intercept::nri::NriObserver;
 use criguard::lock::RwLocked;
 use criguard::metrics::Metrics;
 use criguard::model::NodeModel;
 use criguard::nri::attach::{Registration, attach, stay_attached};
+use criguard::oom::adjust::raise_processes;
 use criguard::runtime::{Upstream, sync};
 use tokio::sync::{Notify, watch};
 
@@ -32,6 +34,10 @@ const RECONCILE_RETRY: Duration = Duration::from_secs(1);
 
 /// What the reconcile keeps in step besides the observer's model.
 struct Link {
+    /// The plugin: which containers its synchronisations found unscored.
+    plugin: Arc<NriObserver>,
+    /// Where those containers' processes are found.
+    cgroups: CgroupFs,
     /// The model the observer keeps, reconciled after each synchronisation.
     node: Arc<RwLock<NodeModel>>,
     /// The runtime's CRI socket, listed to reconcile.
@@ -51,11 +57,6 @@ pub async fn start(
     config: watch::Sender<ConfigStatus>,
     stopping: Stopping,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let link = Link {
-        node: relay.node.clone(),
-        upstream: relay.upstream.clone(),
-        config,
-    };
     let observer = relay.observer(metrics);
     let metrics = metrics.nri.clone();
     let reg = Registration {
@@ -69,6 +70,13 @@ pub async fn start(
             .with_metrics(metrics.clone())
             .on_synchronised(synchronised.clone()),
     );
+    let link = Link {
+        plugin: handler.clone(),
+        cgroups: CgroupFs::detect(&cmd.node.cgroup_root),
+        node: relay.node.clone(),
+        upstream: relay.upstream.clone(),
+        config,
+    };
     let first = attach(&reg, handler.clone()).await?;
     let config = link.config.clone();
     let attached = move |on: bool| {
@@ -106,6 +114,7 @@ async fn reconcile(synchronised: Arc<Notify>, link: Link) {
                         ms = started.elapsed().as_millis() as u64,
                         "NRI synchronisation reconciled with the runtime's CRI list"
                     );
+                    raise_missed(&link);
                     link.config.send_modify(|c| {
                         if let Some(n) = c.serving.nri.as_mut() {
                             n.reconciled = true;
@@ -120,6 +129,27 @@ async fn reconcile(synchronised: Arc<Notify>, link: Link) {
                         () = synchronised.notified() => {}
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The processes of each container the synchronisation found unscored,
+/// raised to criguard's score (a container gone since is no failure).
+fn raise_missed(link: &Link) {
+    for missed in link.plugin.take_missed() {
+        let pod = link.node.read_locked().pod_of_container(&missed.container);
+        let cgroup =
+            pod.and_then(|p| Some(p.containers.get(&missed.container)?.cgroup_path.clone()));
+        let Some(cgroup) = cgroup.filter(|c| !c.is_empty()) else {
+            continue;
+        };
+        match raise_processes(&link.cgroups, &cgroup, missed.score) {
+            Ok(n) => {
+                tracing::info!(container = %missed.container, to = missed.score, processes = n, "oom_score_adj of a container created while criguard was not attached raised to criguard's")
+            }
+            Err(err) => {
+                tracing::warn!(container = %missed.container, %err, "oom_score_adj of a container created while criguard was not attached not raised")
             }
         }
     }

@@ -356,40 +356,70 @@ impl OomAdjuster {
                 return None;
             }
         };
-        let mut out = Outcome::default();
-        for pid in pids {
-            let path = self.proc_root.join(pid.to_string()).join("oom_score_adj");
-            let Some(current) = std::fs::read_to_string(&path)
-                .ok()
-                .and_then(|s| s.trim().parse::<i64>().ok())
-            else {
-                continue; // exited since it was listed
-            };
-            if current == adj || (!exact && current <= adj) {
-                continue;
-            }
-            match std::fs::write(&path, adj.to_string()) {
-                Ok(()) => {
-                    tracing::debug!(
-                        pid,
-                        cgroup,
-                        from = current,
-                        to = adj,
-                        "oom_score_adj written"
-                    );
-                    self.metrics.writes.inc();
-                    out.from.insert(current);
-                }
-                Err(err) if err.raw_os_error() == Some(nix::libc::ESRCH) => {}
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                Err(err) => {
-                    tracing::debug!(path = %path.display(), adj, %err, "cannot set oom_score_adj");
-                    out.failed = true;
-                }
-            }
-        }
+        let keep = |current: i64| current == adj || (!exact && current <= adj);
+        let out = write_pids(&self.proc_root, cgroup, &pids, adj, keep);
+        self.metrics.writes.inc_by(out.written);
         Some(out)
     }
+}
+
+/// Raises every process of `cgroup` scored below `to` to it (a container
+/// created while criguard was not there to score it); how many it raised.
+pub fn raise_processes(cgroups: &CgroupFs, cgroup: &str, to: i64) -> Result<usize, String> {
+    let pids = cgroups.pids(cgroup).map_err(|e| e.to_string())?;
+    let out = write_pids(std::path::Path::new("/proc"), cgroup, &pids, to, |c| {
+        c >= to
+    });
+    if out.failed {
+        return Err(format!(
+            "cannot set oom_score_adj {to} on every process of {cgroup}"
+        ));
+    }
+    Ok(out.written as usize)
+}
+
+/// Writes `adj` to `pids` (of `cgroup`) under `proc_root`, but for the
+/// processes whose current score `keep` says stays.
+fn write_pids(
+    proc_root: &std::path::Path,
+    cgroup: &str,
+    pids: &[i32],
+    adj: i64,
+    keep: impl Fn(i64) -> bool,
+) -> Outcome {
+    let mut out = Outcome::default();
+    for &pid in pids {
+        let path = proc_root.join(pid.to_string()).join("oom_score_adj");
+        let Some(current) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+        else {
+            continue; // exited since it was listed
+        };
+        if keep(current) {
+            continue;
+        }
+        match std::fs::write(&path, adj.to_string()) {
+            Ok(()) => {
+                tracing::debug!(
+                    pid,
+                    cgroup,
+                    from = current,
+                    to = adj,
+                    "oom_score_adj written"
+                );
+                out.from.insert(current);
+                out.written += 1;
+            }
+            Err(err) if err.raw_os_error() == Some(nix::libc::ESRCH) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => {
+                tracing::debug!(path = %path.display(), adj, %err, "cannot set oom_score_adj");
+                out.failed = true;
+            }
+        }
+    }
+    out
 }
 
 /// What writing one container's processes did.
@@ -399,6 +429,8 @@ struct Outcome {
     from: BTreeSet<i64>,
     /// A write failed for a reason other than the process having exited.
     failed: bool,
+    /// The processes written.
+    written: u64,
 }
 
 /// Whether a round checks every score again, not only those it expects
