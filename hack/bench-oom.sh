@@ -84,7 +84,8 @@
 # Usage: hack/bench-oom.sh [host|vm|cost]   (root; about 10 minutes for the host
 #   contenders, 15 for the kubelet's, on 2 cores)
 #   CRIGUARD_OOM_RUNS (5), CRIGUARD_OOM_RATES (e.g. 8,128,0; 0 = full speed),
-#   CRIGUARD_OOM_CONTENDERS (kernel,criguard-events,criguard-tick; "" skips
+#   CRIGUARD_OOM_CONTENDERS (kernel,criguard-events,criguard-tick, and
+#   criguard-nri: criguard attached by NRI, with CRIGUARD_CONTAINERD=2; "" skips
 #   the host contenders, then CRIGUARD_OOM_OUT must hold a meta.json),
 #   CRIGUARD_OOM_KUBELET (kubelet-memcg,kubelet-tick,kubelet-memcg-settled;
 #   "" skips the kubelet), CRIGUARD_OOM_LIMIT_MIB (768),
@@ -193,6 +194,15 @@ cleanup() {
 }
 trap cleanup EXIT
 uptime_before="$(uptime)"
+if [[ ",${CRIGUARD_OOM_CONTENDERS-}," == *,criguard-nri,* ]]; then
+    # criguard-nri: containerd 2 with its NRI on, under the instance's dir.
+    [[ "${CRIGUARD_CONTAINERD:-}" == 2 ]] || { echo "bench-oom.sh: criguard-nri needs CRIGUARD_CONTAINERD=2" >&2; exit 2; }
+    export CRIGUARD_CONTAINERD_EXTRA_TOML='disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[plugins."io.containerd.nri.v1.nri"]
+disable = false
+plugin_request_timeout = "10s"
+'
+fi
 if [[ "${CRIGUARD_OOM_CONTENDERS-x}" != "" ]]; then
     sock="$(hack/containerd.sh start "$dir/ctrd" | tail -n1)"
     /usr/bin/python3 hack/bench-oom/host.py "$dir/ctrd" "$sock" "$crictl" "$CRIGUARD_BIN" \

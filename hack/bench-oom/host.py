@@ -163,10 +163,14 @@ class Pod:
 class Criguard:
     """`criguard serve` in front of the private containerd."""
 
-    def __init__(self, binary, workdir, containerd_sock, events, out_dir, name):
+    def __init__(self, binary, workdir, containerd_sock, events, out_dir, name, nri=False):
         self.sock = f"{workdir}/criguard.sock"
         self.logpath = f"{out_dir}/{name}.log"
-        args = [binary, "serve", "--listen", self.sock, "--admin-socket", f"{workdir}/admin.sock",
+        # criguard-nri: attached to containerd's NRI, the pods created on
+        # containerd's socket (HostNode.use).
+        self.nri = nri
+        mode = ["--mode=nri", f"--nri-socket={workdir}/nri/nri.sock"] if nri else []
+        args = [binary, "serve", *mode, "--listen", self.sock, "--admin-socket", f"{workdir}/admin.sock",
                 "--metrics-address", "none", "--state-dir", f"{workdir}/state",
                 "--runtime-endpoint", "unix://" + containerd_sock,
                 "--kubepods-cgroup", f"{ROOT}/kubepods", "--nodefs", workdir, "--imagefs", workdir,
@@ -179,7 +183,9 @@ class Criguard:
                                      env={**os.environ,
                                           "CRIGUARD_LOG": "info,criguard::eviction=debug"})
         deadline = time.monotonic() + 20
-        while not os.path.exists(self.sock):
+        # As an NRI plugin criguard binds no CRI socket: its admin socket.
+        serving = f"{workdir}/admin.sock" if nri else self.sock
+        while not os.path.exists(serving):
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 raise RuntimeError(f"criguard did not start; see {self.logpath}")
             time.sleep(0.1)
@@ -232,7 +238,8 @@ class HostNode:
 
     def use(self, guard):
         self.guard = guard
-        self.cri = Cri(self.crictl, guard.sock, self.containerd_sock, self.workdir) if guard else self.direct
+        through = guard and not guard.nri
+        self.cri = Cri(self.crictl, guard.sock, self.containerd_sock, self.workdir) if through else self.direct
 
     def steady_pod(self, i):
         name, qos, req, lim, held = STEADY[i]
@@ -322,13 +329,16 @@ def main():
         if name == "kernel":
             return name, lambda: node.use(None), lambda: None
         # criguard-events: as shipped; criguard-tick: without memory
-        # events; criguard-NAME: the build CRIGUARD_OOM_BINS names NAME.
+        # events; criguard-nri: as shipped, attached by NRI (containerd 2
+        # with NRI on: bench-oom.sh); criguard-NAME: the build
+        # CRIGUARD_OOM_BINS names NAME.
         events = name != "criguard-tick"
+        nri = name == "criguard-nri"
         binary = builds.get(name.removeprefix("criguard-"), criguard)
         holder = {}
 
         def start():
-            holder["g"] = Criguard(binary, workdir, containerd_sock, events, out_dir, name)
+            holder["g"] = Criguard(binary, workdir, containerd_sock, events, out_dir, name, nri)
             node.use(holder["g"])
 
         def stop():
