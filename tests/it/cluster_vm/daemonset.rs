@@ -9,7 +9,8 @@
 //!   would have it;
 //! - a memory hog grows until the DaemonSet's criguard evicts it: the API
 //!   shows it Failed/Evicted with its DisruptionTarget condition, criguard
-//!   records the eviction, the kubelet saw no pressure of its own;
+//!   records the eviction, the kubelet saw no pressure of its own, and
+//!   criguard's condition and taint go after the transition period;
 //! - a new image tag rolls the DaemonSet while pods are created: each of
 //!   them runs, no warning event, and the new criguard's model has them;
 //! - `kubectl delete -k`: the pod goes, no criguard runs on the node and a
