@@ -445,6 +445,16 @@ impl NodeModel {
         }
     }
 
+    /// Sets the score a container's processes were given outside its
+    /// creation (a container created while criguard was not attached,
+    /// raised to criguard's score): the running round's baseline for it.
+    pub fn set_container_oom_score_adj(&mut self, id: &str, adj: i64) {
+        if let Some(c) = self.containers.get_mut(id) {
+            let changed = set(&mut c.oom_score_adj, adj);
+            self.generation += u64::from(changed);
+        }
+    }
+
     /// Sets a sandbox's state (forward only); stopping a sandbox stops its containers.
     pub fn set_sandbox_state(&mut self, id: &str, state: SandboxState) {
         let mut changed = false;

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use criguard::admin::ConfigStatus;
 use criguard::cgroup::fs::CgroupFs;
+use criguard::cri::proxy::Ready;
 use criguard::intercept::nri::NriObserver;
 use criguard::lock::RwLocked;
 use criguard::metrics::Metrics;
@@ -40,6 +41,10 @@ struct Link {
     cgroups: CgroupFs,
     /// The model the observer keeps, reconciled after each synchronisation.
     node: Arc<RwLock<NodeModel>>,
+    /// Set once criguard's own rebuild of the model at start is done: a
+    /// reconcile waits for it, which would else write the scores that
+    /// containers were created with over the raised ones.
+    rebuilt: Ready,
     /// The runtime's CRI socket, listed to reconcile.
     upstream: Upstream,
     /// Where `Status` reads whether criguard is attached and reconciled.
@@ -74,6 +79,7 @@ pub async fn start(
         plugin: handler.clone(),
         cgroups: CgroupFs::detect(&cmd.node.cgroup_root),
         node: relay.node.clone(),
+        rebuilt: relay.ready.clone(),
         upstream: relay.upstream.clone(),
         config,
     };
@@ -103,6 +109,7 @@ pub async fn start(
 async fn reconcile(synchronised: Arc<Notify>, link: Link) {
     loop {
         synchronised.notified().await;
+        link.rebuilt.wait().await;
         loop {
             let started = std::time::Instant::now();
             match sync::sync(&link.node, &link.upstream).await {
@@ -144,7 +151,12 @@ fn raise_missed(link: &Link) {
         let Some(cgroup) = cgroup.filter(|c| !c.is_empty()) else {
             continue;
         };
-        match raise_processes(&link.cgroups, &cgroup, missed.score) {
+        let raised = raise_processes(&link.cgroups, &cgroup, missed.score);
+        if raised.is_ok() {
+            let mut m = link.node.write_locked();
+            m.set_container_oom_score_adj(&missed.container, missed.score);
+        }
+        match raised {
             Ok(n) => {
                 tracing::info!(container = %missed.container, to = missed.score, processes = n, "oom_score_adj of a container created while criguard was not attached raised to criguard's")
             }

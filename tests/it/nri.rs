@@ -381,5 +381,11 @@ async fn a_criguard_killed_and_restarted_in_nri_mode_loses_no_pod_and_names_what
     let unscored = common::metrics::scraped(port, "criguard_nri_unscored_containers_total", &[]);
     assert!(unscored >= Some(1.0), "counted: {unscored:?}");
     assert_eq!(proc_oom_score_adj(&mut c, Some(&ids[0]), None).await, 1000);
+    let known = guard.pods().await;
+    let during = known.iter().find(|p| p.sandbox_id == during_sb).unwrap();
+    assert_eq!(
+        during.containers[&ids[0]].oom_score_adj, 1000,
+        "the model's score, the running round's baseline"
+    );
     remove_pods(&mut c.rt, [before_sb, during_sb]).await;
 }
