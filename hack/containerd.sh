@@ -66,6 +66,8 @@ SELF="$(readlink -f "${BASH_SOURCE[0]}")"
 REPO_ROOT="$(cd "$(dirname "$SELF")/.." && pwd)"
 # shellcheck source=hack/lib/mounts.sh
 source "$REPO_ROOT/hack/lib/mounts.sh"
+# shellcheck source=hack/lib/procs.sh
+source "$REPO_ROOT/hack/lib/procs.sh"
 IMAGE_CACHE="${CRIGUARD_IMAGE_CACHE:-$REPO_ROOT/target/criguard-images}"
 NS=k8s.io
 SNAPSHOTTER=overlayfs
@@ -92,40 +94,6 @@ set_paths() {
     SOCK="$DIR/containerd.sock"
     PIDFILE="$DIR/containerd.pid"
     LOG="$DIR/containerd.log"
-}
-
-# Is PID a live (non-zombie) process?
-alive() {
-    local state
-    [[ -r "/proc/$1/stat" ]] || return 1
-    state="$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" || return 1
-    [[ -n "$state" && "$state" != Z && "$state" != X ]]
-}
-
-# Does PID's command line contain ARG as one whole argument?
-has_arg() {
-    tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qxF -- "$2"
-}
-
-# Read a whole-line numeric pid file; prints nothing if absent or malformed.
-read_pid() {
-    local p=""
-    [[ -r "$1" ]] && p="$(tr -d ' \n' <"$1" 2>/dev/null || true)"
-    [[ "$p" =~ ^[1-9][0-9]*$ ]] && echo "$p"
-    return 0
-}
-
-# Wait until none of the given pids is alive, up to SECS seconds.
-wait_gone() { # wait_gone SECS PID...
-    local end=$((SECONDS + $1)) p left
-    shift
-    while :; do
-        left=0
-        for p in "$@"; do alive "$p" && left=1; done
-        ((left)) || return 0
-        ((SECONDS < end)) || return 1
-        sleep 0.05
-    done
 }
 
 ctr_() { "${CTR:-ctr}" --address "$SOCK" "$@"; }

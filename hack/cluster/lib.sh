@@ -31,21 +31,9 @@ set_dir() {
     [[ -n "$DIR" && "$DIR" != *[[:space:]]* ]] || die "DIR must not be / nor contain white space"
 }
 
-# alive PID: the process exists and is neither a zombie nor dead.
-alive() {
-    local state
-    [[ -r "/proc/$1/stat" ]] || return 1
-    state="$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" || return 1
-    [[ -n "$state" && "$state" != Z && "$state" != X ]]
-}
-
-# read_pid FILE: the pid in FILE, or nothing if there is none.
-read_pid() {
-    local p=""
-    [[ -r "$1" ]] && p="$(tr -d ' \n' <"$1" 2>/dev/null || true)"
-    [[ "$p" =~ ^[1-9][0-9]*$ ]] && echo "$p"
-    return 0
-}
+# alive PID, read_pid FILE (and has_arg, wait_gone).
+# shellcheck source=hack/lib/procs.sh
+source "$REPO_ROOT/hack/lib/procs.sh"
 
 # gone PID: no thread of PID runs any more. A killed multi-threaded process
 # shows its leader as a zombie while its other threads are still exiting
