@@ -16,7 +16,6 @@ use tonic::transport::Channel;
 
 use crate::containerd::{Clients, unique};
 use crate::kubelet::PodSpec;
-use crate::pods::create_and_start;
 use crate::repo;
 
 /// Whether the CRI-O tests run: `CRIGUARD_CRIO=1` (`hack/test.sh` runs
@@ -173,26 +172,5 @@ pub async fn run_pod(
         std::fs::create_dir_all(Path::new(&pod.log_directory()).join(&c.name)).unwrap();
     }
     let config = crio_sandbox_config(&pod);
-    let sandbox = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .pod_sandbox_id;
-    let mut ids = Vec::new();
-    for i in 0..pod.containers.len() {
-        let mut cc = pod.container_config(i);
-        if let Some(adj) = adj_override {
-            cc.linux
-                .as_mut()
-                .and_then(|l| l.resources.as_mut())
-                .expect("the kubelet's resources")
-                .oom_score_adj = adj;
-        }
-        ids.push(create_and_start(rt, &sandbox, cc, &config).await);
-    }
-    (sandbox, ids)
+    crate::pods::run_pod_in(rt, &pod, config, adj_override).await
 }

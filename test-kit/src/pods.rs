@@ -69,8 +69,17 @@ pub async fn run_pod(
     pod: &PodSpec,
     adj_override: Option<i64>,
 ) -> (String, Vec<String>) {
+    run_pod_in(rt, pod, pod.sandbox_config(), adj_override).await
+}
+
+/// [`run_pod`] with `config` as the sandbox's configuration.
+pub async fn run_pod_in(
+    rt: &mut RuntimeServiceClient<Channel>,
+    pod: &PodSpec,
+    config: cri::PodSandboxConfig,
+    adj_override: Option<i64>,
+) -> (String, Vec<String>) {
     std::fs::create_dir_all(pod.log_directory()).unwrap();
-    let config = pod.sandbox_config();
     let sandbox = rt
         .run_pod_sandbox(cri::RunPodSandboxRequest {
             config: Some(config.clone()),
